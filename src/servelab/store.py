@@ -1,0 +1,279 @@
+"""The results store: SQLite (WAL) for load points, experiments and runs; per-request records as
+gzip-compressed JSONL files beside the database.
+
+One row per load point holds its summary (the `--output` JSON object of docs/METRICS.md) and its
+provenance. Experiments add a `runs` table: one row per (arm, load point, repetition), the unit of
+statistics, written as each run finishes so an interrupted experiment resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from servelab import paths
+from servelab.errors import UserError
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS load_points (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    created       REAL NOT NULL,          -- unix seconds
+    source        TEXT NOT NULL,          -- 'bench', 'experiment', 'import:sglang', 'import:vllm'
+    label         TEXT,                   -- free name (bench --label, experiment arm, import file)
+    base_url      TEXT,
+    model         TEXT,
+    load_key      TEXT NOT NULL,          -- 'c=8' (closed loop) or 'rate=4' (open loop)
+    concurrency   INTEGER,
+    request_rate  REAL,
+    summary       TEXT NOT NULL,          -- JSON: the per-load-point object of docs/METRICS.md
+    provenance    TEXT NOT NULL,          -- JSON: see servelab.provenance
+    requests_path TEXT                    -- gzip JSONL of per-request records, relative to the db
+);
+CREATE TABLE IF NOT EXISTS experiments (
+    name     TEXT PRIMARY KEY,
+    created  REAL NOT NULL,
+    spec     TEXT NOT NULL,               -- JSON of the validated experiment file
+    spec_hash TEXT NOT NULL               -- a changed file under the same name is refused
+);
+CREATE TABLE IF NOT EXISTS runs (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    experiment    TEXT NOT NULL REFERENCES experiments(name),
+    arm           TEXT NOT NULL,
+    load_key      TEXT NOT NULL,
+    repetition    INTEGER NOT NULL,
+    block         INTEGER,
+    seq           INTEGER,                -- position in the schedule
+    status        TEXT NOT NULL,          -- 'ok' or 'failed'
+    load_point_id INTEGER REFERENCES load_points(id),
+    error         TEXT,
+    log_tail      TEXT,
+    started       REAL,
+    finished      REAL,
+    UNIQUE (experiment, arm, load_key, repetition)
+);
+CREATE INDEX IF NOT EXISTS runs_by_experiment ON runs(experiment);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPointRow:
+    id: int
+    created: float
+    source: str
+    label: str | None
+    base_url: str | None
+    model: str | None
+    load_key: str
+    concurrency: int | None
+    request_rate: float | None
+    summary: dict[str, Any]
+    provenance: dict[str, Any]
+    requests_path: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    id: int
+    experiment: str
+    arm: str
+    load_key: str
+    repetition: int
+    block: int | None
+    seq: int | None
+    status: str
+    load_point_id: int | None
+    error: str | None
+    log_tail: str | None
+    started: float | None
+    finished: float | None
+
+
+def _dumps(obj: Any) -> str:
+    return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS).decode()
+
+
+class Store:
+    """A results store at `path` (default: `$SERVELAB_HOME/results.db`). Safe for one writer and
+    many readers at once (WAL); every write is its own transaction, so a crash loses at most the
+    row being written."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else paths.default_store()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.requests_dir = self.path.parent / (self.path.stem + "-requests")
+        try:
+            self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"results store {self.path} is not usable: {exc}; pass --store with another path") from exc
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- load points -------------------------------------------------------------------------
+
+    def add_load_point(
+        self,
+        *,
+        summary: dict[str, Any],
+        provenance: dict[str, Any],
+        load_key: str,
+        source: str = "bench",
+        label: str | None = None,
+        base_url: str | None = None,
+        model: str | None = None,
+        concurrency: int | None = None,
+        request_rate: float | None = None,
+        requests: Iterable[dict[str, Any]] | None = None,
+    ) -> int:
+        """Store one load point; `requests` (per-request records as dicts) go to a gzip JSONL file
+        written before the row, so a row never points at a missing file."""
+        rel: str | None = None
+        if requests is not None:
+            self.requests_dir.mkdir(parents=True, exist_ok=True)
+            name = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**9:09d}.jsonl.gz"
+            tmp = self.requests_dir / (name + ".tmp")
+            with gzip.open(tmp, "wb") as f:
+                for rec in requests:
+                    f.write(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
+            tmp.replace(self.requests_dir / name)
+            rel = f"{self.requests_dir.name}/{name}"
+        cur = self._db.execute(
+            "INSERT INTO load_points(created, source, label, base_url, model, load_key, concurrency,"
+            " request_rate, summary, provenance, requests_path) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            (
+                time.time(), source, label, base_url, model, load_key, concurrency, request_rate,
+                _dumps(summary), _dumps(provenance), rel,
+            ),
+        )
+        return int(cur.lastrowid)
+
+    def load_point(self, lp_id: int) -> LoadPointRow:
+        row = self._db.execute("SELECT * FROM load_points WHERE id = ?", (lp_id,)).fetchone()
+        if row is None:
+            raise UserError(f"no load point with id {lp_id} in {self.path}; `servelab results list` shows the ids")
+        return self._lp(row)
+
+    def load_points(self, *, source: str | None = None, limit: int | None = None) -> list[LoadPointRow]:
+        q = "SELECT * FROM load_points"
+        args: list[Any] = []
+        if source:
+            q += " WHERE source = ?"
+            args.append(source)
+        q += " ORDER BY id DESC"
+        if limit:
+            q += f" LIMIT {int(limit)}"
+        return [self._lp(r) for r in self._db.execute(q, args).fetchall()]
+
+    def requests(self, lp: LoadPointRow) -> Iterator[dict[str, Any]]:
+        """The per-request records of a load point (empty when none were kept)."""
+        if not lp.requests_path:
+            return iter(())
+        path = self.path.parent / lp.requests_path
+
+        def gen() -> Iterator[dict[str, Any]]:
+            with gzip.open(path, "rb") as f:
+                for line in f:
+                    yield orjson.loads(line)
+
+        return gen()
+
+    @staticmethod
+    def _lp(r: tuple) -> LoadPointRow:
+        return LoadPointRow(
+            id=r[0], created=r[1], source=r[2], label=r[3], base_url=r[4], model=r[5], load_key=r[6],
+            concurrency=r[7], request_rate=r[8], summary=orjson.loads(r[9]),
+            provenance=orjson.loads(r[10]), requests_path=r[11],
+        )
+
+    # ---- experiments and runs ----------------------------------------------------------------
+
+    def ensure_experiment(self, name: str, spec: dict[str, Any], spec_hash: str) -> bool:
+        """Register an experiment; returns True when it already existed (a resume). The same name
+        with a different spec is refused: results of two designs must not be mixed."""
+        row = self._db.execute("SELECT spec_hash FROM experiments WHERE name = ?", (name,)).fetchone()
+        if row is not None:
+            if row[0] != spec_hash:
+                raise UserError(
+                    f"experiment '{name}' already exists in {self.path} with a different design; "
+                    "rename it in the file, or `servelab results forget {name}` to start over"
+                )
+            return True
+        self._db.execute(
+            "INSERT INTO experiments(name, created, spec, spec_hash) VALUES (?,?,?,?)",
+            (name, time.time(), _dumps(spec), spec_hash),
+        )
+        return False
+
+    def experiment(self, name: str) -> dict[str, Any]:
+        row = self._db.execute("SELECT spec FROM experiments WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            known = ", ".join(self.experiment_names()) or "none"
+            raise UserError(f"no experiment named '{name}' in {self.path} (known: {known})")
+        return orjson.loads(row[0])
+
+    def experiment_names(self) -> list[str]:
+        return [r[0] for r in self._db.execute("SELECT name FROM experiments ORDER BY created")]
+
+    def forget_experiment(self, name: str) -> None:
+        self._db.execute("BEGIN")
+        self._db.execute("DELETE FROM runs WHERE experiment = ?", (name,))
+        self._db.execute("DELETE FROM experiments WHERE name = ?", (name,))
+        self._db.execute("COMMIT")
+
+    def add_run(
+        self,
+        *,
+        experiment: str,
+        arm: str,
+        load_key: str,
+        repetition: int,
+        status: str,
+        block: int | None = None,
+        seq: int | None = None,
+        load_point_id: int | None = None,
+        error: str | None = None,
+        log_tail: str | None = None,
+        started: float | None = None,
+        finished: float | None = None,
+    ) -> int:
+        """Record a finished run (ok or failed). A failed run is replaced when it is retried later."""
+        if status not in ("ok", "failed"):
+            raise ValueError(f"run status must be 'ok' or 'failed', not {status!r}")
+        cur = self._db.execute(
+            "INSERT OR REPLACE INTO runs(experiment, arm, load_key, repetition, block, seq, status,"
+            " load_point_id, error, log_tail, started, finished) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            (experiment, arm, load_key, repetition, block, seq, status, load_point_id, error,
+             log_tail, started, finished if finished is not None else time.time()),
+        )
+        return int(cur.lastrowid)
+
+    def runs(self, experiment: str) -> list[RunRow]:
+        rows = self._db.execute(
+            "SELECT id, experiment, arm, load_key, repetition, block, seq, status, load_point_id,"
+            " error, log_tail, started, finished FROM runs WHERE experiment = ? ORDER BY seq, id",
+            (experiment,),
+        ).fetchall()
+        return [RunRow(*r) for r in rows]
