@@ -1,0 +1,1 @@
+"""Triton kernels where engines fall back to slow ones; each with a reference, test and benchmark."""
