@@ -11,13 +11,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: the CPU build; a looser spec would pull a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[gpu,dev]'
+	$(PY) -m pip install -q -e '.[gpu,ray,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/servelab demo
 
 test: $(STAMP)
+	@scripts/ensure-chromium
 	$(PY) -m pytest -q tests
 
 lint: $(STAMP)
