@@ -1,0 +1,1 @@
+"""MEASURE one server under load: workload, client, load drivers, metrics, spec acceptance."""

@@ -1,0 +1,578 @@
+"""A loopback LLM server with scripted timings: the ground truth that `servelab bench` is tested
+against, and a fast fake engine for experiments.
+
+It speaks the APIs real engines speak, with no model behind them:
+
+- `POST /v1/completions`, `POST /v1/chat/completions`: OpenAI-compatible, SSE streaming or not,
+  `usage` (streamed when `stream_options.include_usage`), honouring `max_tokens` (or
+  `max_completion_tokens`), `ignore_eos` and `min_tokens`.
+- `POST /generate`: SGLang native; streamed `data:` lines carry cumulative `text` and `meta_info`
+  (`prompt_tokens`, `completion_tokens`, `spec_verify_ct`, `finish_reason`).
+- `GET /v1/models`, `GET /health`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count"}`; one
+  token per whitespace-separated word), `GET /metrics` (Prometheus text: vLLM `spec_decode_*`
+  counters, or SGLang `spec_accept_length` gauges), `GET /get_server_info` (sglang flavour).
+- Test hooks: `GET /_scripted/log` (per-request server-side record: arrival and the send time of
+  every chunk, `time.perf_counter_ns()`, i.e. CLOCK_MONOTONIC, the same clock in every process of
+  the host) and `POST /_scripted/reset`.
+
+Timing: the first content chunk is sent `ttft_ms` after the request arrives, then one chunk of
+`tokens_per_chunk` tokens every `gap_ms` (absolute schedule, so sleep overshoot does not
+accumulate). With `gap_ms = 0` the whole stream is written at once (the client-overhead benchmark).
+An idle request (no `ignore_eos`/`min_tokens`) stops at `natural_len` tokens when that is set.
+
+Failure modes (`--fail-rate R --fail-modes m1,m2`, seeded; or per request by putting
+`[[fail:MODE]]` in the prompt): `http<code>` (e.g. `http500`, `http429`: an error status, JSON
+body), `malformed` (a broken `data:` line mid-stream), `cut` (connection dropped mid-stream),
+`stall` (stops sending mid-stream for `stall_s`), `no_done` (stream ends without `[DONE]`).
+
+Command line (stable; the experiment runner uses it as a fake engine)::
+
+    python -m servelab.bench.scripted_server --host 127.0.0.1 --port P \
+        [--ttft-ms 50] [--gap-ms 10] [--tokens-per-chunk 1] [--natural-len N] \
+        [--fail-rate 0] [--fail-modes http500] [--stall-s 3600] [--seed 0] \
+        [--model scripted-model] [--flavor vllm|sglang] [--no-tokenize] [--no-log]
+
+It prints one line `scripted-server ready http://HOST:PORT` on stdout when it accepts
+connections (port 0 picks a free one) and serves until SIGTERM/SIGINT.
+
+In-process: `with serve_in_thread(Script(...)) as srv: srv.url, srv.log()`; in a separate
+process: `with serve_subprocess(Script(...)) as srv: ...` (same handle).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+FAIL_MODES = ("malformed", "cut", "stall", "no_done")  # plus "http<code>"
+_FAIL_RE = re.compile(r"\[\[fail:([a-z_0-9]+)\]\]")
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """What the server does with every request."""
+
+    ttft_ms: float = 50.0
+    gap_ms: float = 10.0
+    tokens_per_chunk: int = 1
+    natural_len: int | None = None  # tokens produced when EOS is not ignored
+    default_max_tokens: int = 16
+    fail_rate: float = 0.0
+    fail_modes: tuple[str, ...] = ("http500",)
+    stall_s: float = 3600.0
+    seed: int = 0
+    model: str = "scripted-model"
+    flavor: str = "vllm"  # vllm: spec_decode_* counters; sglang: gauges + /get_server_info
+    tokenize: bool = True
+    record_log: bool = True
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms < 0 or self.gap_ms < 0:
+            raise ValueError("ttft_ms and gap_ms must be >= 0")
+        if self.tokens_per_chunk < 1:
+            raise ValueError("tokens_per_chunk must be >= 1")
+        if not 0.0 <= self.fail_rate <= 1.0:
+            raise ValueError("fail_rate must be in [0, 1]")
+        if self.flavor not in ("vllm", "sglang"):
+            raise ValueError("flavor must be 'vllm' or 'sglang'")
+        for m in self.fail_modes:
+            _check_mode(m)
+
+
+def _check_mode(mode: str) -> None:
+    if mode in FAIL_MODES:
+        return
+    if mode.startswith("http") and mode[4:].isdigit() and 400 <= int(mode[4:]) <= 599:
+        return
+    raise ValueError(f"unknown failure mode {mode!r}; use http<4xx|5xx> or one of {FAIL_MODES}")
+
+
+@dataclass(slots=True)
+class _Req:
+    """Server-side record of one request (returned by /_scripted/log)."""
+
+    id: str
+    path: str
+    stream: bool
+    arrival_ns: int
+    prompt_tokens: int
+    max_tokens: int
+    completion_tokens: int
+    fail: str | None
+    send_ns: list[int] = field(default_factory=list)  # after each content chunk left the server
+    chunk_tokens: list[int] = field(default_factory=list)
+    done_ns: int | None = None
+
+
+def count_tokens(text: str) -> int:
+    """The scripted tokenizer: one token per whitespace-separated word."""
+    return len(text.split())
+
+
+class ScriptedServer:
+    """The aiohttp application and its state (counters, request log)."""
+
+    def __init__(self, script: Script) -> None:
+        self.script = script
+        self.rng = random.Random(script.seed)
+        self.log: list[_Req] = []
+        self.n = 0
+        self.drafts = 0  # verify steps of multi-token chunks (vLLM counters)
+        self.draft_tokens = 0
+        self.accepted = 0
+        self.tokens_out = 0
+        self.steps_out = 0
+        self.running = 0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        r = app.router
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat)
+        r.add_post("/generate", self.generate)
+        r.add_get("/v1/models", self.models)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics)
+        if self.script.tokenize:
+            r.add_post("/tokenize", self.tokenize)
+        if self.script.flavor == "sglang":
+            r.add_get("/get_server_info", self.server_info)
+        r.add_get("/_scripted/log", self.get_log)
+        r.add_post("/_scripted/reset", self.reset)
+        return app
+
+    # ---- plain endpoints ---------------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [
+            {"id": self.script.model, "object": "model", "owned_by": "servelab", "max_model_len": 1 << 20}
+        ]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        text = body.get("prompt") or body.get("text") or ""
+        if isinstance(text, list):
+            text = " ".join(str(t) for t in text)
+        n = count_tokens(text)
+        return web.json_response({"tokens": list(range(n)), "count": n, "max_model_len": 1 << 20})
+
+    async def server_info(self, request: web.Request) -> web.Response:
+        tau = self.tokens_out / self.steps_out if self.steps_out else None
+        return web.json_response({
+            "model_path": self.script.model, "scripted": asdict(self.script),
+            "speculative_algorithm": "EAGLE" if self.script.tokens_per_chunk > 1 else None,
+            "internal_states": [{"avg_spec_accept_length": tau}],
+        })
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        m = self.script.model
+        lines = []
+        if self.script.flavor == "vllm":
+            lines += [
+                "# TYPE vllm:num_requests_running gauge",
+                f'vllm:num_requests_running{{model_name="{m}"}} {self.running}',
+            ]
+            if self.script.tokens_per_chunk > 1:
+                for name, v in (("num_drafts", self.drafts), ("num_draft_tokens", self.draft_tokens),
+                                ("num_accepted_tokens", self.accepted)):
+                    lines += [f"# TYPE vllm:spec_decode_{name} counter",
+                              f'vllm:spec_decode_{name}_total{{model_name="{m}"}} {float(v)}']
+        else:
+            lines += ["# TYPE sglang:num_running_reqs gauge",
+                      f'sglang:num_running_reqs{{model_name="{m}"}} {self.running}']
+            if self.script.tokens_per_chunk > 1 and self.steps_out:
+                k = self.script.tokens_per_chunk
+                tau = self.tokens_out / self.steps_out
+                lines += ["# TYPE sglang:spec_accept_length gauge",
+                          f'sglang:spec_accept_length{{model_name="{m}"}} {tau}',
+                          "# TYPE sglang:spec_accept_rate gauge",
+                          f'sglang:spec_accept_rate{{model_name="{m}"}} {(tau - 1) / (k - 1)}']
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def get_log(self, request: web.Request) -> web.Response:
+        return web.Response(body=orjson.dumps([asdict(r) for r in self.log]),
+                            content_type="application/json")
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self.log.clear()
+        return web.json_response({"ok": True})
+
+    # ---- generation --------------------------------------------------------------------------
+
+    def _plan(self, path: str, prompt: str, max_tokens: int | None, ignore_eos: bool,
+              min_tokens: int, stream: bool) -> _Req:
+        now = time.perf_counter_ns()
+        s = self.script
+        self.n += 1
+        mt = s.default_max_tokens if max_tokens is None else max(int(max_tokens), 0)
+        n_out = mt
+        if s.natural_len is not None and not ignore_eos:
+            n_out = min(mt, max(s.natural_len, min_tokens))
+        m = _FAIL_RE.search(prompt)
+        fail = m.group(1) if m else None
+        if fail is None and s.fail_rate > 0 and self.rng.random() < s.fail_rate:
+            fail = s.fail_modes[(self.n - 1) % len(s.fail_modes)]
+        req = _Req(id=f"scripted-{self.n}", path=path, stream=stream, arrival_ns=now,
+                   prompt_tokens=count_tokens(prompt), max_tokens=mt, completion_tokens=n_out,
+                   fail=fail)
+        if s.record_log:
+            self.log.append(req)
+        return req
+
+    def _chunks(self, n_out: int) -> list[int]:
+        k = self.script.tokens_per_chunk
+        return [min(k, n_out - i) for i in range(0, n_out, k)]
+
+    def _account(self, chunks: list[int]) -> None:
+        k = self.script.tokens_per_chunk
+        self.tokens_out += sum(chunks)
+        self.steps_out += len(chunks)
+        if k > 1:
+            self.drafts += len(chunks)
+            self.draft_tokens += len(chunks) * (k - 1)
+            self.accepted += sum(c - 1 for c in chunks)
+
+    async def _http_fail(self, req: _Req) -> web.Response | None:
+        if req.fail and req.fail.startswith("http"):
+            await asyncio.sleep(self.script.ttft_ms / 1e3)
+            code = int(req.fail[4:])
+            return web.json_response({"object": "error", "message": f"scripted failure {code}",
+                                      "code": code}, status=code)
+        return None
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=False)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._openai(request, chat=True)
+
+    async def _openai(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        body = await request.json()
+        if chat:
+            msgs = body.get("messages") or []
+            prompt = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+        else:
+            prompt = body.get("prompt") or ""
+            if isinstance(prompt, list):
+                prompt = " ".join(str(p) for p in prompt)
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        stream = bool(body.get("stream", False))
+        req = self._plan(request.path, prompt, max_tokens, bool(body.get("ignore_eos", False)),
+                         int(body.get("min_tokens") or 0), stream)
+        err = await self._http_fail(req)
+        if err is not None:
+            return err
+        chunks = self._chunks(req.completion_tokens)
+        usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
+                 "total_tokens": req.prompt_tokens + req.completion_tokens}
+        finish = "length" if req.completion_tokens >= req.max_tokens else "stop"
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+        if not stream:
+            await self._sleep_until(req, len(chunks) - 1)
+            text = " tok" * req.completion_tokens
+            choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": text}
+            else:
+                choice["text"] = text
+            self._account(chunks)
+            req.send_ns.append(time.perf_counter_ns())
+            req.chunk_tokens.append(req.completion_tokens)
+            return web.json_response({"id": req.id, "object": obj, "created": created,
+                                      "model": self.script.model, "choices": [choice], "usage": usage})
+
+        def event(piece: str | None, fin: str | None) -> bytes:
+            if chat:
+                delta = {"content": piece} if piece is not None else {"role": "assistant", "content": ""}
+                ch: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": fin}
+            else:
+                ch = {"index": 0, "text": piece or "", "logprobs": None, "finish_reason": fin}
+            return b"data: " + orjson.dumps({"id": req.id, "object": obj + ".chunk" if chat else obj,
+                                             "created": created, "model": self.script.model,
+                                             "choices": [ch]}) + b"\n\n"
+
+        tail = b""
+        so = body.get("stream_options") or {}
+        if so.get("include_usage"):
+            tail = b"data: " + orjson.dumps({"id": req.id, "object": obj, "created": created,
+                                             "model": self.script.model, "choices": [],
+                                             "usage": usage}) + b"\n\n"
+        lead = event(None, None) if chat else b""  # vLLM sends the role first, with no content
+        events = [event(" tok" * c, finish if i == len(chunks) - 1 else None)
+                  for i, c in enumerate(chunks)]
+        return await self._stream(request, req, chunks, lead, events, tail)
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body.get("text") or ""
+        if isinstance(prompt, list):
+            prompt = " ".join(str(p) for p in prompt)
+        sp = body.get("sampling_params") or {}
+        stream = bool(body.get("stream", False))
+        req = self._plan(request.path, prompt, sp.get("max_new_tokens"), bool(sp.get("ignore_eos", False)),
+                         int(sp.get("min_new_tokens") or 0), stream)
+        err = await self._http_fail(req)
+        if err is not None:
+            return err
+        chunks = self._chunks(req.completion_tokens)
+        spec = self.script.tokens_per_chunk > 1
+
+        def payload(i: int) -> dict[str, Any]:
+            done = sum(chunks[: i + 1])
+            last = i == len(chunks) - 1
+            meta: dict[str, Any] = {
+                "id": req.id, "prompt_tokens": req.prompt_tokens, "completion_tokens": done,
+                "cached_tokens": 0,
+                "finish_reason": ({"type": "length", "length": done} if last and done >= req.max_tokens
+                                  else {"type": "stop", "matched": None} if last else None),
+            }
+            if spec:
+                meta["spec_verify_ct"] = i + 1
+            return {"text": " tok" * done, "meta_info": meta, "index": 0}
+
+        if not stream:
+            await self._sleep_until(req, len(chunks) - 1)
+            self._account(chunks)
+            req.send_ns.append(time.perf_counter_ns())
+            req.chunk_tokens.append(req.completion_tokens)
+            return web.json_response(payload(len(chunks) - 1) if chunks else
+                                     {"text": "", "meta_info": {"id": req.id, "completion_tokens": 0}})
+        events = [b"data: " + orjson.dumps(payload(i)) + b"\n\n" for i in range(len(chunks))]
+        return await self._stream(request, req, chunks, b"", events, b"")
+
+    async def _sleep_until(self, req: _Req, i: int) -> None:
+        """Sleep until chunk i is due: ttft + i * gap after arrival."""
+        due = req.arrival_ns + int((self.script.ttft_ms + max(i, 0) * self.script.gap_ms) * 1e6)
+        delay = (due - time.perf_counter_ns()) / 1e9
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _stream(self, request: web.Request, req: _Req, chunks: list[int], lead: bytes,
+                      events: list[bytes], tail: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        self.running += 1
+        try:
+            if lead:
+                await resp.write(lead)
+            fail = req.fail
+            cut_at = len(events) // 2  # failures strike mid-stream
+            if self.script.gap_ms == 0 and fail is None:
+                await self._sleep_until(req, 0)
+                await resp.write(b"".join(events) + tail + b"data: [DONE]\n\n")
+                now = time.perf_counter_ns()
+                req.send_ns.extend([now] * len(chunks))
+                req.chunk_tokens.extend(chunks)
+                self._account(chunks)
+                req.done_ns = now
+                return resp
+            for i, ev in enumerate(events):
+                if fail is not None and i == cut_at:
+                    if fail == "malformed":
+                        await resp.write(b"data: {\"choices\": [ {broken json\n\n")
+                    elif fail == "cut":
+                        assert request.transport is not None
+                        request.transport.abort()
+                        return resp
+                    elif fail == "stall":
+                        await asyncio.sleep(self.script.stall_s)
+                await self._sleep_until(req, i)
+                await resp.write(ev)
+                req.send_ns.append(time.perf_counter_ns())
+                req.chunk_tokens.append(chunks[i])
+            self._account(chunks)
+            if tail:
+                await resp.write(tail)
+            if fail != "no_done":
+                await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+            req.done_ns = time.perf_counter_ns()
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self.running -= 1
+        return resp
+
+
+# ---- running it ------------------------------------------------------------------------------
+
+
+@dataclass
+class Handle:
+    """A running scripted server: its URL and the server-side request log."""
+
+    url: str
+    port: int
+
+    def log(self) -> list[dict[str, Any]]:
+        """Server-side records of every request so far (see `_Req`)."""
+        with urllib.request.urlopen(self.url + "/_scripted/log", timeout=30) as f:
+            return json.loads(f.read())
+
+    def reset(self) -> None:
+        req = urllib.request.Request(self.url + "/_scripted/reset", data=b"{}", method="POST")
+        with urllib.request.urlopen(req, timeout=30):
+            pass
+
+
+async def _start(script: Script, host: str, port: int) -> tuple[web.AppRunner, int]:
+    runner = web.AppRunner(ScriptedServer(script).app(), access_log=None,
+                           handle_signals=False, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    await site.start()
+    sock = site._server.sockets[0]  # type: ignore[union-attr]
+    return runner, sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_in_thread(script: Script, host: str = "127.0.0.1", port: int = 0) -> Iterator[Handle]:
+    """Run the server on its own event loop in a daemon thread (shares the GIL with the caller:
+    use `serve_subprocess` when timing accuracy matters)."""
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            box["runner"], box["port"] = loop.run_until_complete(_start(script, host, port))
+        except BaseException as exc:  # surfaced to the caller below
+            box["error"] = exc
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+
+    th = threading.Thread(target=main, name="scripted-server", daemon=True)
+    th.start()
+    ready.wait(30)
+    if "error" in box:
+        raise box["error"]
+    try:
+        yield Handle(url=f"http://{host}:{box['port']}", port=box["port"])
+    finally:
+        fut = asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop)
+        with contextlib.suppress(Exception):
+            fut.result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(10)
+
+
+def script_argv(script: Script, host: str = "127.0.0.1", port: int = 0) -> list[str]:
+    """The command line that runs `script` in a separate process."""
+    a = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", host, "--port", str(port),
+         "--ttft-ms", str(script.ttft_ms), "--gap-ms", str(script.gap_ms),
+         "--tokens-per-chunk", str(script.tokens_per_chunk),
+         "--default-max-tokens", str(script.default_max_tokens),
+         "--fail-rate", str(script.fail_rate), "--fail-modes", ",".join(script.fail_modes),
+         "--stall-s", str(script.stall_s), "--seed", str(script.seed), "--model", script.model,
+         "--flavor", script.flavor]
+    if script.natural_len is not None:
+        a += ["--natural-len", str(script.natural_len)]
+    if not script.tokenize:
+        a.append("--no-tokenize")
+    if not script.record_log:
+        a.append("--no-log")
+    return a
+
+
+@contextlib.contextmanager
+def serve_subprocess(script: Script, host: str = "127.0.0.1", port: int = 0,
+                     timeout_s: float = 30.0) -> Iterator[Handle]:
+    """Run the server as a separate Python process (its own core and GIL); stopped on exit."""
+    proc = subprocess.Popen(script_argv(script, host, port), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        line = ""
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if line.startswith("scripted-server ready ") or not line:
+                break
+        if not line.startswith("scripted-server ready "):
+            proc.kill()
+            err = proc.stderr.read() if proc.stderr else ""
+            raise RuntimeError(f"scripted server did not start: {line!r} {err[-2000:]}")
+        url = line.split()[-1]
+        yield Handle(url=url, port=int(url.rsplit(":", 1)[1]))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
+    p = argparse.ArgumentParser(prog="python -m servelab.bench.scripted_server",
+                                description="Loopback LLM server with scripted timings.")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--ttft-ms", type=float, default=50.0)
+    p.add_argument("--gap-ms", type=float, default=10.0)
+    p.add_argument("--tokens-per-chunk", type=int, default=1)
+    p.add_argument("--natural-len", type=int, default=None)
+    p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--fail-rate", type=float, default=0.0)
+    p.add_argument("--fail-modes", default="http500")
+    p.add_argument("--stall-s", type=float, default=3600.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default="scripted-model")
+    p.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm")
+    p.add_argument("--no-tokenize", action="store_true")
+    p.add_argument("--no-log", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        script = Script(ttft_ms=a.ttft_ms, gap_ms=a.gap_ms, tokens_per_chunk=a.tokens_per_chunk,
+                        natural_len=a.natural_len, default_max_tokens=a.default_max_tokens,
+                        fail_rate=a.fail_rate, fail_modes=tuple(m for m in a.fail_modes.split(",") if m),
+                        stall_s=a.stall_s, seed=a.seed, model=a.model, flavor=a.flavor,
+                        tokenize=not a.no_tokenize, record_log=not a.no_log)
+    except ValueError as exc:
+        p.error(str(exc))
+    return script, a.host, a.port
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until SIGTERM/SIGINT; print the ready line first."""
+    script, host, port = _parse(argv)
+
+    async def run() -> None:
+        runner, real_port = await _start(script, host, port)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print(f"scripted-server ready http://{host}:{real_port}", flush=True)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
