@@ -1,0 +1,331 @@
+"""Split-KV sparse MLA decode: heads on the MMA M dimension, selected tokens split across programs.
+
+Grid (B, ceil(H / BLOCK_H), num_splits). Each program loads BLOCK_H query heads once, then for
+each tile of BLOCK_N selected tokens gathers the rows once and feeds them to two tensor-core
+dots (scores = Q K^T, then P V with V = the first d_v columns of the same rows), with an
+online softmax in base 2. All heads of a head block share one gather, so a row is read
+ceil(H / BLOCK_H) times per request instead of H times (and those reads mostly hit L2).
+
+With num_splits > 1 each program writes a normalised partial (O_s [BLOCK_H, d_v] fp32,
+lse_s [BLOCK_H]) and `_combine_kernel` merges them: lse = log sum_s exp(lse_s),
+O = sum_s exp(lse_s - lse) O_s. With num_splits == 1 the first kernel writes the final
+output itself and no combine runs.
+
+All-padding rows: out = 0, lse = -inf (a split that sees only padding writes O_s = 0,
+lse_s = -inf, which the merge weighs with exp(-inf) = 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import check_inputs
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True, slots=True)
+class SplitConfig:
+    """Launch geometry of the split kernel (changing it must not change results beyond merge
+    rounding; the tests check that)."""
+
+    block_h: int = 64
+    block_n: int = 32
+    num_warps: int = 8
+    num_stages: int = 2
+    waves: float = 1.0  # target programs = waves x SMs when choosing the split count
+    min_tiles_per_split: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("block_h", "block_n"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
+
+
+def default_config(h: int, d_qk: int, dtype: torch.dtype) -> SplitConfig:
+    """Config by head count: 64 heads fill one wgmma M tile (2 warpgroups split d_v);
+    fewer heads (TP slices) use a 16-row tile so the MMA is not mostly padding."""
+    if h >= 64:
+        return SplitConfig(block_h=64, block_n=32, num_warps=8, num_stages=2)
+    return SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=2)
+
+
+def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int) -> int:
+    """Split count so that B x head-blocks x splits is about cfg.waves x SMs.
+
+    Never more splits than tiles (a split owns whole tiles), and 1 when the grid is already
+    full without splitting (then the combine kernel is skipped).
+    """
+    n_hblk = triton.cdiv(h, cfg.block_h)
+    n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
+    base = b * n_hblk
+    want = max(int(cfg.waves * num_sms) // max(base, 1), 1)
+    max_splits = max(n_tiles // cfg.min_tiles_per_split, 1)
+    splits = min(want, max_splits)
+    # Equalise: every split gets the same whole number of tiles, no empty trailing split.
+    tiles_per_split = triton.cdiv(n_tiles, splits)
+    return triton.cdiv(n_tiles, tiles_per_split)
+
+
+@triton.jit
+def _split_kernel(
+    q_ptr,  # [B, H, D_qk]
+    kv_ptr,  # [T, D_qk]
+    idx_ptr,  # [B, topk] int32
+    o_ptr,  # final [B, H, d_v] (SINGLE) or partial [B, S, H, d_v] fp32
+    lse_ptr,  # final [B, H] or partial [B, S, H] fp32
+    H,
+    topk,
+    tiles_per_split,
+    stride_qb,
+    stride_qh,
+    stride_kvt,
+    stride_ib,
+    stride_ob,
+    stride_os,
+    stride_oh,
+    stride_lb,
+    stride_ls,
+    scale_log2,
+    D_V: tl.constexpr,
+    D_TAIL: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    SINGLE: tl.constexpr,  # num_splits == 1: normalise and write the final output here
+    F32_DOT: tl.constexpr,  # fp32 operands with IEEE dots (fp32 inputs; bf16 in the interpreter)
+    DROP_QK: tl.constexpr,  # diagnostics: skip the score dot (scores = 0)
+    DROP_PV: tl.constexpr,  # diagnostics: skip the P V dot
+):
+    b = tl.program_id(0)
+    hb = tl.program_id(1)
+    sp = tl.program_id(2)
+    offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    mask_h = offs_h < H
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < D_V
+    offs_n0 = tl.arange(0, BLOCK_N)
+
+    q_rows = q_ptr + b * stride_qb + offs_h[:, None] * stride_qh  # [BLOCK_H, 1]
+    q = tl.load(q_rows + offs_dv[None, :], mask=mask_h[:, None] & mask_dv[None, :], other=0.0)
+    if F32_DOT:
+        q = q.to(tl.float32)
+    if D_TAIL > 0:
+        offs_t = tl.arange(0, BLOCK_T)
+        mask_t = offs_t < D_TAIL
+        q_tail = tl.load(
+            q_rows + D_V + offs_t[None, :], mask=mask_h[:, None] & mask_t[None, :], other=0.0
+        )
+        if F32_DOT:
+            q_tail = q_tail.to(tl.float32)
+
+    m_i = tl.full([BLOCK_H], -float("inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+    n_tiles = tl.cdiv(topk, BLOCK_N)
+    t_start = sp * tiles_per_split
+    t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
+    for t in range(t_start, t_end):
+        offs_n = t * BLOCK_N + offs_n0
+        idx = tl.load(idx_ptr + b * stride_ib + offs_n, mask=offs_n < topk, other=-1)
+        valid = idx >= 0  # [BLOCK_N]
+        rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kvt
+        kv = tl.load(
+            kv_ptr + rows[:, None] + offs_dv[None, :],
+            mask=valid[:, None] & mask_dv[None, :],
+            other=0.0,
+        )  # [BLOCK_N, BLOCK_DV]
+        if F32_DOT:
+            kv = kv.to(tl.float32)
+        if DROP_QK:
+            s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
+        else:
+            if F32_DOT:
+                s = tl.dot(q, tl.trans(kv), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
+            else:
+                s = tl.dot(q, tl.trans(kv))
+            if D_TAIL > 0:
+                kv_tail = tl.load(
+                    kv_ptr + rows[:, None] + D_V + offs_t[None, :],
+                    mask=valid[:, None] & mask_t[None, :],
+                    other=0.0,
+                )
+                if F32_DOT:
+                    s += tl.dot(q_tail, tl.trans(kv_tail.to(tl.float32)), input_precision="ieee")
+                else:
+                    s += tl.dot(q_tail, tl.trans(kv_tail))
+        s = tl.where(valid[None, :], s * scale_log2, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # all padding so far: no NaN
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s - m_safe[:, None])  # [BLOCK_H, BLOCK_N]
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None]
+        if not DROP_PV:
+            if F32_DOT:
+                acc = tl.dot(p, kv, acc, input_precision="ieee")
+            else:
+                acc = tl.dot(p.to(kv.dtype), kv, acc)
+        m_i = m_new
+
+    has_any = l_i > 0.0
+    o = acc / tl.where(has_any, l_i, 1.0)[:, None]  # rows with nothing stay 0
+    lse2 = m_i + tl.log2(l_i)  # -inf when l_i == 0
+    lse = lse2 * 0.6931471805599453
+    o_ptrs = o_ptr + b * stride_ob + sp * stride_os + offs_h[:, None] * stride_oh + offs_dv[None, :]
+    o_mask = mask_h[:, None] & mask_dv[None, :]
+    lse_ptrs = lse_ptr + b * stride_lb + sp * stride_ls + offs_h
+    if SINGLE:
+        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=o_mask)
+    else:
+        tl.store(o_ptrs, o, mask=o_mask)
+    tl.store(lse_ptrs, lse, mask=mask_h)
+
+
+@triton.jit
+def _combine_kernel(
+    po_ptr,  # [B, S, H, d_v] fp32, each split normalised
+    plse_ptr,  # [B, S, H] fp32
+    out_ptr,  # [B, H, d_v]
+    lse_ptr,  # [B, H] fp32
+    num_splits,
+    stride_pob,
+    stride_pos,
+    stride_poh,
+    stride_plb,
+    stride_pls,
+    stride_ob,
+    stride_oh,
+    stride_lb,
+    D_V: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    lse_s = tl.load(
+        plse_ptr + b * stride_plb + offs_s * stride_pls + h,
+        mask=offs_s < num_splits,
+        other=-float("inf"),
+    )  # [BLOCK_S]
+    m = tl.max(lse_s, axis=0)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    total = tl.sum(tl.exp(lse_s - m_safe), axis=0)
+    lse = m_safe + tl.log(total)  # log(0) = -inf for all-padding rows
+    lse_safe = tl.where(total > 0.0, lse, 0.0)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < D_V
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s in range(0, num_splits):
+        w = tl.exp(tl.load(plse_ptr + b * stride_plb + s * stride_pls + h) - lse_safe)
+        o_s = tl.load(
+            po_ptr + b * stride_pob + s * stride_pos + h * stride_poh + offs_dv,
+            mask=mask_dv,
+            other=0.0,
+        )
+        acc += w * o_s
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_dv,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=mask_dv,
+    )
+    tl.store(lse_ptr + b * stride_lb + h, tl.where(total > 0.0, lse, -float("inf")))
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # interpreter: any small number; only exercises the multi-split path
+
+
+def splitkv_decode(
+    q: torch.Tensor,  # [B, H, D_qk]
+    kv_cache: torch.Tensor,  # [T, D_qk]
+    indices: torch.Tensor,  # [B, topk] int32
+    sm_scale: float,
+    d_v: int,
+    *,
+    num_splits: int | None = None,
+    config: SplitConfig | None = None,
+    out: torch.Tensor | None = None,  # [B, H, d_v]
+    lse: torch.Tensor | None = None,  # [B, H] fp32
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,  # partial (O, lse)
+    drop: str = "",  # diagnostics only: "qk" or "pv" skips that dot (wrong results)
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the split kernel (and the combine when num_splits > 1); returns (out, lse)."""
+    b, h, d_qk, topk = check_inputs(q, kv_cache, indices, d_v)
+    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or indices.stride(-1) != 1:
+        raise ValueError("q, kv_cache and indices need a contiguous last dimension")
+    cfg = config or default_config(h, d_qk, q.dtype)
+    n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
+    if num_splits is None:
+        num_splits = choose_num_splits(b, h, topk, cfg, _num_sms(q.device))
+    if num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
+    # Splits past the last tile would see nothing; they still run and write (0, -inf).
+    if out is None:
+        out = torch.empty((b, h, d_v), dtype=q.dtype, device=q.device)
+    if lse is None:
+        lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
+    d_tail = d_qk - d_v
+    interpreted = q.device.type == "cpu"
+    f32_dot = q.dtype == torch.float32 or (interpreted and q.dtype == torch.bfloat16)
+    single = num_splits == 1
+    if single:
+        o_dst, lse_dst = out, lse
+        so = (out.stride(0), 0, out.stride(1))
+        sl = (lse.stride(0), 0)
+    else:
+        if workspace is None:
+            workspace = (
+                torch.empty((b, num_splits, h, d_v), dtype=torch.float32, device=q.device),
+                torch.empty((b, num_splits, h), dtype=torch.float32, device=q.device),
+            )
+        o_dst, lse_dst = workspace
+        if tuple(o_dst.shape) != (b, num_splits, h, d_v) or tuple(lse_dst.shape) != (
+            b, num_splits, h,
+        ):  # fmt: skip
+            raise ValueError("workspace must be ([B, S, H, d_v], [B, S, H]) fp32")
+        so = (o_dst.stride(0), o_dst.stride(1), o_dst.stride(2))
+        sl = (lse_dst.stride(0), lse_dst.stride(1))
+    grid = (b, triton.cdiv(h, cfg.block_h), num_splits)
+    _split_kernel[grid](
+        q, kv_cache, indices, o_dst, lse_dst,
+        h, topk, tiles_per_split,
+        q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
+        so[0], so[1], so[2], sl[0], sl[1],
+        sm_scale * LOG2E,
+        D_V=d_v,
+        D_TAIL=d_tail,
+        BLOCK_H=cfg.block_h,
+        BLOCK_N=cfg.block_n,
+        BLOCK_DV=max(triton.next_power_of_2(d_v), 16),
+        BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
+        SINGLE=single,
+        F32_DOT=f32_dot,
+        DROP_QK=drop == "qk",
+        DROP_PV=drop == "pv",
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+    if not single:
+        _combine_kernel[(b, h)](
+            o_dst, lse_dst, out, lse,
+            num_splits,
+            o_dst.stride(0), o_dst.stride(1), o_dst.stride(2),
+            lse_dst.stride(0), lse_dst.stride(1),
+            out.stride(0), out.stride(1), lse.stride(0),
+            D_V=d_v,
+            BLOCK_DV=max(triton.next_power_of_2(d_v), 16),
+            BLOCK_S=max(triton.next_power_of_2(num_splits), 2),
+            num_warps=4,
+        )  # fmt: skip
+    return out, lse
