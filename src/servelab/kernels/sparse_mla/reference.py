@@ -50,22 +50,25 @@ def sparse_mla_decode_reference(
     sm_scale: float,
     d_v: int,
     compute_dtype: torch.dtype = torch.float32,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather, masked softmax, weighted sum; returns (out [B, H, d_v], lse [B, H] fp32).
+    """Gather, masked softmax, weighted sum; returns (out [B, H, d_v], lse [B, H]).
 
     ``compute_dtype=torch.float32`` (default) is the test reference. Passing the input dtype
     gives the "torch eager" baseline of the benchmark and the engine's ``torch`` backend: the
-    matmuls run in that dtype (softmax still in fp32), as an engine without a kernel would.
-    ``out`` has q's dtype.
+    matmuls run in that dtype (softmax still in fp32, lse fp32), as an engine without a kernel would.
+    ``out`` has q's dtype unless ``out_dtype`` is given (tests take float64, unrounded).
     """
     check_inputs(q, kv_cache, indices, d_v)
     valid = indices >= 0  # [B, topk]
     rows = kv_cache[indices.clamp(min=0).long()].to(compute_dtype)  # [B, topk, D_qk]
-    scores = torch.einsum("bhd,btd->bht", q.to(compute_dtype), rows).float() * sm_scale
+    # Softmax in fp32 at least (fp64 when asked: the tests' exact reference).
+    soft_dtype = torch.float64 if compute_dtype == torch.float64 else torch.float32
+    scores = torch.einsum("bhd,btd->bht", q.to(compute_dtype), rows).to(soft_dtype) * sm_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))  # [B, H, topk]
     lse = torch.logsumexp(scores, dim=-1)  # [B, H]; -inf for all-padding rows
     # exp(score - lse) is NaN where both are -inf (all padding): define those weights as 0.
     lse_safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
     probs = torch.exp(scores - lse_safe[..., None])  # [B, H, topk]; 0 at padding
     out = torch.einsum("bht,btd->bhd", probs.to(compute_dtype), rows[..., :d_v])  # [B, H, d_v]
-    return out.to(q.dtype), lse
+    return out.to(out_dtype or q.dtype), lse

@@ -1,0 +1,266 @@
+"""Sparse MLA decode kernels against an exact (float64) reference, with derived tolerances.
+
+On a machine without CUDA the Triton kernels run in the interpreter (TRITON_INTERPRET=1, set
+here before the kernel modules are first imported) with fp16/fp32 inputs: bf16 tl.dot is wrong
+in the interpreter, so bf16 is tested on the GPU only. With CUDA present every test also runs
+on the GPU (compiled), bf16 included, plus real-model shapes.
+
+Tolerance (derived, see `_bounds`): for each (b, h) let Delta bound the fp32 score error,
+gamma_{D+8} * sum_i |q_i k_i| * sm_scale with gamma_n = n u32 / (1 - n u32). The normalised
+softmax weights then carry relative error <= exp(2 Delta) - 1, plus u_p from rounding P to the
+input dtype before the P V dot (0 for fp32 inputs) and gamma_{topk+16} for the fp32
+accumulations (sum of P, acc, split merge, exp2). With M = sum_j p_j |v_j| (exact, float64):
+    |out - exact| <= 2 * ((exp(2 Delta) - 1 + u_p + gamma_{topk+16}) M + u_in |exact|)
+where u_in |exact| is the final rounding to the input dtype and the factor 2 covers the
+dropped second-order terms. lse: |lse - exact| <= 2 (Delta + gamma_{topk+16} (1 + |lse|)).
+A real bug (a missed tile, a wrong row, a bad merge) is O(|v|), orders of magnitude above.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from servelab.kernels import sparse_mla  # noqa: E402
+from servelab.kernels.sparse_mla import bytes as mla_bytes  # noqa: E402
+from servelab.kernels.sparse_mla import flops, sparse_mla_decode  # noqa: E402
+from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+U32 = 2.0**-24
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+
+
+def _dtypes(device: str) -> list[torch.dtype]:
+    if device == "cpu":
+        return [torch.float16, torch.float32]
+    return [torch.float16, torch.bfloat16, torch.float32]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _interpreted_kernels():
+    """On CPU the kernels must be interpreter functions; if another test imported the kernel
+    modules before TRITON_INTERPRET was set, reload them so the decorator sees it."""
+    if torch.cuda.is_available():
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from servelab.kernels.sparse_mla import naive, splitkv
+
+    for mod, kernel in ((naive, "_naive_kernel"), (splitkv, "_split_kernel")):
+        if not isinstance(getattr(mod, kernel), InterpretedFunction):
+            importlib.reload(mod)
+    yield
+
+
+def _gamma(n: int) -> float:
+    return n * U32 / (1 - n * U32)
+
+
+def _bounds(q, kv, idx, sm_scale, d_v, dtype):
+    """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above."""
+    out_ex, lse_ex = sparse_mla_decode_reference(
+        q, kv, idx, sm_scale, d_v, compute_dtype=torch.float64, out_dtype=torch.float64
+    )
+    qd, kvd = q.double().cpu(), kv.double().cpu()
+    valid = (idx >= 0).cpu()
+    rows = kvd[idx.clamp(min=0).long().cpu()]  # [B, topk, D]
+    abs_dot = torch.einsum("bhd,btd->bht", qd.abs(), rows.abs()) * sm_scale
+    abs_dot = abs_dot.masked_fill(~valid[:, None, :], 0.0)
+    d_qk, topk = q.shape[-1], idx.shape[-1]
+    delta = _gamma(d_qk + 8) * abs_dot.amax(dim=-1)  # [B, H]
+    scores = torch.einsum("bhd,btd->bht", qd, rows) * sm_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = lse_ex.double().cpu()
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    m = torch.einsum("bht,btd->bhd", probs, rows[..., :d_v].abs())  # sum_j p_j |v_j|
+    u_in = UNIT_ROUNDOFF[dtype]
+    u_p = 0.0 if dtype == torch.float32 else u_in
+    g = _gamma(topk + 16)
+    rel = torch.expm1(2 * delta)[..., None] + u_p + g
+    out_tol = 2 * (rel * m + u_in * out_ex.abs().cpu())
+    lse_tol = 2 * (delta + g * (1 + lse.abs().nan_to_num(posinf=0.0)))
+    return out_ex.cpu(), lse, out_tol, lse_tol
+
+
+def _assert_close(name, got, exact, tol):
+    got = got.double().cpu()
+    bad = ~((got - exact).abs() <= tol)  # NaN (unwritten poison) counts as bad
+    both_ninf = torch.isneginf(got) & torch.isneginf(exact)
+    bad &= ~both_ninf
+    if bad.any():
+        first = bad.nonzero()[:5].tolist()
+        err = (got - exact).abs().nan_to_num(nan=math.inf)
+        raise AssertionError(
+            f"{name}: {int(bad.sum())}/{bad.numel()} elements outside the derived tolerance; "
+            f"first at {first}; max abs err {err.max().item():.3g}, "
+            f"max tol {tol.max().item():.3g}, got {got.flatten()[bad.flatten()][:3].tolist()}"
+        )
+
+
+def _make(device, dtype, b, h, d_qk, topk, t=257, pad_frac=0.2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, d_qk, generator=gen).to(dtype)
+    kv = torch.randn(t, d_qk, generator=gen).to(dtype)
+    idx = torch.randint(0, t, (b, topk), generator=gen, dtype=torch.int32)
+    pad = torch.rand(b, topk, generator=gen) < pad_frac
+    idx[pad] = -1
+    return q.to(device), kv.to(device), idx.to(device)
+
+
+# (B, H, D_qk, d_v, topk): topk 37/70 are not multiples of the 32-token tile; H 20 spans two
+# 16-head blocks; D_qk == d_v has no score-only tail.
+CASES = {
+    "tail": (2, 5, 48, 32, 37),
+    "b1": (1, 3, 48, 32, 70),
+    "no_tail_two_head_blocks": (3, 20, 32, 32, 45),
+    "odd_dims": (2, 4, 40, 24, 33),
+}
+
+
+def _poisoned(b, h, d_v, dtype, device):
+    out = torch.full((b, h, d_v), float("nan"), dtype=dtype, device=device)
+    lse = torch.full((b, h), float("nan"), dtype=torch.float32, device=device)
+    return out, lse
+
+
+def _run_and_check(variant, q, kv, idx, d_v, num_splits=None):
+    dtype = q.dtype
+    b, h, d_qk = q.shape
+    sm_scale = d_qk**-0.5
+    out, lse = _poisoned(b, h, d_v, dtype, q.device)
+    got_o, got_l = sparse_mla_decode(
+        q, kv, idx, sm_scale, d_v, variant=variant, num_splits=num_splits, out=out, lse=lse
+    )
+    assert got_o.data_ptr() == out.data_ptr() and got_o.dtype == dtype
+    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, sm_scale, d_v, dtype)
+    _assert_close(f"{variant} out", got_o, out_ex, out_tol)
+    _assert_close(f"{variant} lse", got_l, lse_ex, lse_tol)
+    return got_o, got_l
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["naive", "splitkv", "reference"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_exact_reference(device, variant, case):
+    b, h, d_qk, d_v, topk = CASES[case]
+    for dtype in _dtypes(device):
+        q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=hash(case) % 1000)
+        _run_and_check(variant, q, kv, idx, d_v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("variant", ["naive", "splitkv"])
+def test_duplicates_and_all_padding_rows(device, variant):
+    """Row 0: every slot the same KV row plus padding (softmax over duplicates = uniform,
+    out = that row's values). Row 1: only padding -> out 0 exactly, lse -inf. Row 2: padding
+    only in the first 40 slots (the first split(s) see nothing at all)."""
+    dtype = torch.float16
+    q, kv, idx = _make(device, dtype, 3, 4, 48, 70, pad_frac=0.0, seed=7)
+    idx[0] = 5
+    idx[0, 1::4] = -1
+    idx[1] = -1
+    idx[2, :40] = -1
+    got_o, got_l = _run_and_check(variant, q, kv, idx, 32, num_splits=None)
+    assert torch.all(got_o[1] == 0) and torch.all(torch.isneginf(got_l[1]))
+    expect_row = kv[5, :32].float().cpu().expand(4, 32)
+    assert torch.allclose(got_o[0].float().cpu(), expect_row, atol=0, rtol=2 * 2.0**-11)
+    n_valid = int((idx[0] >= 0).sum())
+    s = (q[0].double() @ kv[5].double()).cpu() * 48**-0.5
+    expect_lse = s + math.log(n_valid)
+    assert torch.allclose(got_l[0].double().cpu(), expect_lse, atol=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_split_counts_agree(device):
+    """Any split count, including more splits than tiles (empty splits), gives the exact
+    result within tolerance; partial buffers are NaN-poisoned so an unwritten one shows."""
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100  # 4 tiles of 32
+    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=3)
+    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    cfg = SplitConfig(block_h=16, block_n=32, num_warps=4)
+    for splits in (1, 2, 3, 4, 6):
+        out, lse = _poisoned(b, h, d_v, dtype, device)
+        ws = (
+            torch.full((b, splits, h, d_v), float("nan"), device=device),
+            torch.full((b, splits, h), float("nan"), device=device),
+        )
+        o, lg = splitkv_decode(
+            q, kv, idx, d_qk**-0.5, d_v, num_splits=splits, config=cfg, out=out, lse=lse,
+            workspace=ws if splits > 1 else None,
+        )  # fmt: skip
+        _assert_close(f"splits={splits} out", o, out_ex, out_tol)
+        _assert_close(f"splits={splits} lse", lg, lse_ex, lse_tol)
+
+
+def test_choose_num_splits_fills_the_machine():
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig, choose_num_splits
+
+    cfg = SplitConfig(block_h=64, block_n=32)
+    # V4-Flash at B=1: 1 head block, 20 tiles, 132 SMs -> every tile its own program.
+    assert choose_num_splits(1, 64, 640, cfg, 132) == 20
+    # V3.2 at B=1: 2 head blocks x 64 tiles; 66 splits wanted -> 64 (one tile each).
+    assert choose_num_splits(1, 128, 2048, cfg, 132) == 64
+    # B=8, H=128: 16 programs without splitting; 132 // 16 = 8 splits of 8 tiles each.
+    assert choose_num_splits(8, 128, 2048, cfg, 132) == 8
+    # Grid already full: no split, no combine.
+    assert choose_num_splits(128, 128, 2048, cfg, 132) == 1
+    for b in (1, 2, 3, 5, 8, 16, 33, 64):
+        for topk in (32, 100, 640, 2048):
+            s = choose_num_splits(b, 64, topk, cfg, 132)
+            tiles = math.ceil(topk / 32)
+            per = math.ceil(tiles / s)
+            assert 1 <= s <= tiles and (s - 1) * per < tiles  # no empty split
+            assert b * s <= max(132, b)  # never more programs than one wave (waves=1)
+
+
+def test_flops_and_bytes_hand_count():
+    # V3.2, B=1: 2 * 128 heads * 2048 slots * (576 + 512) = 570,425,344 FLOPs.
+    assert flops(1, 128, 2048, 576, 512) == 570_425_344
+    # bf16: KV 2048*576*2 = 2,359,296; q 128*576*2 = 147,456; out 128*512*2 = 131,072;
+    # lse 128*4 = 512; indices 2048*4 = 8,192 -> 2,646,528 bytes.
+    assert mla_bytes(1, 128, 2048, 576, 512) == 2_646_528
+    # V4-Flash FP8 layout (584 B/token), B=4: KV 4*640*584 = 1,495,040; q 4*64*512*2 =
+    # 262,144; out 262,144; lse 1,024; indices 10,240 -> 2,030,592.
+    assert mla_bytes(4, 64, 640, 512, 512, kv_bytes_per_token=584) == 2_030_592
+    assert flops(4, 64, 640, 512, 512) == 4 * 2 * 64 * 640 * 1024
+
+
+def test_bad_inputs_are_named():
+    q = torch.randn(1, 2, 32)
+    kv = torch.randn(10, 32)
+    with pytest.raises(ValueError, match="int32"):
+        sparse_mla_decode(q, kv, torch.zeros(1, 4, dtype=torch.int64), 1.0, 32)
+    with pytest.raises(ValueError, match="d_v"):
+        sparse_mla_decode(q, kv, torch.zeros(1, 4, dtype=torch.int32), 1.0, 64)
+    with pytest.raises(ValueError, match="variant"):
+        sparse_mla_decode(q, kv, torch.zeros(1, 4, dtype=torch.int32), 1.0, 32, variant="x")
+    assert sparse_mla.VARIANTS == ("reference", "naive", "splitkv")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 128, 576, 512, 2048), (1, 64, 512, 512, 640), (3, 128, 512, 512, 1152),
+     (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
+    ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64"],
+)  # fmt: skip
+@pytest.mark.parametrize("variant", ["naive", "splitkv"])
+def test_real_shapes_on_gpu(shape, variant):
+    b, h, d_qk, d_v, topk = shape
+    for dtype in (torch.bfloat16, torch.float16):
+        q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
+        _run_and_check(variant, q, kv, idx, d_v)
