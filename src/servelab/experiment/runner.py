@@ -1,0 +1,261 @@
+"""Run an experiment: deploy each arm, measure each load point, store every run as it finishes.
+
+Resume is by the store: runs already stored as 'ok' are skipped, failed ones are retried. A
+launch that fails is retried `retries` times; then its runs are recorded failed with the log tail
+and the experiment goes on. Ctrl-C (or SIGTERM) tears the deployment down before leaving, so no
+engine process outlives the runner.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from itertools import groupby
+from pathlib import Path
+from typing import Any
+
+from servelab import engines, paths, provenance
+from servelab.engines.base import Engine, spec_window
+from servelab.experiment.deploy import DeployError, Deployment
+from servelab.experiment.schedule import PlannedRun, plan
+from servelab.experiment.spec import ExperimentSpec
+from servelab.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """What one load point against a live server gave."""
+
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    server_info: dict[str, Any] = field(default_factory=dict)
+    bench: dict[str, Any] = field(default_factory=dict)      # the bench configuration used
+
+
+MeasureFn = Callable[[str, ExperimentSpec, PlannedRun], Measurement]
+
+
+def _served_model(spec: ExperimentSpec) -> str | None:
+    if spec.engine in ("sglang", "vllm"):
+        name = spec.base.flags.get("served-model-name")
+        return str(name) if name else spec.model
+    return None
+
+
+def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measurement:
+    """One load point with servelab.bench: the same prompts (seed) for every arm and repetition."""
+    from dataclasses import asdict
+
+    from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
+    from servelab.bench.run import run_load_point
+
+    w = spec.workload
+    cfg = BenchConfig(
+        base_url=url,
+        workload=WorkloadConfig(input_len=w.input_len, output_len=w.output_len,
+                                num_prompts=w.num_prompts, dataset=w.dataset, seed=w.seed,
+                                tokenizer=w.tokenizer),
+        model=_served_model(spec), api=w.api, warmup=w.warmup, max_duration_s=w.max_duration_s,
+        request_timeout_s=w.request_timeout_s, goodput=dict(w.goodput),
+    )
+    load = LoadPoint(concurrency=run.concurrency, request_rate=run.request_rate,
+                     burstiness=spec.load.burstiness)
+    res = run_load_point(cfg, load, progress=False)
+    return Measurement(summary=dict(res.summary), records=list(res.records),
+                       server_info=dict(res.server_info or {}), bench=asdict(cfg))
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerResult:
+    planned: int
+    already_done: int
+    ok: int
+    failed: int
+    interrupted: bool
+
+
+def _sigterm_as_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+class Runner:
+    """Runs one experiment into a store; `say` prints progress lines (rich markup allowed)."""
+
+    def __init__(self, spec: ExperimentSpec, store: Store, *, measure: MeasureFn | None = None,
+                 say: Callable[[str], None] = print, log_root: Path | None = None,
+                 on_progress: Callable[[int, int, str], None] | None = None) -> None:
+        self.spec, self.store = spec, store
+        self.measure = measure or bench_measure
+        self.say = say
+        self.engine: Engine = engines.get(spec.engine)
+        self.log_root = log_root or paths.home() / "experiments" / spec.name / "logs"
+        self.on_progress = on_progress
+
+    def todo(self) -> tuple[list[PlannedRun], list[PlannedRun], int]:
+        """(all planned runs, those still to run, failed runs among them)."""
+        runs = plan(self.spec)
+        status = {(r.arm, r.load_key, r.repetition): r.status for r in self.store.runs(self.spec.name)}
+        todo = [p for p in runs if status.get(p.key) != "ok"]
+        failed = sum(1 for p in todo if status.get(p.key) == "failed")
+        return runs, todo, failed
+
+    def run(self, job_log: str | None = None) -> RunnerResult:
+        """Run what is missing; re-raises KeyboardInterrupt after a clean teardown."""
+        from servelab.jobs import Job
+
+        spec = self.spec
+        resumed = self.store.ensure_experiment(spec.name, spec.to_json(), spec.design_hash())
+        runs, todo, failed_before = self.todo()
+        n_arms, n_loads = len(spec.arms), len(spec.load.keys())
+        if resumed:
+            self.say(f"resuming experiment '{spec.name}': {len(runs) - len(todo)} of {len(runs)} runs "
+                     f"already stored, {len(todo)} to run"
+                     + (f" ({failed_before} failed earlier, retried)" if failed_before else ""))
+        else:
+            self.say(f"experiment '{spec.name}': {len(runs)} runs = {n_arms} arms x {n_loads} load "
+                     f"points x {spec.repetitions} repetitions, {spec.order}")
+        job = Job(spec.name, "experiment", total=len(todo), log=job_log)
+        job.update(already_done=len(runs) - len(todo), planned=len(runs))
+        ok = failed = 0
+        old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if _main_thread() else None
+        try:
+            for _, group in groupby(todo, key=lambda p: p.group):
+                for p, status in self._run_group(list(group), job, ok + failed):
+                    ok += status == "ok"
+                    failed += status == "failed"
+                    job.update(done=ok + failed, failed=failed)
+                    if self.on_progress:
+                        self.on_progress(ok + failed, len(todo), p.describe())
+        except KeyboardInterrupt:
+            job.finish("interrupted")
+            self.say(f"interrupted: {ok + failed} runs of this session stored, no engine left running; "
+                     f"run the same command again to resume")
+            raise
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGTERM, old)
+        job.finish("finished" if ok or not todo else "failed")
+        self.say(f"done: {ok} runs ok, {failed} failed, {len(runs) - len(todo)} were already stored")
+        return RunnerResult(planned=len(runs), already_done=len(runs) - len(todo), ok=ok,
+                            failed=failed, interrupted=False)
+
+    # ---- one deployment ------------------------------------------------------------------------
+
+    def _run_group(self, group: list[PlannedRun], job: Any, done_so_far: int
+                   ) -> Iterator[tuple[PlannedRun, str]]:
+        spec, first = self.spec, group[0]
+        job.update(current=f"{first.describe()} (launching)")
+        if not self.engine.launches:
+            assert spec.url
+            for p in group:
+                yield p, self._measure_one(p, spec.url, None, job)
+            return
+        dep, error = self._launch(first)
+        if dep is None:
+            assert error is not None
+            for p in group:
+                self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
+                                   repetition=p.repetition, block=p.block, seq=p.seq, status="failed",
+                                   error=str(error), log_tail=error.log_tail, started=time.time())
+                self.say(f"[red]failed[/red] {p.describe()}: {error}")
+                yield p, "failed"
+            return
+        try:
+            for p in group:
+                if not dep.alive():
+                    tail = dep.log_tail()
+                    self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
+                                       repetition=p.repetition, block=p.block, seq=p.seq,
+                                       status="failed", error="the engine exited during the run",
+                                       log_tail=tail, started=time.time())
+                    yield p, "failed"
+                    continue
+                yield p, self._measure_one(p, dep.url, dep, job)
+        finally:
+            dep.stop()
+
+    def _launch(self, p: PlannedRun) -> tuple[Deployment | None, DeployError | None]:
+        from servelab.experiment.spec import resolve
+
+        spec, t = self.spec, spec_timeouts(self.spec)
+        last: DeployError | None = None
+        for attempt in range(spec.retries + 1):
+            log_dir = self.log_root / f"{p.seq:04d}-{p.arm}-try{attempt}"
+            dep = Deployment(self.engine, spec.model, resolve(spec, p.arm), log_dir,
+                             ready_timeout_s=t["ready_s"], grace_s=t["teardown_s"],
+                             port_free_s=t["port_free_s"], gpu_free_s=t["gpu_free_s"])
+            t0 = time.monotonic()
+            try:
+                dep.start()
+                self.say(f"deployed arm {p.arm} in {time.monotonic() - t0:.1f} s at {dep.url}")
+                return dep, None
+            except DeployError as exc:
+                last = exc
+                self.say(f"[yellow]launch of arm {p.arm} failed (attempt {attempt + 1} of "
+                         f"{spec.retries + 1})[/yellow]: {exc}")
+        return None, last
+
+    def _measure_one(self, p: PlannedRun, url: str, dep: Deployment | None, job: Any) -> str:
+        spec = self.spec
+        job.update(current=p.describe())
+        started = time.time()
+        before = self.engine.scrape(url)
+        try:
+            m = self.measure(url, spec, p)
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except Exception as exc:  # a broken run is recorded, the experiment goes on
+            tail = dep.log_tail() if dep else ""
+            self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
+                               repetition=p.repetition, block=p.block, seq=p.seq, status="failed",
+                               error=f"{type(exc).__name__}: {exc}", log_tail=tail, started=started)
+            self.say(f"[red]failed[/red] {p.describe()}: {type(exc).__name__}: {exc}")
+            return "failed"
+        window = spec_window(before, self.engine.scrape(url))
+        summary = dict(m.summary)
+        if summary.get("accept_length") is None and window["accept_length"] is not None:
+            summary["accept_length"] = window["accept_length"]
+            summary["accept_length_source"] = "metrics-window"
+        info = self.engine.info(url) or m.server_info or None
+        prov = provenance.collect(
+            experiment=spec.name, arm=p.arm, repetition=p.repetition, block=p.block, seq=p.seq,
+            engine=spec.engine, model=spec.model, processes=dep.argvs if dep else None,
+            server_info=info, bench=m.bench, workload=spec.workload.model_dump(mode="json"),
+            spec_window=window,
+        )
+        lp = self.store.add_load_point(
+            summary=summary, provenance=prov, load_key=p.load_key, source="experiment",
+            label=f"{spec.name}/{p.arm}", base_url=url, model=spec.model or None,
+            concurrency=p.concurrency, request_rate=p.request_rate, requests=m.records,
+        )
+        completed = summary.get("completed") or 0
+        status = "ok" if completed > 0 else "failed"
+        error = None if status == "ok" else f"no request completed ({summary.get('failure_reasons')})"
+        self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
+                           repetition=p.repetition, block=p.block, seq=p.seq, status=status,
+                           load_point_id=lp, error=error,
+                           log_tail=(dep.log_tail() if dep else None) if error else None,
+                           started=started)
+        tput = summary.get(spec.primary_metric)
+        self.say(f"{'ok' if status == 'ok' else '[red]failed[/red]'} {p.describe()}: "
+                 f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
+                 f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s)")
+        return status
+
+
+def spec_timeouts(spec: ExperimentSpec) -> dict[str, float]:
+    return spec.timeouts.model_dump()
+
+
+def _fmt(x: object) -> str:
+    return f"{x:.4g}" if isinstance(x, int | float) else "n/a"
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+

@@ -1,0 +1,79 @@
+"""The order of runs: interleaved ABBA blocks (default), shuffled blocks (seeded), or sequential.
+
+One run = one arm x one load point x one repetition. Repetition r of every arm forms block r;
+within a block the arms run back to back, so slow drift of the machine hits all arms alike and
+the effect can be paired by block. Interleaved alternates the arm order (AB, BA, AB, ...);
+shuffled draws each block's arm order from a seeded generator; sequential runs all repetitions
+of one arm before the next (no pairing: only for engines that cannot be restarted cheaply).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from servelab.experiment.spec import ExperimentSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedRun:
+    """One run in schedule order; runs with the same `group` share one deployment."""
+
+    seq: int
+    arm: str
+    load_key: str
+    concurrency: int | None
+    request_rate: float | None
+    repetition: int
+    block: int | None
+    group: int
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        return (self.arm, self.load_key, self.repetition)
+
+    def describe(self) -> str:
+        return f"arm {self.arm}, {self.load_key}, rep {self.repetition + 1}"
+
+
+def arm_orders(arms: list[str], repetitions: int, order: str, seed: int) -> list[list[str]]:
+    """The arm order of each block (for 'sequential': one block per arm and repetition)."""
+    if order == "interleaved":
+        return [list(arms) if b % 2 == 0 else list(reversed(arms)) for b in range(repetitions)]
+    if order == "shuffled":
+        rng = random.Random(seed)
+        out = []
+        for _ in range(repetitions):
+            block = list(arms)
+            rng.shuffle(block)
+            out.append(block)
+        return out
+    if order == "sequential":
+        return [[a] for a in arms for _ in range(repetitions)]
+    raise ValueError(f"unknown order {order!r}")
+
+
+def plan(spec: ExperimentSpec) -> list[PlannedRun]:
+    """Every run of the experiment in the order it is to be run."""
+    arms = list(spec.arms)
+    # the baseline leads the first block, so 'interleaved' reads baseline, change, change, baseline
+    arms.remove(spec.baseline_arm)
+    arms.insert(0, spec.baseline_arm)
+    loads = spec.load.keys()
+    runs: list[PlannedRun] = []
+    group = -1
+    reps_seen: dict[str, int] = {}
+    for b, block in enumerate(arm_orders(arms, spec.repetitions, spec.order, spec.seed)):
+        for arm in block:
+            rep = reps_seen.get(arm, 0) if spec.order == "sequential" else b
+            reps_seen[arm] = rep + 1
+            if spec.restart == "arm":
+                group += 1
+            for key, c, r in loads:
+                if spec.restart == "run":
+                    group += 1
+                runs.append(PlannedRun(
+                    seq=len(runs), arm=arm, load_key=key, concurrency=c, request_rate=r,
+                    repetition=rep, block=None if spec.order == "sequential" else rep, group=group,
+                ))
+    return runs

@@ -1,0 +1,302 @@
+"""The experiment file (TOML), validated with pydantic, and its pre-flight checks.
+
+A bad file gives ONE line naming the key and the problem (`spec.load`); pre-flight checks
+(unknown flags per engine, conflicting flags, recipe constraints) run before anything launches.
+The full format, with an example, is documented in docs/EXPERIMENTS.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from servelab import engines
+from servelab.engines import recipe as recipes
+from servelab.engines.base import FlagValue, ProcessConfig
+from servelab.errors import UserError
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ProcessSpec(_Strict):
+    """One process of a multi-process deployment (disaggregated: prefill, decode, router)."""
+
+    role: Literal["server", "prefill", "decode", "router"]
+    flags: dict[str, FlagValue] = {}
+    env: dict[str, str] = {}
+    port: int | None = Field(None, ge=1, le=65535)
+    command: list[str] | None = None          # engine 'command' only
+
+
+class BaseSpec(_Strict):
+    flags: dict[str, FlagValue] = {}
+    env: dict[str, str] = {}
+    processes: list[ProcessSpec] | None = None
+    check_flags: bool = True                  # false: pass unknown flags through unchecked
+
+
+class ArmSpec(_Strict):
+    """A named delta over the base: recipe(s) first, then flags set, then flags removed."""
+
+    description: str = ""
+    recipe: str | list[str] | None = None
+    flags: dict[str, FlagValue] = {}
+    remove: list[str] = []
+    env: dict[str, str] = {}
+    roles: list[Literal["server", "prefill", "decode", "router"]] | None = None
+
+    @property
+    def recipes(self) -> list[str]:
+        if self.recipe is None:
+            return []
+        return [self.recipe] if isinstance(self.recipe, str) else list(self.recipe)
+
+
+class LoadSpec(_Strict):
+    concurrency: list[int] = []
+    request_rate: list[float] = []
+    burstiness: float = Field(1.0, gt=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _pos_c(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v):
+            raise ValueError("concurrency values must be >= 1")
+        return v
+
+    @field_validator("request_rate")
+    @classmethod
+    def _pos_r(cls, v: list[float]) -> list[float]:
+        if any(r <= 0 for r in v):
+            raise ValueError("request rates must be > 0 (requests per second)")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> LoadSpec:
+        if not self.concurrency and not self.request_rate:
+            raise ValueError("give at least one load point: concurrency = [...] or request_rate = [...]")
+        return self
+
+    def keys(self) -> list[tuple[str, int | None, float | None]]:
+        """(load key, concurrency, rate) in file order; keys match bench's LoadPoint.key."""
+        out: list[tuple[str, int | None, float | None]] = [(f"c={c}", c, None) for c in self.concurrency]
+        out += [(f"rate={r:g}", None, r) for r in self.request_rate]
+        return out
+
+
+class WorkloadSpec(_Strict):
+    """As `servelab bench`: request lengths, prompts per run, dataset, seed."""
+
+    input_len: int = Field(256, ge=1)
+    output_len: int = Field(256, ge=1)
+    num_prompts: int = Field(100, ge=1)
+    dataset: str | None = None
+    seed: int = 0
+    tokenizer: str | None = None
+    api: Literal["completions", "chat", "sglang"] = "completions"
+    warmup: int = Field(0, ge=0)
+    max_duration_s: float | None = Field(None, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    goodput: dict[str, float] = {}
+
+
+class Timeouts(_Strict):
+    ready_s: float = Field(900.0, gt=0)       # launch -> health 200
+    teardown_s: float = Field(30.0, gt=0)     # SIGTERM -> SIGKILL grace
+    port_free_s: float = Field(60.0, gt=0)
+    gpu_free_s: float = Field(120.0, gt=0)
+
+
+class ExperimentSpec(_Strict):
+    name: str = Field(pattern=_NAME)
+    hypothesis: str = ""
+    engine: str
+    model: str = ""
+    url: str | None = None                    # engine 'external'
+    command: list[str] | None = None          # engine 'command': argv with {host} {port}
+    host: str = "127.0.0.1"
+    base: BaseSpec = BaseSpec()
+    arms: dict[str, ArmSpec]
+    baseline: str | None = None
+    load: LoadSpec
+    workload: WorkloadSpec = WorkloadSpec()
+    repetitions: int = Field(3, ge=1)
+    order: Literal["interleaved", "shuffled", "sequential"] = "interleaved"
+    seed: int = 0
+    restart: Literal["run", "arm"] = "run"    # fresh deployment per run, or per arm per block
+    retries: int = Field(1, ge=0)             # extra launch attempts after a failed launch
+    noise_band: float = Field(0.02, ge=0, lt=1)
+    primary_metric: str = "output_throughput_tok_s"
+    timeouts: Timeouts = Timeouts()
+
+    @field_validator("engine")
+    @classmethod
+    def _engine(cls, v: str) -> str:
+        if v not in engines.REGISTRY:
+            raise ValueError(f"unknown engine '{v}' (known: {', '.join(engines.names())})")
+        return v
+
+    @field_validator("arms")
+    @classmethod
+    def _arms(cls, v: dict[str, ArmSpec]) -> dict[str, ArmSpec]:
+        if len(v) < 2:
+            raise ValueError("an experiment needs at least two arms (a baseline and a change)")
+        for name in v:
+            if not re.match(_NAME, name):
+                raise ValueError(f"arm name '{name}' must be letters, digits, '-', '_' or '.'")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ExperimentSpec:
+        if self.baseline is not None and self.baseline not in self.arms:
+            raise ValueError(f"baseline '{self.baseline}' is not an arm (arms: {', '.join(self.arms)})")
+        if self.engine == "external" and not self.url:
+            raise ValueError("engine 'external' needs url = \"http://host:port\"")
+        if self.engine == "command" and not self.command and not self.base.processes:
+            raise ValueError("engine 'command' needs command = [\"prog\", \"--port\", \"{port}\", ...]")
+        if self.engine not in ("external",) and not self.model and self.engine != "command":
+            raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
+        return self
+
+    @property
+    def baseline_arm(self) -> str:
+        return self.baseline or next(iter(self.arms))
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def design_hash(self) -> str:
+        """Hash of what decides the measurements; repetitions and prose may change on a resume."""
+        d = self.to_json()
+        for k in ("repetitions", "hypothesis", "timeouts", "retries", "noise_band"):
+            d.pop(k, None)
+        for arm in d["arms"].values():
+            arm.pop("description", None)
+        return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def _loc(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+
+
+def parse(data: dict[str, Any], source: str = "<experiment>") -> ExperimentSpec:
+    """Validate a dict; a problem becomes ONE line: `source: key.path: problem`."""
+    try:
+        return ExperimentSpec.model_validate(data)
+    except ValidationError as exc:
+        errs = exc.errors()
+        e = errs[0]
+        key = _loc(e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (check the spelling; docs/EXPERIMENTS.md lists the keys)"
+        elif e["type"] == "missing":
+            msg = "required key is missing"
+        more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
+        raise UserError(f"{source}: {key}: {msg}{more}") from None
+
+
+def load(path: str | Path) -> ExperimentSpec:
+    """Read, validate and pre-flight an experiment file; raises UserError with one line."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read experiment file {p}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"{p}: invalid TOML: {exc}") from None
+    spec = parse(data, str(p))
+    preflight(spec, str(p))
+    return spec
+
+
+# ---- resolving arms into processes --------------------------------------------------------------
+
+def _layout(spec: ExperimentSpec) -> list[ProcessSpec]:
+    if spec.base.processes:
+        return list(spec.base.processes)
+    return [ProcessSpec(role="server", command=spec.command)]
+
+
+def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
+    """The process configurations of one arm, in launch order (router last)."""
+    arm = spec.arms[arm_name]
+    out: list[ProcessConfig] = []
+    layout = sorted(_layout(spec), key=lambda p: p.role == "router")
+    for proc in layout:
+        is_router = proc.role == "router"
+        flags: dict[str, FlagValue] = {} if is_router else dict(spec.base.flags)
+        env = dict(spec.base.env)
+        flags.update(proc.flags)
+        env.update(proc.env)
+        applies = proc.role in arm.roles if arm.roles is not None else not is_router
+        if applies:
+            for rname in arm.recipes:
+                r = recipes.get(rname)
+                flags.update(r.flags_for(spec.engine))
+                env.update(r.env)
+            flags.update(arm.flags)
+            for k in arm.remove:
+                flags.pop(k, None)
+            env.update(arm.env)
+        flags = {k: v for k, v in flags.items() if v is not False}
+        extra: dict[str, Any] = {"command": proc.command or spec.command}
+        out.append(ProcessConfig(role=proc.role, flags=flags, env=env, host=spec.host,
+                                 port=proc.port or 0, extra=extra))
+    return out
+
+
+def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
+    """Every check that can fail without launching anything; raises UserError (one line)."""
+    eng = engines.get(spec.engine)
+    layout = _layout(spec)
+    roles = [p.role for p in layout]
+    for r in roles:
+        if r not in eng.roles:
+            raise UserError(f"{source}: base.processes: engine '{spec.engine}' cannot run a '{r}' "
+                            f"process (roles: {', '.join(eng.roles)})")
+    if len(layout) > 1 and roles.count("router") != 1:
+        raise UserError(f"{source}: base.processes: a deployment of several processes needs "
+                        "exactly one 'router' process (the endpoint the benchmark talks to)")
+    if not eng.launches:
+        for name, arm in spec.arms.items():
+            if arm.flags or arm.remove or arm.recipe or arm.env:
+                raise UserError(f"{source}: arms.{name}: engine 'external' is not launched by "
+                                "servelab, so arms cannot change flags or env")
+    for name, arm in spec.arms.items():
+        for rname in arm.recipes:
+            try:
+                recipes.get(rname).flags_for(spec.engine)
+            except UserError as exc:
+                raise UserError(f"{source}: arms.{name}.recipe: {exc}") from None
+        for k in arm.remove:
+            if all(k not in p.flags for p in resolve_raw_base(spec)):
+                raise UserError(f"{source}: arms.{name}.remove: flag '{k}' is not set in the base")
+        for proc in resolve(spec, name):
+            problems = eng.check(spec.model, proc.role, proc.flags) if spec.base.check_flags else \
+                eng.rules(spec.model, proc.role, proc.flags)
+            if proc.role != "router":
+                problems += recipes.constraint_problems(spec.model, proc.flags)
+            if problems:
+                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+                hint = "; set base.check_flags = false to pass unknown flags through" \
+                    if problems[0].startswith("unknown") else ""
+                raise UserError(f"{source}: arms.{name} ({proc.role}): {problems[0]}{more}{hint}")
+
+
+def resolve_raw_base(spec: ExperimentSpec) -> list[ProcessConfig]:
+    """The base processes without any arm delta (for checks of `remove`)."""
+    return [ProcessConfig(role=p.role, flags={**({} if p.role == "router" else spec.base.flags), **p.flags})
+            for p in _layout(spec)]

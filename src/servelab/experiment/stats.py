@@ -1,0 +1,278 @@
+"""Statistics of an experiment: per arm x load point x metric medians and spread, each arm's
+effect against the baseline as a ratio with a bootstrap 95% CI, and a verdict against a noise band.
+
+The unit of replication is one run. When the schedule pairs runs by block (interleaved or
+shuffled blocks), the effect is the geometric mean of the per-block ratios arm/baseline and the
+bootstrap resamples blocks; otherwise it is the ratio of medians and each arm is resampled on its
+own. A change is called only when the whole CI lies beyond the noise band (default +-2%) in one
+direction; "better" means higher for throughput and lower for latency.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool | None        # None: descriptive only (no verdict)
+    path: tuple[str, ...]
+
+
+METRICS: dict[str, Metric] = {m.key: m for m in (
+    Metric("output_throughput_tok_s", "output throughput", "tok/s", True, ("output_throughput_tok_s",)),
+    Metric("request_throughput_req_s", "request throughput", "req/s", True, ("request_throughput_req_s",)),
+    Metric("ttft_ms", "TTFT median", "ms", False, ("ttft_ms", "median")),
+    Metric("tpot_ms", "TPOT median", "ms", False, ("tpot_ms", "median")),
+    Metric("e2e_ms", "E2E median", "ms", False, ("e2e_ms", "median")),
+    Metric("accept_length", "acceptance length", "tokens/step", None, ("accept_length",)),
+)}
+
+MIN_REPS_TO_DECIDE = 5      # below: the bootstrap CI rests on too few distinct resamples
+CV_WARN = 0.10
+ACCEPT_DIFF_WARN = 0.05
+
+
+def metric_value(summary: dict[str, Any], metric: str) -> float:
+    """The metric from a load-point summary; NaN when missing (never 0)."""
+    node: Any = summary
+    for part in METRICS[metric].path:
+        if not isinstance(node, dict):
+            return math.nan
+        node = node.get(part)
+    return float(node) if isinstance(node, int | float) and not isinstance(node, bool) else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """Median and spread of one arm x load point x metric over its runs."""
+
+    arm: str
+    load_key: str
+    metric: str
+    n: int
+    median: float
+    min: float
+    max: float
+    mean: float
+    std: float            # sample standard deviation (ddof=1); NaN for n < 2
+    cv: float             # std / mean
+    ci_low: float         # bootstrap 95% CI of the median
+    ci_high: float
+
+
+@dataclass(frozen=True, slots=True)
+class Effect:
+    """arm / baseline for one load point and metric, with its CI and verdict."""
+
+    arm: str
+    baseline: str
+    load_key: str
+    metric: str
+    ratio: float
+    ci_low: float
+    ci_high: float
+    n: int                # pairs (paired) or min(n_arm, n_base)
+    paired: bool
+    verdict: str          # better | worse | within noise | too few runs | n/a
+
+    def pct(self, x: float | None = None) -> float:
+        return ((self.ratio if x is None else x) - 1.0) * 100.0
+
+    def text(self) -> str:
+        """`+47% [+41%, +52%]`."""
+        if math.isnan(self.ratio):
+            return "n/a"
+        if math.isnan(self.ci_low):
+            return f"{self.pct():+.1f}%"
+        return f"{self.pct():+.1f}% [{self.pct(self.ci_low):+.1f}%, {self.pct(self.ci_high):+.1f}%]"
+
+
+@dataclass
+class Analysis:
+    baseline: str
+    arms: list[str]
+    load_keys: list[str]
+    noise_band: float
+    spreads: dict[tuple[str, str, str], Spread] = field(default_factory=dict)
+    effects: dict[tuple[str, str, str], Effect] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def bootstrap_ratio(base: Sequence[float], arm: Sequence[float], *, paired: bool,
+                    n_boot: int = 10_000, conf: float = 0.95, seed: int = 0
+                    ) -> tuple[float, float, float]:
+    """(ratio, CI low, CI high) of arm over base, percentile bootstrap.
+
+    Paired: `base[i]` and `arm[i]` come from the same block; the ratio is the geometric mean of
+    arm[i]/base[i] and blocks are resampled. Unpaired: the ratio of medians, each side resampled
+    on its own. NaNs are dropped (pairwise when paired). CI is NaN with fewer than 2 values."""
+    b, a = np.asarray(base, float), np.asarray(arm, float)
+    rng = np.random.default_rng(seed)
+    alpha = (1.0 - conf) / 2.0
+    if paired:
+        if b.shape != a.shape:
+            raise ValueError("paired samples need equal lengths")
+        keep = np.isfinite(a) & np.isfinite(b) & (a > 0) & (b > 0)
+        logr = np.log(a[keep] / b[keep])
+        if logr.size == 0:
+            return math.nan, math.nan, math.nan
+        point = float(np.exp(logr.mean()))
+        if logr.size < 2:
+            return point, math.nan, math.nan
+        idx = rng.integers(0, logr.size, size=(n_boot, logr.size))
+        boots = np.exp(logr[idx].mean(axis=1))
+    else:
+        b, a = b[np.isfinite(b)], a[np.isfinite(a)]
+        if b.size == 0 or a.size == 0 or np.median(b) == 0:
+            return math.nan, math.nan, math.nan
+        point = float(np.median(a) / np.median(b))
+        if min(a.size, b.size) < 2:
+            return point, math.nan, math.nan
+        mb = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
+        ma = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
+        boots = ma / mb
+    lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
+    return point, float(lo), float(hi)
+
+
+def bootstrap_median_ci(values: Sequence[float], n_boot: int = 5_000, conf: float = 0.95,
+                        seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap CI of the median (NaN for fewer than 2 values)."""
+    v = np.asarray([x for x in values if math.isfinite(x)], float)
+    if v.size < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    meds = np.median(v[rng.integers(0, v.size, size=(n_boot, v.size))], axis=1)
+    lo, hi = np.quantile(meds, [(1 - conf) / 2, 1 - (1 - conf) / 2])
+    return float(lo), float(hi)
+
+
+def verdict(ratio: float, lo: float, hi: float, band: float, higher_is_better: bool | None) -> str:
+    """better / worse when the whole CI lies beyond the noise band, else within noise."""
+    if higher_is_better is None:
+        return "n/a"
+    if math.isnan(ratio) or math.isnan(lo) or math.isnan(hi):
+        return "too few runs"
+    up, down = lo > 1.0 + band, hi < 1.0 - band
+    if up or down:
+        return "better" if up == higher_is_better else "worse"
+    return "within noise"
+
+
+def spread(arm: str, load_key: str, metric: str, values: Iterable[float]) -> Spread:
+    v = np.asarray([x for x in values if math.isfinite(x)], float)
+    if v.size == 0:
+        nan = math.nan
+        return Spread(arm, load_key, metric, 0, nan, nan, nan, nan, nan, nan, nan, nan)
+    std = float(v.std(ddof=1)) if v.size > 1 else math.nan
+    mean = float(v.mean())
+    lo, hi = bootstrap_median_ci(v)
+    return Spread(arm, load_key, metric, int(v.size), float(np.median(v)), float(v.min()),
+                  float(v.max()), mean, std, std / mean if mean else math.nan, lo, hi)
+
+
+@dataclass(frozen=True, slots=True)
+class RunValue:
+    """One ok run's summary, reduced to what statistics need."""
+
+    arm: str
+    load_key: str
+    repetition: int
+    block: int | None
+    summary: dict[str, Any]
+
+
+def analyze(runs: Sequence[RunValue], *, baseline: str, arms: Sequence[str],
+            load_keys: Sequence[str], noise_band: float = 0.02,
+            metrics: Sequence[str] = tuple(METRICS)) -> Analysis:
+    """Spreads, effects against the baseline and warnings for the ok runs of an experiment."""
+    an = Analysis(baseline=baseline, arms=list(arms), load_keys=list(load_keys), noise_band=noise_band)
+    by: dict[tuple[str, str], list[RunValue]] = {}
+    for r in runs:
+        by.setdefault((r.arm, r.load_key), []).append(r)
+    for arm in arms:
+        for lk in load_keys:
+            rs = by.get((arm, lk), [])
+            for m in metrics:
+                an.spreads[(arm, lk, m)] = spread(arm, lk, m, (metric_value(r.summary, m) for r in rs))
+    for arm in arms:
+        if arm == baseline:
+            continue
+        for lk in load_keys:
+            a_runs, b_runs = by.get((arm, lk), []), by.get((baseline, lk), [])
+            a_blk = {r.block: r for r in a_runs if r.block is not None}
+            b_blk = {r.block: r for r in b_runs if r.block is not None}
+            common = sorted(set(a_blk) & set(b_blk))
+            paired = len(common) >= 2
+            for m in metrics:
+                if paired:
+                    bv = [metric_value(b_blk[k].summary, m) for k in common]
+                    av = [metric_value(a_blk[k].summary, m) for k in common]
+                    n = len(common)
+                else:
+                    bv = [metric_value(r.summary, m) for r in b_runs]
+                    av = [metric_value(r.summary, m) for r in a_runs]
+                    n = min(len(av), len(bv))
+                ratio, lo, hi = bootstrap_ratio(bv, av, paired=paired)
+                v = verdict(ratio, lo, hi, noise_band, METRICS[m].higher_is_better)
+                an.effects[(arm, lk, m)] = Effect(arm, baseline, lk, m, ratio, lo, hi, n, paired, v)
+    an.warnings = _warnings(an, by)
+    return an
+
+
+def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[str]:
+    out: list[str] = []
+    ns = [len(v) for v in by.values()]
+    if not ns:
+        return ["no successful runs: nothing to compare"]
+    if min(ns) < MIN_REPS_TO_DECIDE:
+        out.append(f"only {min(ns)} repetition(s) for some arm and load point: a bootstrap over so "
+                   f"few runs has few distinct resamples, and a rank test with 3 vs 3 can never "
+                   f"reach p < 0.05; use >= {MIN_REPS_TO_DECIDE} repetitions before deciding")
+    for arm in an.arms:
+        for lk in an.load_keys:
+            if not by.get((arm, lk)):
+                out.append(f"arm {arm} at {lk}: no successful run")
+    for (arm, lk, m), s in an.spreads.items():
+        if METRICS[m].higher_is_better is not None and s.n >= 2 and s.cv > CV_WARN:
+            out.append(f"arm {arm} at {lk}: {METRICS[m].label} varies with CV {s.cv * 100:.0f}% "
+                       f"(> {CV_WARN * 100:.0f}%) between runs: the machine is noisy or runs too short")
+    for lk in an.load_keys:
+        acc = {arm: an.spreads[(arm, lk, "accept_length")].median for arm in an.arms
+               if (arm, lk, "accept_length") in an.spreads
+               and math.isfinite(an.spreads[(arm, lk, "accept_length")].median)}
+        if len(acc) >= 2:
+            lo_arm, hi_arm = min(acc, key=acc.get), max(acc, key=acc.get)  # type: ignore[arg-type]
+            if acc[hi_arm] > acc[lo_arm] * (1 + ACCEPT_DIFF_WARN):
+                out.append(f"at {lk}: acceptance length differs between arms ({hi_arm} "
+                           f"{acc[hi_arm]:.2f} vs {lo_arm} {acc[lo_arm]:.2f}) on the same workload: "
+                           f"part of the effect may be the drafts, not the lever")
+    return out
+
+
+def headline(an: Analysis, metric: str) -> list[str]:
+    """One line per non-baseline arm: `mtp: +47% [+41%, +52%] at c=1, within noise at c=16`."""
+    lines = []
+    for arm in an.arms:
+        if arm == an.baseline:
+            continue
+        parts = []
+        for lk in an.load_keys:
+            e = an.effects.get((arm, lk, metric))
+            if e is None:
+                continue
+            if e.verdict in ("better", "worse"):
+                parts.append(f"{e.text()} at {lk} ({e.verdict})")
+            else:
+                parts.append(f"{e.verdict} at {lk} ({e.text()})")
+        lines.append(f"{arm} vs {an.baseline}, {METRICS[metric].label}: " + ", ".join(parts))
+    return lines

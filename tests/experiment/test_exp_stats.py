@@ -1,0 +1,110 @@
+"""Statistics against independent computations: scipy's bootstrap, closed forms, simulation."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from servelab.experiment import stats as st
+
+
+def _geo_mean_ratio(b, a, axis=-1):
+    return np.exp(np.mean(np.log(a / b), axis=axis))
+
+
+def test_paired_ci_matches_scipy_bootstrap():
+    rng = np.random.default_rng(1)
+    base = rng.lognormal(np.log(100), 0.05, 12)
+    arm = base * rng.lognormal(np.log(1.3), 0.03, 12)      # true effect x1.3, paired noise
+    ratio, lo, hi = st.bootstrap_ratio(base, arm, paired=True, n_boot=20_000, seed=3)
+    ref = sps.bootstrap((base, arm), _geo_mean_ratio, paired=True, vectorized=True,
+                        n_resamples=20_000, method="percentile", random_state=7)
+    assert ratio == pytest.approx(float(np.exp(np.mean(np.log(arm / base)))), rel=1e-12)
+    assert lo == pytest.approx(ref.confidence_interval.low, rel=3e-3)
+    assert hi == pytest.approx(ref.confidence_interval.high, rel=3e-3)
+    assert lo < 1.3 < hi or abs(ratio - 1.3) < 0.03
+
+
+def test_unpaired_ratio_of_medians_and_scipy_ci():
+    rng = np.random.default_rng(2)
+    base = rng.normal(50, 2, 15)
+    arm = rng.normal(40, 2, 11)
+    ratio, lo, hi = st.bootstrap_ratio(base, arm, paired=False, n_boot=20_000, seed=5)
+    assert ratio == pytest.approx(np.median(arm) / np.median(base), rel=1e-12)
+
+    def stat(b, a, axis=-1):
+        return np.median(a, axis=axis) / np.median(b, axis=axis)
+
+    ref = sps.bootstrap((base, arm), stat, paired=False, vectorized=True, n_resamples=20_000,
+                        method="percentile", random_state=9)
+    assert lo == pytest.approx(ref.confidence_interval.low, rel=1e-2)
+    assert hi == pytest.approx(ref.confidence_interval.high, rel=1e-2)
+
+
+def test_paired_ci_coverage_on_known_distribution():
+    """95% CIs of the geometric-mean ratio cover the true ratio about 95% of the time (n=10)."""
+    rng = np.random.default_rng(4)
+    true, covered, trials = 1.2, 0, 300
+    for t in range(trials):
+        base = rng.lognormal(np.log(200), 0.1, 10)
+        arm = base * np.exp(rng.normal(np.log(true), 0.05, 10))
+        _, lo, hi = st.bootstrap_ratio(base, arm, paired=True, n_boot=2_000, seed=t)
+        covered += lo <= true <= hi
+    # percentile bootstrap under-covers slightly at n=10: binomial 300 trials, expect ~0.90-0.95
+    assert 0.84 <= covered / trials <= 0.99
+
+
+def test_paired_beats_unpaired_under_block_drift():
+    """Drift shared by both arms of a block cancels when paired: the paired CI is narrower."""
+    rng = np.random.default_rng(6)
+    drift = rng.lognormal(0, 0.15, 8)                       # machine speed per block
+    base = 100 * drift * rng.lognormal(0, 0.01, 8)
+    arm = 110 * drift * rng.lognormal(0, 0.01, 8)
+    _, plo, phi = st.bootstrap_ratio(base, arm, paired=True)
+    _, ulo, uhi = st.bootstrap_ratio(base, arm, paired=False)
+    assert phi - plo < 0.5 * (uhi - ulo)
+    assert plo > 1.02
+
+
+@pytest.mark.parametrize(("ratio", "lo", "hi", "higher", "want"), [
+    (1.47, 1.41, 1.52, True, "better"),      # throughput up
+    (1.47, 1.41, 1.52, False, "worse"),      # latency up
+    (0.70, 0.65, 0.75, False, "better"),     # latency down
+    (0.70, 0.65, 0.75, True, "worse"),
+    (1.01, 0.97, 1.04, True, "within noise"),
+    (1.05, 1.01, 1.09, True, "within noise"),  # CI reaches into the +-2% band: not called
+    (1.05, math.nan, math.nan, True, "too few runs"),
+    (1.05, 1.04, 1.06, None, "n/a"),
+])
+def test_verdict_direction_and_band(ratio, lo, hi, higher, want):
+    assert st.verdict(ratio, lo, hi, 0.02, higher) == want
+
+
+def test_analyze_spreads_effects_and_warnings():
+    rng = np.random.default_rng(8)
+    runs = []
+    for b in range(3):
+        drift = 1 + 0.01 * b
+        for arm, tput, acc in (("base", 100.0, None), ("mtp", 147.0, 1.8), ("mtp2", 150.0, 2.4)):
+            for lk, scale, noise in (("c=1", 1.0, 0.005), ("c=16", 8.0, 0.3)):
+                s = {"output_throughput_tok_s": tput * scale * drift * rng.lognormal(0, noise),
+                     "ttft_ms": {"median": 20.0 * drift}, "tpot_ms": None, "accept_length": acc}
+                runs.append(st.RunValue(arm, lk, b, b, s))
+    an = st.analyze(runs, baseline="base", arms=["base", "mtp", "mtp2"], load_keys=["c=1", "c=16"])
+    vals = [r.summary["output_throughput_tok_s"] for r in runs if r.arm == "mtp" and r.load_key == "c=1"]
+    sp = an.spreads[("mtp", "c=1", "output_throughput_tok_s")]
+    assert sp.median == pytest.approx(float(np.median(vals)))
+    assert sp.cv == pytest.approx(float(np.std(vals, ddof=1) / np.mean(vals)))
+    assert math.isnan(an.spreads[("base", "c=1", "tpot_ms")].median)      # missing stays NaN
+    e = an.effects[("mtp", "c=1", "output_throughput_tok_s")]
+    assert e.paired and e.n == 3 and e.verdict == "better" and 1.40 < e.ratio < 1.55
+    assert an.effects[("mtp", "c=1", "ttft_ms")].verdict == "within noise"
+    text = "\n".join(an.warnings)
+    assert "only 3 repetition(s)" in text
+    assert "CV" in text and "c=16" in text                      # the noisy load point is flagged
+    assert "acceptance length differs" in text and "mtp2" in text
+    line = st.headline(an, "output_throughput_tok_s")[0]
+    assert line.startswith("mtp vs base") and "at c=1 (better)" in line
