@@ -1,0 +1,307 @@
+"""Kineto / Chrome-trace reader: GPU activities, launches and step annotations, memory bounded.
+
+PyTorch's profiler (and SGLang's `/start_profile`, which uses it) writes Chrome trace JSON, often
+gzipped, with `traceEvents` holding CPU ops, CUDA runtime calls, GPU kernels and memcpys, and
+`user_annotation` ranges such as `ProfilerStep#N` or SGLang's `step[DECODE bs=N]`. All times are
+microseconds.
+
+Small files are parsed whole with orjson (fast). Larger ones stream through ijson's C backend
+one event at a time: memory grows with the number of GPU activities and launches (compact
+columns, interned names), not with the size of the JSON (which is dominated by CPU ops and their
+args). A truncated or corrupt file raises `UserError` naming the event number, the last good
+event and the byte offset.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+import zlib
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from servelab.errors import UserError
+
+# Below this many bytes on disk (gz: compressed bytes) the whole file is parsed with orjson.
+# 24 MB gz is ~200-400 MB of JSON: orjson then needs ~1-2 GB; streaming stays at tens of MB.
+ORJSON_MAX_BYTES = 64 << 20
+ORJSON_MAX_GZ_BYTES = 6 << 20
+
+GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
+KIND_NAMES = ("kernel", "memcpy", "memset")
+RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
+GRAPH_LAUNCH_NAMES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
+ANNOTATION_CATEGORIES = ("user_annotation", "gpu_user_annotation", "cpu_op", "python_function")
+# Annotation names worth keeping even without a user regex (steps in engines we know).
+KNOWN_STEP_RE = re.compile(r"^(ProfilerStep#\d+$|step\[)")
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """A named host- or GPU-side range (`ph: X`), e.g. `ProfilerStep#3` or `step[DECODE bs=1]`."""
+
+    name: str
+    ts_us: float
+    dur_us: float
+    gpu: bool  # gpu_user_annotation: drawn on the GPU timeline
+
+    @property
+    def end_us(self) -> float:
+        return self.ts_us + self.dur_us
+
+
+@dataclass(slots=True)
+class Trace:
+    """GPU activities, launches and annotations of one trace file, as compact columns.
+
+    GPU activity i: name `names[name_idx[i]]`, start `ts_us[i]`, duration `dur_us[i]` on
+    `device[i]`/`stream[i]`, launched by the runtime call with correlation id `corr[i]`
+    (-1 unknown), kind `KIND_NAMES[kind[i]]`.
+    """
+
+    path: str
+    names: list[str] = field(default_factory=list)
+    name_idx: array = field(default_factory=lambda: array("i"))
+    ts_us: array = field(default_factory=lambda: array("d"))
+    dur_us: array = field(default_factory=lambda: array("d"))
+    device: array = field(default_factory=lambda: array("i"))
+    stream: array = field(default_factory=lambda: array("q"))
+    corr: array = field(default_factory=lambda: array("q"))
+    kind: array = field(default_factory=lambda: array("b"))
+    # runtime calls (cudaLaunchKernel, cudaGraphLaunch, cudaMemcpyAsync, ...)
+    rt_corr: array = field(default_factory=lambda: array("q"))
+    rt_ts_us: array = field(default_factory=lambda: array("d"))
+    rt_graph: array = field(default_factory=lambda: array("b"))
+    annotations: list[Annotation] = field(default_factory=list)
+    n_events: int = 0
+    device_properties: list[dict] = field(default_factory=list)
+
+    @property
+    def n_gpu(self) -> int:
+        return len(self.ts_us)
+
+
+class _CountingReader(io.RawIOBase):
+    """Counts bytes handed to the JSON parser, so an error can name its byte offset."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw
+        self.offset = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # type: ignore[override]
+        data = self.raw.read(len(b))
+        n = len(data)
+        b[:n] = data
+        self.offset += n
+        return n
+
+
+def _open_raw(path: Path):
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb"), True
+    return open(path, "rb"), False
+
+
+def _first_char(path: Path) -> bytes:
+    f, _ = _open_raw(path)
+    with f:
+        head = f.read(4096).lstrip()
+    return head[:1]
+
+
+class _Ingest:
+    """Turns trace event dicts into the compact columns of a `Trace`."""
+
+    def __init__(self, trace: Trace, keep_annotation: re.Pattern | None) -> None:
+        self.t = trace
+        self.keep = keep_annotation
+        self.name_ids: dict[str, int] = {}
+        self.last_name = ""
+        self.last_ts: float | None = None
+
+    def add(self, i: int, ev: Any) -> None:
+        if not isinstance(ev, dict):
+            raise UserError(
+                f"{self.t.path}: event #{i} is a {type(ev).__name__}, not an object; "
+                "this is not a Chrome/Kineto trace"
+            )
+        self.t.n_events = i + 1
+        if ev.get("ph") != "X":
+            return
+        cat = ev.get("cat")
+        name = ev.get("name")
+        if cat in GPU_CATEGORIES:
+            ts, dur = self._times(i, ev, name)
+            args = ev.get("args") or {}
+            t = self.t
+            nid = self.name_ids.get(name)
+            if nid is None:
+                nid = self.name_ids[name] = len(t.names)
+                t.names.append(str(name))
+            t.name_idx.append(nid)
+            t.ts_us.append(ts)
+            t.dur_us.append(dur)
+            dev = args.get("device", ev.get("pid", 0))
+            t.device.append(int(dev) if isinstance(dev, int | float) else 0)
+            stream = args.get("stream", ev.get("tid", 0))
+            t.stream.append(int(stream) if isinstance(stream, int | float) else 0)
+            c = args.get("correlation", -1)
+            t.corr.append(int(c) if isinstance(c, int | float) else -1)
+            t.kind.append(GPU_CATEGORIES[cat])
+        elif cat in RUNTIME_CATEGORIES:
+            c = (ev.get("args") or {}).get("correlation")
+            ts = ev.get("ts")
+            if isinstance(c, int | float) and isinstance(ts, int | float):
+                self.t.rt_corr.append(int(c))
+                self.t.rt_ts_us.append(float(ts))
+                self.t.rt_graph.append(1 if name in GRAPH_LAUNCH_NAMES else 0)
+        elif cat in ANNOTATION_CATEGORIES and isinstance(name, str):
+            user = cat == "user_annotation" or cat == "gpu_user_annotation"
+            if user or KNOWN_STEP_RE.search(name) or (self.keep and self.keep.search(name)):
+                ts, dur = self._times(i, ev, name)
+                self.t.annotations.append(
+                    Annotation(name, ts, dur, gpu=(cat == "gpu_user_annotation"))
+                )
+        if isinstance(name, str):
+            self.last_name = name
+            ts = ev.get("ts")
+            self.last_ts = ts if isinstance(ts, int | float) else self.last_ts
+
+    def _times(self, i: int, ev: dict, name: Any) -> tuple[float, float]:
+        ts, dur = ev.get("ts"), ev.get("dur")
+        if isinstance(ts, str):  # some exporters write numbers as strings
+            ts = _num(ts)
+        if isinstance(dur, str):
+            dur = _num(dur)
+        if not isinstance(ts, int | float) or not isinstance(dur, int | float):
+            raise UserError(
+                f"{self.t.path}: event #{i} ({ev.get('cat')} {str(name)[:80]!r}) has "
+                f"ts={ev.get('ts')!r} dur={ev.get('dur')!r}; both must be numbers (microseconds)"
+            )
+        if dur < 0:
+            raise UserError(
+                f"{self.t.path}: event #{i} ({ev.get('cat')} {str(name)[:80]!r}) has a negative "
+                f"duration {dur}; the trace is corrupt"
+            )
+        return float(ts), float(dur)
+
+
+def _num(s: str) -> float | None:
+    try:
+        return float(s)
+    except ValueError:
+        return None
+
+
+def read_trace(
+    path: str | Path, step_regex: str | None = None, streaming: bool | None = None
+) -> Trace:
+    """Read a Kineto/Chrome trace (`.json` or `.json.gz`) into a `Trace`.
+
+    `step_regex` also keeps CPU ops / python functions whose name matches it (user annotations
+    are always kept). `streaming` forces (True) or forbids (False) the ijson path; by default
+    files above `ORJSON_MAX_BYTES` (gz: `ORJSON_MAX_GZ_BYTES`) stream.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"trace file {p} does not exist (pass a .json or .json.gz trace)")
+    keep = re.compile(step_regex) if step_regex else None
+    size = p.stat().st_size
+    if size == 0:
+        raise UserError(f"{p}: the trace file is empty")
+    with open(p, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    if streaming is None:
+        streaming = size > (ORJSON_MAX_GZ_BYTES if gz else ORJSON_MAX_BYTES)
+    trace = Trace(path=str(p))
+    ing = _Ingest(trace, keep)
+    if not streaming:
+        try:
+            doc = _load_whole(p, gz)
+        except (ValueError, EOFError, OSError, zlib.error):
+            streaming = True  # re-read streaming: it names the event and offset of the damage
+        else:
+            events = doc.get("traceEvents") if isinstance(doc, dict) else doc
+            if not isinstance(events, list):
+                raise UserError(f"{p}: no 'traceEvents' list; this is not a Chrome/Kineto trace")
+            if isinstance(doc, dict) and isinstance(doc.get("deviceProperties"), list):
+                trace.device_properties = doc["deviceProperties"]
+            for i, ev in enumerate(events):
+                ing.add(i, ev)
+            return trace
+    _stream(p, ing)
+    return trace
+
+
+def _load_whole(p: Path, gz: bool) -> Any:
+    import orjson
+
+    data = gzip.decompress(p.read_bytes()) if gz else p.read_bytes()
+    return orjson.loads(data)
+
+
+def _stream(p: Path, ing: _Ingest) -> None:
+    import ijson
+
+    prefix = "item" if _first_char(p) == b"[" else "traceEvents.item"
+    raw, _ = _open_raw(p)
+    counter = _CountingReader(raw)
+    buffered = io.BufferedReader(counter, buffer_size=1 << 20)
+    i = -1
+    try:
+        with raw:
+            for i, ev in enumerate(ijson.items(buffered, prefix, use_float=True)):
+                ing.add(i, ev)
+    except UserError:
+        raise
+    except (ijson.JSONError, EOFError, OSError, zlib.error, ValueError) as exc:
+        last = f"{ing.last_name[:80]!r} at ts={ing.last_ts}" if ing.last_name else "none"
+        what = "truncated" if _looks_truncated(exc) else "corrupt"
+        raise UserError(
+            f"{p}: the trace is {what} at event #{i + 1} (about byte {counter.offset:,} of the "
+            f"JSON; last good event #{i}: {last}): {str(exc)[:200]}. "
+            "Re-export the trace, or copy the whole file"
+        ) from None
+    if i < 0 and ing.t.n_events == 0:
+        raise UserError(
+            f"{p}: no trace events found under '{prefix.split('.')[0]}'; this is not a "
+            "Chrome/Kineto trace"
+        )
+
+
+def _looks_truncated(exc: BaseException) -> bool:
+    msg = str(exc).lower()
+    return isinstance(exc, EOFError) or "incomplete" in msg or "premature" in msg or "end" in msg
+
+
+def group_by_corr(trace: Trace) -> dict[int, list[int]]:
+    """GPU activity indices per correlation id (one CUDA-graph launch shares one id)."""
+    out: dict[int, list[int]] = {}
+    for i, c in enumerate(trace.corr):
+        if c >= 0:
+            out.setdefault(c, []).append(i)
+    return out
+
+
+def launch_times(trace: Trace) -> dict[int, tuple[float, bool]]:
+    """Correlation id -> (host launch time, launched by a CUDA-graph launch)."""
+    return {
+        c: (t, bool(g))
+        for c, t, g in zip(trace.rt_corr, trace.rt_ts_us, trace.rt_graph, strict=True)
+    }
+
+
+def iter_gpu(trace: Trace, idx: Iterable[int] | None = None) -> Iterator[tuple[str, float, float]]:
+    """(name, ts_us, dur_us) of GPU activities (all, or those in `idx`)."""
+    rng = range(trace.n_gpu) if idx is None else idx
+    for i in rng:
+        yield trace.names[trace.name_idx[i]], trace.ts_us[i], trace.dur_us[i]
