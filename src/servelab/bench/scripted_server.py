@@ -15,9 +15,12 @@ It speaks the APIs real engines speak, with no model behind them:
   every chunk, `time.perf_counter_ns()`, i.e. CLOCK_MONOTONIC, the same clock in every process of
   the host) and `POST /_scripted/reset`.
 
-Timing: the first content chunk is sent `ttft_ms` after the request arrives, then one chunk of
-`tokens_per_chunk` tokens every `gap_ms` (absolute schedule, so sleep overshoot does not
-accumulate). With `gap_ms = 0` the whole stream is written at once (the client-overhead benchmark).
+Timing: the first content chunk (1 token, "prefill") is sent `ttft_ms` after the request
+arrives, then one chunk of `tokens_per_chunk` tokens (one "verify step") every `gap_ms`
+(absolute schedule, so sleep overshoot does not accumulate); the last chunk is cut short by
+`max_tokens`. Speculative counters follow: per verify step of k tokens, 1 draft of k-1 tokens
+with k-1 accepted, so the true acceptance length is exactly `tokens_per_chunk` when
+`(max_tokens - 1) % tokens_per_chunk == 0`. With `gap_ms = 0` the whole stream is written at once (the client-overhead benchmark).
 An idle request (no `ignore_eos`/`min_tokens`) stops at `natural_len` tokens when that is set.
 
 Failure modes (`--fail-rate R --fail-modes m1,m2`, seeded; or per request by putting
@@ -239,17 +242,22 @@ class ScriptedServer:
         return req
 
     def _chunks(self, n_out: int) -> list[int]:
+        """Tokens per streamed chunk: 1 from prefill, then one chunk of `tokens_per_chunk` per
+        verify step (the last one cut short by max_tokens), as speculative decoding streams."""
+        if n_out <= 0:
+            return []
         k = self.script.tokens_per_chunk
-        return [min(k, n_out - i) for i in range(0, n_out, k)]
+        return [1] + [min(k, n_out - i) for i in range(1, n_out, k)]
 
     def _account(self, chunks: list[int]) -> None:
         k = self.script.tokens_per_chunk
-        self.tokens_out += sum(chunks)
-        self.steps_out += len(chunks)
+        steps = chunks[1:]
+        self.tokens_out += sum(steps)
+        self.steps_out += len(steps)
         if k > 1:
-            self.drafts += len(chunks)
-            self.draft_tokens += len(chunks) * (k - 1)
-            self.accepted += sum(c - 1 for c in chunks)
+            self.drafts += len(steps)
+            self.draft_tokens += len(steps) * (k - 1)
+            self.accepted += sum(c - 1 for c in steps)
 
     async def _http_fail(self, req: _Req) -> web.Response | None:
         if req.fail and req.fail.startswith("http"):
@@ -347,7 +355,7 @@ class ScriptedServer:
                                   else {"type": "stop", "matched": None} if last else None),
             }
             if spec:
-                meta["spec_verify_ct"] = i + 1
+                meta["spec_verify_ct"] = i  # verify steps so far; chunk 0 came from prefill
             return {"text": " tok" * done, "meta_info": meta, "index": 0}
 
         if not stream:

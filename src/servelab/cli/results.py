@@ -1,7 +1,107 @@
-"""CLI verbs: results. (Filled in by the owning module's work.)"""
+"""CLI verbs: `servelab results list|show` (find stored load points again) and
+`servelab import sglang FILE.jsonl | vllm FILE.json` (bring other tools' results into the store).
+"""
+
+from __future__ import annotations
 
 import typer
 
+from servelab.errors import UserError
+
+results_app = typer.Typer(help="Stored load points: list them, show one.", no_args_is_help=True)
+import_app = typer.Typer(help="Import SGLang / vLLM benchmark results into the store.",
+                         no_args_is_help=True)
+
+
+@results_app.command("list")
+def results_list(
+    source: str = typer.Option(None, "--source", help="Only this source: bench, experiment, import:sglang, import:vllm."),
+    limit: str = typer.Option("50", "--limit", help="At most this many rows (newest first)."),
+    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+) -> None:
+    """List stored load points, newest first."""
+    from rich.console import Console
+
+    from servelab.bench.config import parse_number
+    from servelab.bench.report import list_table
+    from servelab.store import Store
+
+    n = parse_number(limit, int, "--limit")
+    if n is None or n < 1:
+        raise UserError(f"--limit must be >= 1, got {limit}")
+    with Store(store) as st:
+        rows = st.load_points(source=source, limit=n)
+    if not rows:
+        Console().print("no load points stored yet: run `servelab bench` or `servelab import`")
+        return
+    Console().print(list_table(rows))
+
+
+@results_app.command("show")
+def results_show(
+    lp_id: str = typer.Argument(..., metavar="ID", help="The id shown by `servelab results list`."),
+    as_json: bool = typer.Option(False, "--json", help="Print the row (summary, provenance) as JSON."),
+    requests: bool = typer.Option(False, "--requests", help="With --json: add the per-request records."),
+    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+) -> None:
+    """Show one stored load point: its summary table, or everything as JSON."""
+    import orjson
+    from rich.console import Console
+
+    from servelab.bench.config import parse_number
+    from servelab.bench.report import summary_table
+    from servelab.store import Store
+
+    i = parse_number(lp_id, int, "ID")
+    with Store(store) as st:
+        row = st.load_point(i)
+        recs = list(st.requests(row)) if requests else None
+    if as_json:
+        doc = {"id": row.id, "created": row.created, "source": row.source, "label": row.label,
+               "base_url": row.base_url, "model": row.model, "load_key": row.load_key,
+               "summary": row.summary, "provenance": row.provenance}
+        if recs is not None:
+            doc["requests"] = recs
+        typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        return
+    c = Console()
+    c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
+                                              f"{row.model or ''} {row.load_key}"))
+    prov = row.provenance
+    c.print(f"measured {prov.get('time_utc', '?')} on {prov.get('host', '?')} by servelab "
+            f"{prov.get('servelab_version', '?')} ({prov.get('git_sha') or 'no git sha'})")
+
+
+def _import(kind: str, file: str, label: str | None, store: str | None) -> None:
+    from servelab.bench.importers import import_file
+    from servelab.store import Store
+
+    with Store(store) as st:
+        ids = import_file(st, kind, file, label=label)
+    typer.echo(f"imported {len(ids)} load point(s) from {file}: ids {', '.join(map(str, ids))}")
+
+
+@import_app.command("sglang")
+def import_sglang(
+    file: str = typer.Argument(..., metavar="FILE.jsonl", help="`sglang.bench_serving --output-file` JSONL."),
+    label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
+    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+) -> None:
+    """Import SGLang bench_serving results (one load point per line)."""
+    _import("sglang", file, label, store)
+
+
+@import_app.command("vllm")
+def import_vllm(
+    file: str = typer.Argument(..., metavar="FILE.json", help="`vllm bench serve --save-result` JSON."),
+    label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
+    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+) -> None:
+    """Import vLLM benchmark_serving results."""
+    _import("vllm", file, label, store)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's verbs to the app."""
+    """Add `results` and `import` to the app."""
+    app.add_typer(results_app, name="results")
+    app.add_typer(import_app, name="import")

@@ -1,0 +1,161 @@
+"""Typed configuration of one benchmark: the workload, the load point, and the run settings.
+
+Each dataclass checks its own invariants in `__post_init__` and raises `UserError` with a message
+that names the bad value and how to fix it, so the CLI and the experiment runner share one set of
+checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from servelab.errors import UserError
+
+APIS = ("completions", "chat", "sglang")
+GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
+_KIND = {int: "an integer", float: "a number"}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkloadConfig:
+    """What to send: fixed input/output lengths (exact when a tokenizer is at hand) or a
+    ShareGPT-format dataset file; `seed` makes the prompts and the arrival times reproducible."""
+
+    input_len: int = 256
+    output_len: int = 256
+    num_prompts: int = 100
+    dataset: str | None = None
+    seed: int = 0
+    tokenizer: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_len < 1:
+            raise UserError(f"--input-len must be >= 1, got {self.input_len}")
+        if self.output_len < 1:
+            raise UserError(f"--output-len must be >= 1, got {self.output_len}")
+        if self.num_prompts < 1:
+            raise UserError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.dataset is not None and not Path(self.dataset).is_file():
+            raise UserError(f"--dataset {self.dataset}: no such file; pass a ShareGPT-format JSON file")
+        if self.tokenizer is not None and not Path(self.tokenizer).exists():
+            raise UserError(
+                f"--tokenizer {self.tokenizer}: no such file or folder; pass a tokenizer.json "
+                "(HF tokenizers) or the folder that holds one"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class LoadPoint:
+    """One load: closed loop with `concurrency` requests in flight, or open loop at
+    `request_rate` requests/s (Poisson when `burstiness` is 1, gamma otherwise)."""
+
+    concurrency: int | None = None
+    request_rate: float | None = None
+    burstiness: float = 1.0
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.request_rate is None):
+            raise UserError("give exactly one of --concurrency or --request-rate for a load point")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise UserError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if self.request_rate is not None and not (self.request_rate > 0 and math.isfinite(self.request_rate)):
+            raise UserError(f"--request-rate must be a finite number > 0, got {self.request_rate}")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise UserError(f"--burstiness must be > 0 (1 = Poisson), got {self.burstiness}")
+
+    @property
+    def key(self) -> str:
+        """`c=8` or `rate=4` (the store's load_key)."""
+        if self.concurrency is not None:
+            return f"c={self.concurrency}"
+        r = self.request_rate
+        assert r is not None
+        return f"rate={r:g}"
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """Everything about a benchmark except the load point."""
+
+    base_url: str
+    workload: WorkloadConfig
+    model: str | None = None
+    api: str = "completions"
+    warmup: int = 0
+    max_duration_s: float | None = None
+    request_timeout_s: float = 600.0
+    goodput: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        u = urlparse(self.base_url)
+        if u.scheme not in ("http", "https") or not u.netloc:
+            raise UserError(f"--base-url {self.base_url!r} is not an http(s) URL; e.g. http://127.0.0.1:30000")
+        if u.path not in ("", "/") and u.path.rstrip("/") != "/v1":
+            raise UserError(f"--base-url {self.base_url!r}: give the server root (no path), e.g. http://host:port")
+        if self.api not in APIS:
+            raise UserError(f"--api {self.api!r} is not one of {', '.join(APIS)}")
+        if self.warmup < 0:
+            raise UserError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.max_duration_s is not None and not self.max_duration_s > 0:
+            raise UserError(f"--max-duration must be > 0 seconds, got {self.max_duration_s}")
+        if not self.request_timeout_s > 0:
+            raise UserError(f"request timeout must be > 0 seconds, got {self.request_timeout_s}")
+        for k, v in self.goodput.items():
+            if k not in GOODPUT_KEYS:
+                raise UserError(f"--goodput key {k!r} is not one of {', '.join(GOODPUT_KEYS)}")
+            if not (isinstance(v, int | float) and v > 0 and math.isfinite(v)):
+                raise UserError(f"--goodput {k}={v!r}: the SLO must be a number of milliseconds > 0")
+
+    @property
+    def root_url(self) -> str:
+        """The server root without a trailing slash or `/v1`."""
+        u = self.base_url.rstrip("/")
+        return u[: -len("/v1")] if u.endswith("/v1") else u
+
+
+def parse_goodput(text: str | None) -> dict[str, float]:
+    """`ttft_ms=500,tpot_ms=50` -> {"ttft_ms": 500.0, "tpot_ms": 50.0}."""
+    out: dict[str, float] = {}
+    if not text:
+        return out
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        k, sep, v = part.partition("=")
+        if not sep:
+            raise UserError(f"--goodput {part!r}: write KEY=MS, e.g. ttft_ms=500,tpot_ms=50")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise UserError(f"--goodput {part!r}: {v!r} is not a number of milliseconds") from None
+    return out
+
+
+def parse_list(text: str, kind: type, flag: str) -> list:
+    """`1,8,16` -> [1, 8, 16] with a one-line error naming the flag on bad input."""
+    vals = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            vals.append(kind(part))
+        except ValueError:
+            raise UserError(f"{flag} {text!r}: {part!r} is not {_KIND[kind]}") from None
+    if not vals:
+        raise UserError(f"{flag} needs at least one value, e.g. {flag} 1,8,16")
+    return vals
+
+
+def parse_number(text: str | None, kind: type, flag: str) -> int | float | None:
+    """A CLI number given as text, with a one-line error naming the flag on bad input."""
+    if text is None:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not {_KIND[kind]}") from None

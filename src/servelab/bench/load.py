@@ -1,0 +1,79 @@
+"""Load drivers: closed loop (a fixed number of requests in flight) and open loop (arrivals on a
+seeded Poisson or gamma schedule, independent of how fast the server answers).
+
+Both stop issuing new requests once `deadline_ns` (monotonic) passes; requests already in flight
+finish (bounded by the request timeout), so every issued request is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+import numpy as np
+
+from servelab.bench.client import RawResult
+from servelab.bench.workload import RequestSpec
+
+Send = Callable[[RequestSpec], Awaitable[RawResult]]
+OnDone = Callable[[RawResult], None]
+
+
+def arrival_offsets_s(n: int, rate: float, burstiness: float, seed: int) -> np.ndarray:
+    """Send times (seconds after the start) of n requests at `rate` req/s: inter-arrival gaps
+    drawn from Gamma(shape=burstiness, scale=1/(rate*burstiness)) - mean 1/rate, coefficient of
+    variation 1/sqrt(burstiness); burstiness 1 is Poisson (exponential gaps). The first request
+    goes at 0."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
+    out = np.empty(n)
+    if n:
+        out[0] = 0.0
+        out[1:] = np.cumsum(gaps[:-1])
+    return out
+
+
+async def closed_loop(specs: Sequence[RequestSpec], concurrency: int, send: Send,
+                      deadline_ns: int | None = None, on_done: OnDone | None = None) -> list[RawResult]:
+    """Keep `concurrency` requests in flight until the specs (or the time) run out."""
+    results: list[RawResult] = []
+    it = iter(specs)
+
+    async def worker() -> None:
+        for spec in it:  # one shared iterator: each spec is taken by exactly one worker
+            if deadline_ns is not None and time.perf_counter_ns() >= deadline_ns:
+                return
+            r = await send(spec)
+            results.append(r)
+            if on_done:
+                on_done(r)
+
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, max(len(specs), 1)))))
+    return results
+
+
+async def open_loop(specs: Sequence[RequestSpec], offsets_s: np.ndarray, send: Send,
+                    deadline_ns: int | None = None, on_done: OnDone | None = None) -> list[RawResult]:
+    """Send spec i at `offsets_s[i]` after the start, whatever is still in flight."""
+    results: list[RawResult] = []
+    t0 = time.perf_counter_ns()
+
+    async def one(spec: RequestSpec) -> None:
+        r = await send(spec)
+        results.append(r)
+        if on_done:
+            on_done(r)
+
+    tasks: list[asyncio.Task[None]] = []
+    for spec, off in zip(specs, offsets_s, strict=True):
+        due = t0 + int(off * 1e9)
+        if deadline_ns is not None and due >= deadline_ns:
+            break
+        delay = (due - time.perf_counter_ns()) / 1e9
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(spec)))
+    if tasks:
+        await asyncio.gather(*tasks)
+    return results

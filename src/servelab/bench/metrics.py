@@ -1,0 +1,199 @@
+"""Token events -> per-request records -> load-point summary. Every latency metric of servelab
+is defined here, once (docs/METRICS.md gives the same definitions in prose).
+
+- TTFT: request sent -> first event carrying a content token.
+- E2E: request sent -> end of the response stream (`[DONE]` read).
+- TPOT: (E2E - TTFT) / (output_tokens - 1), the first token excluded (SGLang/vLLM definition);
+  None for a one-token answer.
+- ITL (per token): a chunk of k tokens that arrives a gap g after the previous one counts as k
+  gaps of g/k; the first chunk has no ITL. Pooled over all tokens of all completed requests.
+- Chunk gap: the raw gap between consecutive content chunks (what vLLM calls ITL); with
+  speculative decoding it is about TPOT x acceptance length.
+- Output tokens: the server's count (`usage.completion_tokens`, SGLang `meta_info`) when given;
+  else counted with the local tokenizer; else one per chunk (flagged in the record's source).
+  Where the API does not say how many tokens a chunk holds, the count is spread over the chunks
+  in proportion to their text length (exact when tokens have equal length, as in the scripted
+  server; an estimate for real text).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from servelab.bench.client import RawResult
+from servelab.bench.workload import RequestSpec
+
+STAT_KEYS = ("mean", "median", "p90", "p99", "std")
+LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    """One request as measured (times in ms; None where not measured)."""
+
+    index: int
+    ok: bool
+    error: str | None
+    error_detail: str | None
+    http_status: int | None
+    start_s: float  # request sent, seconds after the load point started
+    ttft_ms: float | None
+    tpot_ms: float | None
+    e2e_ms: float | None
+    itl_ms: tuple[float, ...]
+    chunk_gap_ms: tuple[float, ...]
+    chunk_tokens: tuple[int, ...]
+    input_tokens: int | None
+    input_tokens_source: str | None  # 'usage', 'workload', None
+    output_tokens: int | None
+    output_tokens_source: str | None  # 'usage', 'meta_info', 'tokenizer', 'chunks'
+    requested_output_tokens: int
+    spec_verify_ct: int | None
+    response_id: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k in ("itl_ms", "chunk_gap_ms", "chunk_tokens"):
+            d[k] = list(d[k])
+        return d
+
+
+def split_tokens(texts: list[str], total: int) -> list[int]:
+    """Spread `total` tokens over chunks in proportion to their text length (largest remainder),
+    at least one per chunk while there are enough tokens."""
+    n = len(texts)
+    if n == 0:
+        return []
+    if total <= n:
+        return [1] * total + [0] * (n - total)
+    lens = [len(t) for t in texts]
+    s = sum(lens)
+    base = [1] * n  # every content chunk holds at least one token
+    rest = total - n
+    weights = [(x / s) if s else 1.0 / n for x in lens]
+    shares = [rest * w for w in weights]
+    floors = [int(math.floor(x)) for x in shares]
+    left = rest - sum(floors)
+    order = sorted(range(n), key=lambda i: shares[i] - floors[i], reverse=True)
+    for i in order[:left]:
+        floors[i] += 1
+    return [b + f for b, f in zip(base, floors, strict=True)]
+
+
+def make_record(raw: RawResult, spec: RequestSpec, t0_ns: int,
+                count: Callable[[str], int] | None = None) -> RequestRecord:
+    """Derive one request's record from its events (the only place latencies are computed)."""
+    ev = raw.events
+    ok = raw.error is None
+    ms = 1e-6
+    known = [e[1] for e in ev]
+    if ev and all(k is not None for k in known):
+        chunk_tokens = [int(k) for k in known]  # type: ignore[arg-type]
+        out = raw.completion_tokens if raw.completion_tokens is not None else sum(chunk_tokens)
+        out_src = "meta_info"
+    else:
+        texts = [e[2] for e in ev]
+        if raw.completion_tokens is not None:
+            out, out_src = raw.completion_tokens, "usage"
+        elif count is not None and ev:
+            out, out_src = count("".join(texts)), "tokenizer"
+        else:
+            out, out_src = len(ev), "chunks"
+        chunk_tokens = split_tokens(texts, out)
+    ttft = (ev[0][0] - raw.t_start_ns) * ms if ev else None
+    e2e = (raw.t_end_ns - raw.t_start_ns) * ms if ok else None
+    tpot = None
+    if ok and ttft is not None and e2e is not None and out is not None and out > 1:
+        tpot = (e2e - ttft) / (out - 1)
+    itl: list[float] = []
+    gaps: list[float] = []
+    for i in range(1, len(ev)):
+        g = (ev[i][0] - ev[i - 1][0]) * ms
+        gaps.append(g)
+        k = chunk_tokens[i]
+        if k > 0:
+            itl.extend([g / k] * k)
+    if raw.prompt_tokens is not None:
+        inp, inp_src = raw.prompt_tokens, "usage"
+    elif spec.input_len is not None:
+        inp, inp_src = spec.input_len, "workload"
+    else:
+        inp, inp_src = None, None
+    return RequestRecord(
+        index=raw.index, ok=ok, error=raw.error, error_detail=raw.error_detail,
+        http_status=raw.http_status, start_s=(raw.t_start_ns - t0_ns) / 1e9,
+        ttft_ms=ttft if ok else None, tpot_ms=tpot, e2e_ms=e2e,
+        itl_ms=tuple(itl) if ok else (), chunk_gap_ms=tuple(gaps) if ok else (),
+        chunk_tokens=tuple(chunk_tokens), input_tokens=inp, input_tokens_source=inp_src,
+        output_tokens=out if ev or raw.completion_tokens is not None else None,
+        output_tokens_source=out_src if ev or raw.completion_tokens is not None else None,
+        requested_output_tokens=spec.output_len, spec_verify_ct=raw.spec_verify_ct,
+        response_id=raw.response_id,
+    )
+
+
+def stats(values: Iterable[float]) -> dict[str, float | None]:
+    """mean, median, p90, p99, std (population) of the values; all None when there are none."""
+    a = np.fromiter((v for v in values if v is not None), dtype=np.float64)
+    if a.size == 0:
+        return dict.fromkeys(STAT_KEYS)
+    return {"mean": float(a.mean()), "median": float(np.median(a)),
+            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)),
+            "std": float(a.std())}
+
+
+def meets_slo(r: RequestRecord, slo: dict[str, float]) -> bool:
+    """A completed request meets every SLO given; a metric it does not have (TPOT of a one-token
+    answer) cannot violate one."""
+    if not r.ok:
+        return False
+    for k, limit in slo.items():
+        v = getattr(r, k)
+        if v is not None and v > limit:
+            return False
+    return True
+
+
+def summarize(records: list[RequestRecord], duration_s: float,
+              goodput_slo: dict[str, float] | None) -> dict[str, Any]:
+    """The latency/throughput part of the load-point summary (docs/METRICS.md)."""
+    done = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    dur = duration_s if duration_s > 0 else None
+    out_tok = sum(r.output_tokens or 0 for r in done)
+    in_known = [r.input_tokens for r in done if r.input_tokens is not None]
+    in_tok = sum(in_known) if len(in_known) == len(done) else None
+
+    def rate(x: float | None) -> float | None:
+        return None if x is None or dur is None else x / dur
+
+    s: dict[str, Any] = {
+        "ttft_ms": stats(r.ttft_ms for r in done),
+        "tpot_ms": stats(r.tpot_ms for r in done if r.tpot_ms is not None),
+        "itl_ms": stats(x for r in done for x in r.itl_ms),
+        "chunk_gap_ms": stats(x for r in done for x in r.chunk_gap_ms),
+        "e2e_ms": stats(r.e2e_ms for r in done),
+        "completed": len(done),
+        "failed": len(failed),
+        "failure_reasons": dict(Counter(r.error for r in failed)),
+        "duration_s": dur,
+        "total_input_tokens": in_tok if done else None,
+        "total_output_tokens": out_tok if done else None,
+        "output_throughput_tok_s": rate(out_tok) if done else None,
+        "input_throughput_tok_s": rate(in_tok) if done else None,
+        "total_throughput_tok_s": rate(in_tok + out_tok) if done and in_tok is not None else None,
+        "request_throughput_req_s": rate(len(done)),
+        "goodput_req_s": (rate(sum(meets_slo(r, goodput_slo) for r in done))
+                          if goodput_slo else None),
+        "goodput_slo": dict(goodput_slo) if goodput_slo else None,
+        "output_tokens_source": dict(Counter(r.output_tokens_source for r in done)),
+        "output_len_mismatch": sum(1 for r in done if r.output_tokens is not None
+                                   and r.output_tokens != r.requested_output_tokens),
+    }
+    return s

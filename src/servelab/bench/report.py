@@ -1,0 +1,61 @@
+"""Rich tables of load-point summaries (the `bench` summary and `results show|list`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+
+
+def _f(x: Any, nd: int = 2) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return str(x)
+
+
+def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
+    """Latency stats (ms) and throughput of one load point."""
+    t = Table(title=title or f"load point {s.get('load_key')}", title_justify="left")
+    t.add_column("metric")
+    for k in ("mean", "median", "p90", "p99", "std"):
+        t.add_column(k, justify="right")
+    names = {"ttft_ms": "TTFT ms", "tpot_ms": "TPOT ms", "itl_ms": "ITL ms (per token)",
+             "chunk_gap_ms": "chunk gap ms", "e2e_ms": "E2E ms"}
+    for key, name in names.items():
+        st = s.get(key) or {}
+        t.add_row(name, *(_f(st.get(k)) for k in ("mean", "median", "p90", "p99", "std")))
+    t.add_section()
+    rows = [
+        ("completed / failed", f"{s.get('completed')} / {s.get('failed')}"),
+        ("failure reasons", ", ".join(f"{k}: {v}" for k, v in (s.get("failure_reasons") or {}).items()) or "-"),
+        ("output tok/s", _f(s.get("output_throughput_tok_s"), 1)),
+        ("total tok/s", _f(s.get("total_throughput_tok_s"), 1)),
+        ("requests/s", _f(s.get("request_throughput_req_s"), 3)),
+        ("goodput req/s", _f(s.get("goodput_req_s"), 3)),
+        ("accept length", f"{_f(s.get('accept_length'))} ({s.get('accept_length_source') or 'n/a'})"),
+        ("duration s", _f(s.get("duration_s"), 2)),
+        ("input lengths", "exact" if s.get("input_len_exact") else
+         f"APPROXIMATE ({s.get('input_len_source') or 'unknown'})"),
+    ]
+    for name, val in rows:
+        t.add_row(name, val, "", "", "", "")
+    return t
+
+
+def list_table(rows: list[Any]) -> Table:
+    """One line per stored load point (newest first)."""
+    t = Table(title="stored load points", title_justify="left")
+    for c in ("id", "when (UTC)", "source", "label", "model", "load", "done/failed", "out tok/s",
+              "TTFT p50 ms", "TPOT p50 ms", "accept"):
+        t.add_column(c, justify="right" if c in ("id", "out tok/s", "TTFT p50 ms", "TPOT p50 ms") else "left")
+    for r in rows:
+        s = r.summary
+        t.add_row(str(r.id), time.strftime("%m-%d %H:%M", time.gmtime(r.created)), r.source,
+                  r.label or "-", r.model or "-", r.load_key,
+                  f"{s.get('completed')}/{s.get('failed')}", _f(s.get("output_throughput_tok_s"), 1),
+                  _f((s.get("ttft_ms") or {}).get("median")), _f((s.get("tpot_ms") or {}).get("median")),
+                  _f(s.get("accept_length")))
+    return t

@@ -1,0 +1,213 @@
+"""One load point end to end: server info, workload, warmup, load, /metrics before and after,
+records and summary; and saving it to the store. This is the library entry point that
+`servelab bench` and the experiment runner both call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from servelab import provenance
+from servelab.bench import spec_metrics
+from servelab.bench.client import Client, RawResult, get_json, get_text
+from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
+from servelab.bench.load import arrival_offsets_s, closed_loop, open_loop
+from servelab.bench.metrics import make_record, summarize
+from servelab.bench.workload import CountFn, Workload, build_workload, local_counter
+from servelab.errors import UserError
+
+_WORKLOADS: dict[tuple[Any, ...], Workload] = {}  # same prompts for every load point of a run
+
+
+@dataclass
+class LoadPointResult:
+    """The outcome of one load point: `summary` (docs/METRICS.md), per-request `records` (dicts),
+    and what the server said about itself (`/v1/models`, `/get_server_info`)."""
+
+    summary: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    server_info: dict[str, Any] = field(default_factory=dict)
+
+
+class _Progress:
+    """Rich live progress (requests done, output tok/s, errors) on stderr; silent when off."""
+
+    def __init__(self, enabled: bool, total: int, label: str) -> None:
+        self.enabled = enabled
+        self.done = self.failed = self.tokens = 0
+        self.t0 = time.perf_counter()
+        if not enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TextColumn("{task.fields[tok_s]} tok/s  errors {task.fields[errors]}"),
+                          TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                          refresh_per_second=4)
+        self.task = self.p.add_task(label, total=total, tok_s="-", errors=0)
+        self.p.start()
+
+    def __call__(self, r: RawResult) -> None:
+        self.done += 1
+        if r.error:
+            self.failed += 1
+        elif r.completion_tokens is not None:
+            self.tokens += r.completion_tokens
+        else:
+            self.tokens += len(r.events)
+        if self.enabled:
+            el = time.perf_counter() - self.t0
+            self.p.update(self.task, completed=self.done, errors=self.failed,
+                          tok_s=f"{self.tokens / el:,.0f}" if el > 0 else "-")
+
+    def close(self) -> None:
+        if self.enabled:
+            self.p.stop()
+
+
+async def _server_info(session: aiohttp.ClientSession, root: str) -> dict[str, Any]:
+    models, info = await asyncio.gather(get_json(session, root + "/v1/models"),
+                                        get_json(session, root + "/get_server_info"))
+    out: dict[str, Any] = {}
+    if models is not None:
+        out["v1_models"] = models
+    if info is not None:
+        out["get_server_info"] = info
+    return out
+
+
+def _model_from(info: dict[str, Any]) -> str | None:
+    try:
+        return info["v1_models"]["data"][0]["id"]
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+async def _remote_counter(session: aiohttp.ClientSession, root: str, model: str | None) -> CountFn | None:
+    """A token counter backed by the server's /tokenize, if it answers with a count."""
+
+    async def count(text: str) -> int:
+        body: dict[str, Any] = {"prompt": text}
+        if model:
+            body["model"] = model
+        ans = await get_json(session, root + "/tokenize", method="POST", body=body, timeout_s=30)
+        if not isinstance(ans, dict):
+            raise RuntimeError("/tokenize stopped answering")
+        n = ans.get("count")
+        return int(n) if isinstance(n, int) else len(ans.get("tokens") or [])
+
+    probe = await get_json(session, root + "/tokenize", method="POST",
+                           body={"prompt": "hello world", **({"model": model} if model else {})})
+    if isinstance(probe, dict) and (isinstance(probe.get("count"), int) or isinstance(probe.get("tokens"), list)):
+        return count
+    return None
+
+
+async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointResult:
+    root = cfg.root_url
+    conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(connector=conn) as session:
+        info = await _server_info(session, root)
+        model = cfg.model or _model_from(info)
+        remote = await _remote_counter(session, root, model)
+        key = (root, cfg.workload, cfg.warmup, remote is not None, model)
+        wl = _WORKLOADS.get(key)
+        if wl is None:
+            try:
+                wl = await build_workload(cfg.workload, cfg.warmup, remote)
+            except RuntimeError as exc:  # /tokenize died half way: count locally or approximate
+                wl = await build_workload(cfg.workload, cfg.warmup, None)
+                info["tokenize_error"] = str(exc)
+            _WORKLOADS[key] = wl
+        count = local_counter(cfg.workload.tokenizer) if cfg.workload.tokenizer else None
+        client = Client(session, root, cfg.api, model, cfg.request_timeout_s)
+
+        if wl.warmup:
+            conc = load.concurrency or min(len(wl.warmup), 8)
+            await closed_loop(wl.warmup, conc, lambda s: client.send(s, warmup=True))
+
+        before = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
+        prog = _Progress(progress, len(wl.requests), load.key)
+        t0 = time.perf_counter_ns()
+        deadline = t0 + int(cfg.max_duration_s * 1e9) if cfg.max_duration_s else None
+        try:
+            if load.concurrency is not None:
+                raws = await closed_loop(wl.requests, load.concurrency, client.send, deadline, prog)
+            else:
+                assert load.request_rate is not None
+                offs = arrival_offsets_s(len(wl.requests), load.request_rate, load.burstiness,
+                                         cfg.workload.seed)
+                raws = await open_loop(wl.requests, offs, client.send, deadline, prog)
+        finally:
+            prog.close()
+        t_end = max((r.t_end_ns for r in raws), default=time.perf_counter_ns())
+        after = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
+
+    specs = {s.index: s for s in wl.requests}
+    raws.sort(key=lambda r: r.t_start_ns)
+    t_first = raws[0].t_start_ns if raws else t0
+    recs = [make_record(r, specs[r.index], t_first, count) for r in raws]
+    summary = summarize(recs, (t_end - t_first) / 1e9, cfg.goodput or None)
+    summary.update(spec_metrics.acceptance(recs, before, after))
+    summary.update({
+        "load_key": load.key, "concurrency": load.concurrency, "request_rate": load.request_rate,
+        "burstiness": load.burstiness if load.request_rate is not None else None,
+        "api": cfg.api, "model": model, "base_url": cfg.base_url,
+        "num_prompts": cfg.workload.num_prompts, "issued": len(raws), "warmup": len(wl.warmup),
+        "stopped_by_duration": len(raws) < len(wl.requests),
+        "input_len_exact": wl.input_len_exact, "input_len_source": wl.input_len_source,
+        "input_len": None if cfg.workload.dataset else cfg.workload.input_len,
+        "output_len": None if cfg.workload.dataset else cfg.workload.output_len,
+        "dataset": cfg.workload.dataset, "seed": cfg.workload.seed,
+        "metrics_scraped": bool(before or after),
+    })
+    return LoadPointResult(summary=summary, records=[r.to_dict() for r in recs], server_info=info)
+
+
+def run_load_point(cfg: BenchConfig, load: LoadPoint, *, progress: bool = True) -> LoadPointResult:
+    """Measure one load point against `cfg.base_url`. Synchronous (runs its own event loop; from
+    inside a running loop it runs on a worker thread). Failed requests are counted, never raised;
+    UserError only for an unusable configuration."""
+    if not isinstance(cfg, BenchConfig) or not isinstance(load, LoadPoint):
+        raise UserError("run_load_point needs a BenchConfig and a LoadPoint")
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(_run(cfg, load, progress))
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, _run(cfg, load, progress)).result()
+
+
+def save_load_point(store: Any, cfg: BenchConfig, load: LoadPoint, result: LoadPointResult, *,
+                    source: str = "bench", label: str | None = None) -> int:
+    """Write the load point (summary, provenance, per-request records) to the store; its id."""
+    prov = provenance.collect(
+        server_info=result.server_info,
+        bench_config={"base_url": cfg.base_url, "model": cfg.model, "api": cfg.api,
+                      "warmup": cfg.warmup, "max_duration_s": cfg.max_duration_s,
+                      "request_timeout_s": cfg.request_timeout_s, "goodput": dict(cfg.goodput)},
+        workload=asdict(cfg.workload), workload_seed=cfg.workload.seed,
+        load={"concurrency": load.concurrency, "request_rate": load.request_rate,
+              "burstiness": load.burstiness},
+    )
+    return store.add_load_point(
+        summary=result.summary, provenance=prov, load_key=load.key, source=source, label=label,
+        base_url=cfg.base_url, model=result.summary.get("model") or cfg.model,
+        concurrency=load.concurrency, request_rate=load.request_rate, requests=result.records,
+    )
+
+
+__all__ = ["LoadPointResult", "WorkloadConfig", "run_load_point", "save_load_point"]

@@ -1,0 +1,105 @@
+"""Speculative-decoding acceptance length (tau: tokens produced per verify step, bonus included),
+from the best source at hand, always named:
+
+1. `response:spec_verify_ct` - SGLang `/generate` meta_info per request:
+   tau = sum(completion_tokens - 1) / sum(spec_verify_ct). The first token comes from prefill,
+   not a verify step, so we subtract it (SGLang's own tests divide without subtracting, which
+   reads high by 1/spec_verify_ct).
+2. `metrics:vllm` - Prometheus counters scraped before and after the load point:
+   tau = 1 + d(vllm:spec_decode_num_accepted_tokens) / d(vllm:spec_decode_num_drafts);
+   acceptance rate = d(accepted) / d(num_draft_tokens).
+3. `metrics:sglang` - the gauge `sglang:spec_accept_length` read after the load point (a recent
+   average kept by the server, not exactly this window).
+4. `estimate:tokens_per_chunk` - client side: output tokens per streamed chunk after the first:
+   sum(output_tokens - first_chunk_tokens) / sum(chunks - 1). Reads high when the server batches
+   several steps into one chunk (SGLang --stream-interval > 1), so it is only an estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from servelab.bench.metrics import RequestRecord
+
+VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
+VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
+VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
+
+
+def parse_prometheus(text: str | None) -> dict[str, float]:
+    """Sample values by metric name (labels summed over, e.g. several engines or models); the
+    counter suffix `_total` is dropped so names match across prometheus_client versions."""
+    if not text:
+        return {}
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    try:
+        for fam in text_string_to_metric_families(text):
+            for s in fam.samples:
+                if s.name.endswith(("_created", "_bucket")) or "position" in s.labels:
+                    continue
+                name = s.name[:-6] if s.name.endswith("_total") else s.name
+                out[name] = out.get(name, 0.0) + float(s.value)
+    except ValueError:
+        return {}
+    return out
+
+
+def from_response(records: list[RequestRecord]) -> float | None:
+    """tau from SGLang's per-request spec_verify_ct (prefill token excluded)."""
+    rs = [r for r in records if r.ok and r.spec_verify_ct and r.output_tokens]
+    if not rs:
+        return None
+    steps = sum(r.spec_verify_ct or 0 for r in rs)
+    return sum((r.output_tokens or 0) - 1 for r in rs) / steps if steps else None
+
+
+def from_vllm(before: dict[str, float], after: dict[str, float]) -> tuple[float | None, float | None]:
+    """(tau, acceptance rate) over the window between two scrapes of vLLM counters."""
+    if VLLM_DRAFTS not in after or VLLM_ACCEPTED not in after:
+        return None, None
+    d_drafts = after[VLLM_DRAFTS] - before.get(VLLM_DRAFTS, 0.0)
+    d_acc = after[VLLM_ACCEPTED] - before.get(VLLM_ACCEPTED, 0.0)
+    if d_drafts <= 0:
+        return None, None
+    rate = None
+    if VLLM_DRAFT_TOKENS in after:
+        d_tok = after[VLLM_DRAFT_TOKENS] - before.get(VLLM_DRAFT_TOKENS, 0.0)
+        rate = d_acc / d_tok if d_tok > 0 else None
+    return 1.0 + d_acc / d_drafts, rate
+
+
+def from_sglang(after: dict[str, float]) -> tuple[float | None, float | None]:
+    """(tau, acceptance rate) from SGLang's gauges after the load point."""
+    tau = after.get(SGLANG_ACCEPT_LENGTH)
+    return (tau if tau and tau > 0 else None), after.get(SGLANG_ACCEPT_RATE)
+
+
+def estimate(records: list[RequestRecord]) -> float | None:
+    """Client-side tau estimate: tokens per content chunk, the first (prefill) chunk excluded."""
+    toks = chunks = 0
+    for r in records:
+        if r.ok and len(r.chunk_tokens) >= 2:
+            toks += sum(r.chunk_tokens[1:])
+            chunks += len(r.chunk_tokens) - 1
+    return toks / chunks if chunks else None
+
+
+def acceptance(records: list[RequestRecord], before: dict[str, float],
+               after: dict[str, float]) -> dict[str, Any]:
+    """The summary fields: accept_length and its source (the first available of the four), the
+    acceptance rate when a server reports one, and every source's value for cross-checking."""
+    resp = from_response(records)
+    v_tau, v_rate = from_vllm(before, after)
+    s_tau, s_rate = from_sglang(after)
+    est = estimate(records)
+    candidates = {"response:spec_verify_ct": resp, "metrics:vllm": v_tau,
+                  "metrics:sglang": s_tau, "estimate:tokens_per_chunk": est}
+    source = next((k for k, v in candidates.items() if v is not None), None)
+    rate = v_rate if source == "metrics:vllm" else s_rate if source == "metrics:sglang" else None
+    return {"accept_length": candidates[source] if source else None,
+            "accept_length_source": source, "accept_rate": rate,
+            "accept_length_by_source": candidates}
