@@ -43,6 +43,7 @@ class RequestRecord:
     error_detail: str | None
     http_status: int | None
     start_s: float  # request sent, seconds after the load point started
+    t_start_ns: int  # the same instant on the host's monotonic clock (perf_counter_ns)
     ttft_ms: float | None
     tpot_ms: float | None
     e2e_ms: float | None
@@ -128,6 +129,7 @@ def make_record(raw: RawResult, spec: RequestSpec, t0_ns: int,
     return RequestRecord(
         index=raw.index, ok=ok, error=raw.error, error_detail=raw.error_detail,
         http_status=raw.http_status, start_s=(raw.t_start_ns - t0_ns) / 1e9,
+        t_start_ns=raw.t_start_ns,
         ttft_ms=ttft if ok else None, tpot_ms=tpot, e2e_ms=e2e,
         itl_ms=tuple(itl) if ok else (), chunk_gap_ms=tuple(gaps) if ok else (),
         chunk_tokens=tuple(chunk_tokens), input_tokens=inp, input_tokens_source=inp_src,

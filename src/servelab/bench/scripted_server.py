@@ -33,30 +33,24 @@ Command line (stable; the experiment runner uses it as a fake engine)::
     python -m servelab.bench.scripted_server --host 127.0.0.1 --port P \
         [--ttft-ms 50] [--gap-ms 10] [--tokens-per-chunk 1] [--natural-len N] \
         [--fail-rate 0] [--fail-modes http500] [--stall-s 3600] [--seed 0] \
-        [--model scripted-model] [--flavor vllm|sglang] [--no-tokenize] [--no-log]
+        [--model scripted-model] [--flavor vllm|sglang] [--no-tokenize] [--no-metrics] \
+        [--no-log] [--default-max-tokens 16]
 
 It prints one line `scripted-server ready http://HOST:PORT` on stdout when it accepts
 connections (port 0 picks a free one) and serves until SIGTERM/SIGINT.
 
-In-process: `with serve_in_thread(Script(...)) as srv: srv.url, srv.log()`; in a separate
-process: `with serve_subprocess(Script(...)) as srv: ...` (same handle).
+From Python (servelab.bench.scripted_harness): `with serve_in_thread(Script(...)) as srv:
+srv.url, srv.log()`; in a separate process: `with serve_subprocess(Script(...)) as srv: ...`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import json
 import random
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -83,6 +77,7 @@ class Script:
     model: str = "scripted-model"
     flavor: str = "vllm"  # vllm: spec_decode_* counters; sglang: gauges + /get_server_info
     tokenize: bool = True
+    metrics: bool = True  # False: /metrics answers 404 (tests the client-side estimate)
     record_log: bool = True
 
     def __post_init__(self) -> None:
@@ -151,7 +146,8 @@ class ScriptedServer:
         r.add_post("/generate", self.generate)
         r.add_get("/v1/models", self.models)
         r.add_get("/health", self.health)
-        r.add_get("/metrics", self.metrics)
+        if self.script.metrics:
+            r.add_get("/metrics", self.metrics)
         if self.script.tokenize:
             r.add_post("/tokenize", self.tokenize)
         if self.script.flavor == "sglang":
@@ -426,25 +422,7 @@ class ScriptedServer:
 # ---- running it ------------------------------------------------------------------------------
 
 
-@dataclass
-class Handle:
-    """A running scripted server: its URL and the server-side request log."""
-
-    url: str
-    port: int
-
-    def log(self) -> list[dict[str, Any]]:
-        """Server-side records of every request so far (see `_Req`)."""
-        with urllib.request.urlopen(self.url + "/_scripted/log", timeout=30) as f:
-            return json.loads(f.read())
-
-    def reset(self) -> None:
-        req = urllib.request.Request(self.url + "/_scripted/reset", data=b"{}", method="POST")
-        with urllib.request.urlopen(req, timeout=30):
-            pass
-
-
-async def _start(script: Script, host: str, port: int) -> tuple[web.AppRunner, int]:
+async def start_server(script: Script, host: str, port: int) -> tuple[web.AppRunner, int]:
     runner = web.AppRunner(ScriptedServer(script).app(), access_log=None,
                            handle_signals=False, shutdown_timeout=0.5)
     await runner.setup()
@@ -452,87 +430,6 @@ async def _start(script: Script, host: str, port: int) -> tuple[web.AppRunner, i
     await site.start()
     sock = site._server.sockets[0]  # type: ignore[union-attr]
     return runner, sock.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serve_in_thread(script: Script, host: str = "127.0.0.1", port: int = 0) -> Iterator[Handle]:
-    """Run the server on its own event loop in a daemon thread (shares the GIL with the caller:
-    use `serve_subprocess` when timing accuracy matters)."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            box["runner"], box["port"] = loop.run_until_complete(_start(script, host, port))
-        except BaseException as exc:  # surfaced to the caller below
-            box["error"] = exc
-            ready.set()
-            return
-        ready.set()
-        loop.run_forever()
-
-    th = threading.Thread(target=main, name="scripted-server", daemon=True)
-    th.start()
-    ready.wait(30)
-    if "error" in box:
-        raise box["error"]
-    try:
-        yield Handle(url=f"http://{host}:{box['port']}", port=box["port"])
-    finally:
-        fut = asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop)
-        with contextlib.suppress(Exception):
-            fut.result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        th.join(10)
-
-
-def script_argv(script: Script, host: str = "127.0.0.1", port: int = 0) -> list[str]:
-    """The command line that runs `script` in a separate process."""
-    a = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", host, "--port", str(port),
-         "--ttft-ms", str(script.ttft_ms), "--gap-ms", str(script.gap_ms),
-         "--tokens-per-chunk", str(script.tokens_per_chunk),
-         "--default-max-tokens", str(script.default_max_tokens),
-         "--fail-rate", str(script.fail_rate), "--fail-modes", ",".join(script.fail_modes),
-         "--stall-s", str(script.stall_s), "--seed", str(script.seed), "--model", script.model,
-         "--flavor", script.flavor]
-    if script.natural_len is not None:
-        a += ["--natural-len", str(script.natural_len)]
-    if not script.tokenize:
-        a.append("--no-tokenize")
-    if not script.record_log:
-        a.append("--no-log")
-    return a
-
-
-@contextlib.contextmanager
-def serve_subprocess(script: Script, host: str = "127.0.0.1", port: int = 0,
-                     timeout_s: float = 30.0) -> Iterator[Handle]:
-    """Run the server as a separate Python process (its own core and GIL); stopped on exit."""
-    proc = subprocess.Popen(script_argv(script, host, port), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + timeout_s
-        line = ""
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if line.startswith("scripted-server ready ") or not line:
-                break
-        if not line.startswith("scripted-server ready "):
-            proc.kill()
-            err = proc.stderr.read() if proc.stderr else ""
-            raise RuntimeError(f"scripted server did not start: {line!r} {err[-2000:]}")
-        url = line.split()[-1]
-        yield Handle(url=url, port=int(url.rsplit(":", 1)[1]))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
@@ -552,6 +449,7 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
     p.add_argument("--model", default="scripted-model")
     p.add_argument("--flavor", choices=("vllm", "sglang"), default="vllm")
     p.add_argument("--no-tokenize", action="store_true")
+    p.add_argument("--no-metrics", action="store_true")
     p.add_argument("--no-log", action="store_true")
     a = p.parse_args(argv)
     try:
@@ -559,7 +457,8 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
                         natural_len=a.natural_len, default_max_tokens=a.default_max_tokens,
                         fail_rate=a.fail_rate, fail_modes=tuple(m for m in a.fail_modes.split(",") if m),
                         stall_s=a.stall_s, seed=a.seed, model=a.model, flavor=a.flavor,
-                        tokenize=not a.no_tokenize, record_log=not a.no_log)
+                        tokenize=not a.no_tokenize, metrics=not a.no_metrics,
+                        record_log=not a.no_log)
     except ValueError as exc:
         p.error(str(exc))
     return script, a.host, a.port
@@ -570,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
     script, host, port = _parse(argv)
 
     async def run() -> None:
-        runner, real_port = await _start(script, host, port)
+        runner, real_port = await start_server(script, host, port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -580,6 +479,15 @@ def main(argv: list[str] | None = None) -> None:
         await runner.cleanup()
 
     asyncio.run(run())
+
+
+def __getattr__(name: str) -> Any:
+    """`serve_in_thread`, `serve_subprocess`, `Handle`, `script_argv` live in scripted_harness."""
+    if name in ("serve_in_thread", "serve_subprocess", "Handle", "script_argv"):
+        from servelab.bench import scripted_harness
+
+        return getattr(scripted_harness, name)
+    raise AttributeError(name)
 
 
 if __name__ == "__main__":
