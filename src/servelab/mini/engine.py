@@ -1,0 +1,464 @@
+"""The serving engine: continuous batching over per-slot KV caches, with EAGLE-style MTP
+speculative decoding.
+
+One engine thread loops: admit waiting requests into free slots (batched prefill), then one
+decode step for every running request. Without speculation a decode step feeds each request's
+last token. With speculation (topk 1) it feeds [last, d_1..d_k] for every request in ONE verify
+forward, keeps the longest accepted prefix plus one token, then runs the MTP head over the new
+positions to draft the next k tokens (the MTP head reused autoregressively for k > 1).
+Requests finish by EOS, a stop string, or max_tokens; their slot is freed for the next waiter.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from servelab.errors import UserError
+from servelab.mini import tokenizer as tk
+from servelab.mini.attention import get_backend
+from servelab.mini.checkpoint import load_model
+from servelab.mini.model import KVCache, make_batch
+from servelab.mini.profiler import StepProfiler
+from servelab.mini.sampling import (
+    SamplingParams,
+    accept_drafts,
+    mask_logits,
+    sample_row,
+    target_probs,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineArgs:
+    """Server/engine arguments; flag names follow SGLang (see cli/serve.py)."""
+
+    config: str = "tiny"
+    weights: str | None = None
+    random_weights: bool = False
+    device: str = "cpu"
+    max_running_requests: int = 8
+    context_length: int = 1024
+    speculative_algorithm: str | None = None
+    speculative_num_steps: int = 1
+    speculative_eagle_topk: int = 1
+    speculative_num_draft_tokens: int = 2
+    cuda_graph: bool = False
+    attention_backend: str = "torch"
+    seed: int = 0
+    num_threads: int = 1
+    max_prefill_tokens: int = 4096
+
+    @property
+    def num_drafts(self) -> int:
+        """Draft tokens proposed per verify step (0 without speculation)."""
+        return self.speculative_num_steps if self.speculative_algorithm else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What one engine step produced for one request."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    spec_verify_ct: int
+
+
+@dataclass(slots=True)
+class Request:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    callback: Callable[[Event], None]
+    gen: torch.Generator | None = None
+    slot: int = -1
+    out: list[int] = field(default_factory=list)
+    last: int = -1  # last sampled token, not yet in the main KV cache
+    pos: int = -1  # its position
+    drafts: list[int] = field(default_factory=list)
+    decoder: tk.StreamDecoder = field(default_factory=tk.StreamDecoder)
+    held: str = ""  # text held back because it may start a stop string
+    finish: str | None = None
+    spec_verify_ct: int = 0
+
+
+@dataclass(slots=True)
+class Stats:
+    """Lifetime counters, read by /metrics and /get_server_info."""
+
+    requests_finished: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def avg_spec_accept_length(self) -> float | None:
+        if not self.spec_num_drafts:
+            return None
+        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts
+
+
+class Engine:
+    """Owns the model, the KV cache and the scheduler thread."""
+
+    def __init__(self, args: EngineArgs) -> None:
+        if args.speculative_algorithm and args.speculative_eagle_topk != 1:
+            raise UserError("only --speculative-eagle-topk 1 is supported (a chain of drafts)")
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError("--device cuda but torch sees no CUDA device; use --device cpu")
+        if args.cuda_graph and not args.device.startswith("cuda"):
+            raise UserError("--cuda-graph needs --device cuda")
+        if args.device == "cpu" and args.num_threads:
+            torch.set_num_threads(args.num_threads)
+        self.args = args
+        self.attn_fn = get_backend(args.attention_backend)
+        self.model, self.weights_meta = load_model(args.config, args.weights, args.device,
+                                                   args.seed, args.random_weights)
+        self.cfg = self.model.cfg
+        self.k = args.num_drafts
+        self.ctx = args.context_length + self.k + 2
+        dtype = self.model.head.weight.dtype
+        self.cache = KVCache(self.cfg, args.max_running_requests, self.ctx, args.device, dtype)
+        self.device = torch.device(args.device)
+        self.stats = Stats(spec_accepted_per_pos=[0] * self.k)
+        self.profiler = StepProfiler()
+        self.graphs = None
+        if args.cuda_graph:
+            from servelab.mini.graphs import GraphRunner
+
+            self.graphs = GraphRunner(self, max_tokens=args.max_running_requests * (self.k + 1))
+        self._cond = threading.Condition()
+        self._waiting: deque[Request] = deque()
+        self._running: list[Request] = []
+        self._free = list(range(args.max_running_requests - 1, -1, -1))
+        self._aborts: set[int] = set()
+        self._next_id = 0
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    # ---- public API --------------------------------------------------------------------------
+    def submit(self, prompt: list[int], params: SamplingParams,
+               callback: Callable[[Event], None]) -> int:
+        """Queue a request; `callback` gets an Event per step (from the engine thread)."""
+        if len(prompt) + params.max_tokens > self.args.context_length:
+            raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
+                            f"exceeds the context length {self.args.context_length}")
+        if not prompt:
+            raise UserError("empty prompt")
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator()
+            gen.manual_seed(params.seed if params.seed is not None else
+                            int(torch.randint(0, 2**62, ()).item()))
+        with self._cond:
+            rid = self._next_id
+            self._next_id += 1
+            self._waiting.append(Request(rid, list(prompt), params, callback, gen))
+            self._cond.notify()
+        return rid
+
+    def abort(self, rid: int) -> None:
+        """Drop a request (client went away); its slot is freed at the next step."""
+        with self._cond:
+            self._aborts.add(rid)
+            self._cond.notify()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def start(self) -> None:
+        """Run the scheduler loop in a daemon thread."""
+        self._thread = threading.Thread(target=self._loop, name="mini-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.profiler.stop()
+
+    def warmup(self) -> None:
+        """One short request through prefill and decode (and CUDA graph capture) before serving."""
+        if self.graphs is not None:
+            self.graphs.capture()
+        self.generate(tk.encode("warm up"), SamplingParams(max_tokens=4, temperature=0.0,
+                                                          ignore_eos=True))
+        self.stats = Stats(spec_accepted_per_pos=[0] * self.k)
+
+    def wake(self) -> None:
+        """Wake the engine thread (a profiler command is pending)."""
+        with self._cond:
+            self._cond.notify()
+
+    def generate(self, prompt: list[int], params: SamplingParams) -> tuple[list[int], str, Event]:
+        """Synchronous generation (tests, benchmarks): steps in the caller's thread unless the
+        engine thread runs. Returns (token ids, text, last event)."""
+        events: list[Event] = []
+        self.submit(prompt, params, events.append)
+        while not events or events[-1].finish_reason is None:
+            if self._thread is None:
+                self.step()
+            else:
+                time.sleep(0.001)
+        ids = [t for e in events for t in e.token_ids]
+        return ids, "".join(e.text for e in events), events[-1]
+
+    # ---- scheduler ---------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._stop or self._waiting or self._running or self._aborts
+                               or self.profiler.pending):
+                        self._cond.wait()
+                    if self._stop:
+                        return
+                self.profiler.poll()
+                self.step()
+        except BaseException as exc:  # surfaced by /health
+            self.error = exc
+            raise
+
+    def step(self) -> bool:
+        """One scheduler iteration: aborts, admission + prefill, one decode step. True if work."""
+        new: list[Request] = []
+        with self._cond:
+            if self._aborts:
+                for r in [*self._running, *self._waiting]:
+                    if r.rid in self._aborts:
+                        self._finish(r, "abort")
+                self._waiting = deque(r for r in self._waiting if r.finish is None)
+                self._aborts.clear()
+            budget = self.args.max_prefill_tokens
+            while self._waiting and self._free and (not new or len(self._waiting[0].prompt) <= budget):
+                r = self._waiting.popleft()
+                r.slot = self._free.pop()
+                budget -= len(r.prompt)
+                new.append(r)
+        if not new and not self._running:
+            return False
+        with self.profiler.step(self._step_name(new)):
+            if new:
+                self._prefill(new)
+            if self._running:
+                self._decode()
+        self.stats.steps += 1
+        return True
+
+    def _step_name(self, new: list[Request]) -> str:
+        if new:
+            return f"step[EXTEND bs={len(new)}]"
+        kind = "TARGET_VERIFY" if self.k else "DECODE"
+        return f"step[{kind} bs={len(self._running)}]"
+
+    def _forward(self, tokens: list[int], slots: list[int], positions: list[int]):
+        dev = self.device
+        t = torch.tensor(tokens, dtype=torch.long, device=dev)
+        s = torch.tensor(slots, dtype=torch.long, device=dev)
+        p = torch.tensor(positions, dtype=torch.long, device=dev)
+        if self.graphs is not None and self.graphs.fits(len(tokens)):
+            return self.graphs.forward(t, s, p)
+        fb = make_batch(self.cfg, s, p, self.ctx, max(positions) + 1)
+        return (*self.model.forward_flat(t, fb, self.cache, self.attn_fn), fb)
+
+    def _mtp(self, hidden: torch.Tensor, next_tokens: list[int], slots: list[int],
+             positions: list[int], fb=None) -> tuple[list[int], torch.Tensor]:
+        """MTP head at `positions`; returns (its argmax draft per row, its hidden per row)."""
+        dev = self.device
+        nt = torch.tensor(next_tokens, dtype=torch.long, device=dev)
+        if self.graphs is not None and self.graphs.fits(len(next_tokens)):
+            s = torch.tensor(slots, dtype=torch.long, device=dev)
+            p = torch.tensor(positions, dtype=torch.long, device=dev)
+            logits, m = self.graphs.mtp(hidden, nt, s, p)
+        else:
+            if fb is None:
+                s = torch.tensor(slots, dtype=torch.long, device=dev)
+                p = torch.tensor(positions, dtype=torch.long, device=dev)
+                fb = make_batch(self.cfg, s, p, self.ctx, max(positions) + 1)
+            logits, m = self.model.mtp_flat(hidden, nt, fb, self.cache, self.attn_fn)
+        logits[:, tk.BOS:] = float("-inf")  # drafts: bytes only (EOS drafts are rare, cheap)
+        return logits.argmax(-1).tolist(), m
+
+    def _prefill(self, reqs: list[Request]) -> None:
+        tokens, slots, positions, last_rows = [], [], [], []
+        for r in reqs:
+            tokens += r.prompt
+            slots += [r.slot] * len(r.prompt)
+            positions += range(len(r.prompt))
+            last_rows.append(len(tokens) - 1)
+        logits, hidden, fb = self._forward(tokens, slots, positions)
+        rows = torch.tensor(last_rows, device=logits.device)
+        firsts = self._sample(reqs, logits[rows])
+        with self._cond:
+            self._running.extend(reqs)
+        for r, t in zip(reqs, firsts, strict=True):
+            self.stats.prompt_tokens += len(r.prompt)
+            r.last, r.pos = t, len(r.prompt)
+            self._append(r, [t])
+        if self.k:
+            # MTP over every prompt position i: (h_i, t_{i+1}); the last row drafts t_{S+1}.
+            nxt = []
+            for r, t in zip(reqs, firsts, strict=True):
+                nxt += r.prompt[1:] + [t]
+            drafts, m = self._mtp(hidden, nxt, slots, positions, fb)
+            self._set_drafts(reqs, [drafts[i] for i in last_rows], m[rows])
+
+    def _set_drafts(self, reqs: list[Request], d1: list[int], m: torch.Tensor) -> None:
+        """Store d_1 and run the MTP head k-1 more times (EAGLE chain) for live requests."""
+        live = [i for i, r in enumerate(reqs) if r.finish is None]
+        reqs = [reqs[i] for i in live]
+        for r, d in zip(reqs, [d1[i] for i in live], strict=True):
+            r.drafts = [d]
+        if not reqs or self.k == 1:
+            return
+        m = m[torch.tensor(live, device=m.device)]
+        for j in range(1, self.k):
+            toks = [r.drafts[-1] for r in reqs]
+            d, m = self._mtp(m, toks, [r.slot for r in reqs], [r.pos + j - 1 for r in reqs])
+            for r, t in zip(reqs, d, strict=True):
+                r.drafts.append(t)
+
+    def _allow_eos(self, reqs: list[Request], offsets: list[int]) -> torch.Tensor:
+        allow = [not r.params.ignore_eos and len(r.out) + o >= r.params.min_tokens
+                 for r, o in zip(reqs, offsets, strict=True)]
+        return torch.tensor(allow, device=self.device)
+
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
+        """One token per request from logits [len(reqs), V]."""
+        logits = mask_logits(logits, self._allow_eos(reqs, [0] * len(reqs)))
+        out = logits.argmax(-1).tolist()
+        for i, r in enumerate(reqs):
+            if not r.params.greedy:
+                out[i] = sample_row(target_probs(logits[i:i + 1], r.params)[0].cpu(), r.gen)
+        return out
+
+    def _decode(self) -> None:
+        reqs = list(self._running)
+        if not self.k:
+            logits, _, _ = self._forward([r.last for r in reqs], [r.slot for r in reqs],
+                                         [r.pos for r in reqs])
+            for r, t in zip(reqs, self._sample(reqs, logits), strict=True):
+                r.last, r.pos = t, r.pos + 1
+                self._append(r, [t])
+            return
+        k = self.k
+        tokens, slots, positions = [], [], []
+        for r in reqs:
+            tokens += [r.last, *r.drafts]
+            slots += [r.slot] * (k + 1)
+            positions += range(r.pos, r.pos + k + 1)
+        logits, hidden, _ = self._forward(tokens, slots, positions)
+        offs = [j for _ in reqs for j in range(k + 1)]
+        rep = [r for r in reqs for _ in range(k + 1)]
+        logits = mask_logits(logits, self._allow_eos(rep, offs))
+        if any(not r.params.greedy for r in reqs):
+            logits = logits.cpu()
+        m_rows, m_tokens, m_slots, m_pos, last_rows, live = [], [], [], [], [], []
+        for i, r in enumerate(reqs):
+            got = accept_drafts(logits[i * (k + 1):(i + 1) * (k + 1)], r.drafts, r.params, r.gen)
+            a = len(got) - 1
+            st = self.stats
+            st.spec_num_drafts += 1
+            st.spec_num_draft_tokens += k
+            st.spec_num_accepted_tokens += a
+            for j in range(a):
+                st.spec_accepted_per_pos[j] += 1
+            r.spec_verify_ct += 1
+            p = r.pos
+            r.last, r.pos = got[-1], p + len(got)
+            self._append(r, got)
+            if r.finish is not None:
+                continue
+            live.append(r)
+            # MTP inputs for positions p..p+a: (h_{p+j}, y_j); the last row drafts t_{p+a+2}.
+            m_rows += range(i * (k + 1), i * (k + 1) + a + 1)
+            m_tokens += got
+            m_slots += [r.slot] * (a + 1)
+            m_pos += range(p, p + a + 1)
+            last_rows.append(len(m_rows) - 1)
+        if not live:
+            return
+        h = hidden[torch.tensor(m_rows, device=hidden.device)]
+        drafts, m = self._mtp(h, m_tokens, m_slots, m_pos)
+        self._set_drafts(live, [drafts[i] for i in last_rows],
+                         m[torch.tensor(last_rows, device=m.device)])
+
+    # ---- output ------------------------------------------------------------------------------
+    def _append(self, r: Request, toks: list[int]) -> None:
+        """Add sampled tokens to a request, detect finish, emit one event."""
+        if r.finish is not None:
+            return
+        p = r.params
+        text, taken, eos = "", [], False
+        for t in toks:
+            taken.append(t)
+            r.out.append(t)
+            if t == tk.EOS and not p.ignore_eos:
+                r.finish, eos = "stop", True
+                break
+            piece = r.held + r.decoder.feed([t])
+            r.held = ""
+            if p.stop:
+                hit = min((i for i in (piece.find(s) for s in p.stop) if i >= 0), default=-1)
+                if hit >= 0:
+                    text += piece[:hit]
+                    r.finish = "stop"
+                    break
+                keep = _stop_prefix_len(piece, p.stop)
+                if keep:
+                    piece, r.held = piece[:-keep], piece[-keep:]
+            text += piece
+            if len(r.out) >= p.max_tokens:
+                r.finish = "length"
+                break
+        if eos or r.finish == "length":  # held text was not a stop string after all
+            text += r.held + r.decoder.flush()
+            r.held = ""
+        self.stats.generation_tokens += len(taken)
+        if r.finish is not None:
+            self._release(r)
+        r.callback(Event(text, taken, r.finish, len(r.prompt), len(r.out), r.spec_verify_ct))
+
+    def _finish(self, r: Request, reason: str) -> None:
+        r.finish = reason
+        self._release(r)
+        r.callback(Event("", [], reason, len(r.prompt), len(r.out), r.spec_verify_ct))
+
+    def _release(self, r: Request) -> None:
+        if r.slot >= 0:
+            self._free.append(r.slot)
+            r.slot = -1
+        if r in self._running:
+            self._running.remove(r)
+        self.stats.requests_finished += 1
+
+
+def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

@@ -1,0 +1,67 @@
+"""Prometheus exposition of the engine's lifetime counters, read at scrape time.
+
+Names follow vLLM (`vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
+`..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total{position}`,
+`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_requests_running`) and
+SGLang (`sglang:spec_accept_length`, `sglang:num_running_reqs`, `sglang:num_queue_reqs`), so the
+scrapers written for those engines work unchanged. Spec-decode series exist only when
+speculative decoding is on (missing is missing, not 0).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+
+class _EngineCollector:
+    def __init__(self, engine, model_name: str) -> None:
+        self.engine, self.model = engine, model_name
+
+    def collect(self):
+        e, st, lab = self.engine, self.engine.stats, ["model_name"]
+        val = [self.model]
+
+        def counter(name: str, doc: str, v: float):
+            c = CounterMetricFamily(name, doc, labels=lab)
+            c.add_metric(val, v)
+            return c
+
+        def gauge(name: str, doc: str, v: float):
+            g = GaugeMetricFamily(name, doc, labels=lab)
+            g.add_metric(val, v)
+            return g
+
+        yield counter("vllm:request_success", "Finished requests.", st.requests_finished)
+        yield counter("vllm:prompt_tokens", "Prefilled prompt tokens.", st.prompt_tokens)
+        yield counter("vllm:generation_tokens", "Generated tokens.", st.generation_tokens)
+        yield gauge("vllm:num_requests_running", "Requests in slots.", e.num_running)
+        yield gauge("vllm:num_requests_waiting", "Requests queued.", e.num_waiting)
+        yield gauge("sglang:num_running_reqs", "Requests in slots.", e.num_running)
+        yield gauge("sglang:num_queue_reqs", "Requests queued.", e.num_waiting)
+        if e.k:
+            yield counter("vllm:spec_decode_num_drafts", "Verify steps (one per request).",
+                          st.spec_num_drafts)
+            yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed.",
+                          st.spec_num_draft_tokens)
+            yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                          st.spec_num_accepted_tokens)
+            per = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                      "Accepted draft tokens by draft position.",
+                                      labels=[*lab, "position"])
+            for i, v in enumerate(st.spec_accepted_per_pos):
+                per.add_metric([*val, str(i)], v)
+            yield per
+            tau = st.avg_spec_accept_length
+            if tau is not None:
+                yield gauge("sglang:spec_accept_length", "Lifetime mean acceptance length.", tau)
+                yield gauge("sglang:spec_accept_rate", "Lifetime draft acceptance rate.",
+                            st.spec_num_accepted_tokens / st.spec_num_draft_tokens)
+
+
+def render_metrics(engine, model_name: str) -> tuple[bytes, str]:
+    """(body, content type) of /metrics."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_EngineCollector(engine, model_name))
+    return generate_latest(reg), CONTENT_TYPE_LATEST

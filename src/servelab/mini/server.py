@@ -1,0 +1,313 @@
+"""HTTP API of the embedded engine, shaped like SGLang's and vLLM's so one client serves all:
+OpenAI `/v1/completions` and `/v1/chat/completions` (SSE streaming or not, `usage`,
+`stream_options.include_usage`), SGLang `/generate` (cumulative text + `meta_info` with
+`spec_verify_ct`), `/v1/models`, `/health`, `/tokenize`, `/detokenize`, `/get_server_info`,
+`/metrics` (Prometheus; vLLM spec-decode counter names), `/start_profile`, `/stop_profile`.
+
+Bad requests get a 4xx with an OpenAI-style error body; the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import asdict
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from servelab import __version__
+from servelab.errors import UserError
+from servelab.mini import tokenizer as tk
+from servelab.mini.engine import Engine, EngineArgs, Event
+from servelab.mini.metrics import render_metrics
+from servelab.mini.protocol import ApiError, parse_chat, parse_completion, parse_generate
+
+
+def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
+                                   "code": status}}, status_code=status)
+
+
+async def _body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw) if raw else {}
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def _sse(obj: object) -> str:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+class _Stream:
+    """Engine events of one request, delivered into the event loop."""
+
+    def __init__(self, engine: Engine, prompt: list[int], params) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[Event] = asyncio.Queue()
+        self.engine = engine
+        try:
+            self.rid = engine.submit(prompt, params, self._put)
+        except UserError as exc:
+            raise ApiError(400, str(exc)) from exc
+        self.done = False
+
+    def _put(self, ev: Event) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ev)
+
+    async def events(self) -> AsyncIterator[Event]:
+        try:
+            while True:
+                ev = await self.queue.get()
+                yield ev
+                if ev.finish_reason is not None:
+                    self.done = True
+                    return
+        finally:
+            if not self.done:  # client went away: free the slot
+                self.engine.abort(self.rid)
+
+
+def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
+    """The FastAPI app around a started engine."""
+    app = FastAPI(title="servelab mini", version=__version__)
+    names = {model_name, engine.cfg.name}
+
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc.status, exc.message, exc.kind)
+
+    def check_model(body: dict) -> None:
+        m = body.get("model")
+        if m is not None and m not in names:
+            raise ApiError(404, f"model {m!r} does not exist; this server serves {model_name!r}",
+                           "model_not_found")
+
+    def usage(ev: Event) -> dict:
+        return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
+                "total_tokens": ev.prompt_tokens + ev.completion_tokens}
+
+    async def openai(body: dict, chat: bool) -> Response:
+        check_model(body)
+        prompt, params, stream, include_usage = (parse_chat if chat else parse_completion)(
+            body, engine.args.context_length)
+        st = _Stream(engine, prompt, params)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
+        created = int(time.time())
+        obj = "chat.completion" if chat else "text_completion"
+        if not stream:
+            text, last = [], None
+            async for ev in st.events():
+                text.append(ev.text)
+                last = ev
+            content = "".join(text)
+            choice = ({"index": 0, "message": {"role": "assistant", "content": content},
+                       "finish_reason": last.finish_reason} if chat else
+                      {"index": 0, "text": content, "logprobs": None,
+                       "finish_reason": last.finish_reason})
+            return JSONResponse({"id": rid, "object": obj, "created": created,
+                                 "model": model_name, "choices": [choice],
+                                 "usage": usage(last)})
+
+        chunk_obj = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(text: str | None, finish: str | None, first: bool = False) -> dict:
+            if chat:
+                delta = {"role": "assistant", "content": ""} if first else (
+                    {"content": text} if text else {})
+                ch = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                ch = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"id": rid, "object": chunk_obj, "created": created, "model": model_name,
+                    "choices": [ch]}
+
+        async def gen() -> AsyncIterator[str]:
+            if chat:
+                yield _sse(chunk(None, None, first=True))
+            last = None
+            async for ev in st.events():
+                last = ev
+                if ev.text or ev.finish_reason is not None:
+                    yield _sse(chunk(ev.text, ev.finish_reason))
+            if include_usage and last is not None:
+                yield _sse({"id": rid, "object": chunk_obj, "created": created,
+                            "model": model_name, "choices": [], "usage": usage(last)})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await openai(await _body(request), chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await openai(await _body(request), chat=True)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        body = await _body(request)
+        prompt, params, stream = parse_generate(body, engine.args.context_length)
+        st = _Stream(engine, prompt, params)
+        rid = uuid.uuid4().hex
+
+        def meta(ev: Event) -> dict:
+            fr = None
+            if ev.finish_reason == "length":
+                fr = {"type": "length", "length": ev.completion_tokens}
+            elif ev.finish_reason is not None:
+                fr = {"type": ev.finish_reason}
+            return {"id": rid, "finish_reason": fr, "prompt_tokens": ev.prompt_tokens,
+                    "completion_tokens": ev.completion_tokens,
+                    "spec_verify_ct": ev.spec_verify_ct}
+
+        if not stream:
+            text, last = [], None
+            async for ev in st.events():
+                text.append(ev.text)
+                last = ev
+            return JSONResponse({"text": "".join(text), "meta_info": meta(last)})
+
+        async def gen() -> AsyncIterator[str]:
+            text = ""
+            async for ev in st.events():
+                text += ev.text
+                if ev.text or ev.finish_reason is not None:
+                    yield _sse({"text": text, "meta_info": meta(ev)})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": 0, "owned_by": "servelab",
+            "root": model_name, "max_model_len": engine.args.context_length}]}
+
+    @app.get("/health")
+    async def health() -> Response:
+        if engine.error is not None:
+            return _error(503, f"engine failed: {engine.error!r}", "server_error")
+        return Response(status_code=200)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:
+        body = await _body(request)
+        check_model(body)
+        add = body.get("add_special_tokens", True)
+        if "messages" in body:
+            ids = tk.apply_chat_template(body["messages"])
+        else:
+            text = body.get("prompt", body.get("text"))
+            if not isinstance(text, str):
+                raise ApiError(400, "/tokenize needs 'prompt' (a string) or 'messages'")
+            ids = tk.encode(text, add_bos=bool(add))
+        return {"tokens": ids, "count": len(ids), "max_model_len": engine.args.context_length,
+                "token_strs": [tk.token_str(t) for t in ids] if body.get("return_token_strs")
+                else None}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> dict:
+        body = await _body(request)
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < 
+                                                engine.cfg.vocab_size for t in ids):
+            raise ApiError(400, f"'tokens' must be a list of ints in [0, {engine.cfg.vocab_size})")
+        return {"prompt": tk.decode(ids)}
+
+    @app.get("/get_server_info")
+    async def server_info() -> dict:
+        st = engine.stats
+        return {**server_args, "version": __version__, "engine": "servelab-mini",
+                "served_model_name": model_name, "model_config": engine.cfg.to_dict(),
+                "weights": engine.weights_meta,
+                "internal_states": [{"avg_spec_accept_length": st.avg_spec_accept_length,
+                                     "num_running_reqs": engine.num_running,
+                                     "num_queue_reqs": engine.num_waiting,
+                                     "stats": asdict(st)}]}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body, ctype = render_metrics(engine, model_name)
+        return Response(body, media_type=ctype)
+
+    @app.post("/start_profile")
+    async def start_profile(request: Request) -> Response:
+        body = await _body(request)
+        out = body.get("output_dir") or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+        steps = body.get("num_steps")
+        if steps is not None and (not isinstance(steps, int) or steps < 1):
+            raise ApiError(400, "'num_steps' must be a positive integer")
+        acts = body.get("activities") or ["CPU", "GPU"]
+        res = await run_in_threadpool(lambda: engine.profiler.request(
+            "start", engine.wake, output_dir=str(out), num_steps=steps, activities=list(acts)))
+        return JSONResponse(res, status_code=400 if "error" in res else 200)
+
+    @app.post("/stop_profile")
+    async def stop_profile() -> Response:
+        res = await run_in_threadpool(lambda: engine.profiler.request("stop", engine.wake))
+        return JSONResponse(res, status_code=400 if "error" in res else 200)
+
+    return app
+
+
+def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = None,
+               log_level: str = "warning") -> None:
+    """Load the model, warm it up, serve until SIGINT/SIGTERM, then stop the engine."""
+    import signal
+    import socket
+    import sys
+    import threading
+
+    import uvicorn
+
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
+                            "--port") from exc
+    t0 = time.perf_counter()
+    engine = Engine(args)
+    engine.warmup()
+    engine.start()
+    name = model_name or f"servelab-mini-{args.config}"
+    app = build_app(engine, name, {**asdict(args), "host": host, "port": port,
+                                   "served_model_name": name})
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                                           timeout_graceful_shutdown=3, access_log=False))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.01)
+        if server.started:
+            spec = (f"{args.speculative_algorithm} steps={args.speculative_num_steps}"
+                    if args.speculative_algorithm else "off")
+            print(f"servelab mini ready: http://{host}:{port} model={name} "
+                  f"weights={engine.weights_meta.get('weights')} device={args.device} "
+                  f"spec={spec} slots={args.max_running_requests} "
+                  f"startup_s={time.perf_counter() - t0:.1f}", flush=True)
+
+    def _exit(*_: object) -> None:
+        raise SystemExit(0)
+
+    # uvicorn handles SIGINT/SIGTERM itself (graceful shutdown), then re-raises the signal
+    # under the previous handler: ours turns that into a normal exit so the engine is stopped.
+    signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        server.run()
+    finally:
+        engine.stop()
+        print("servelab mini stopped", file=sys.stderr, flush=True)
