@@ -1,7 +1,149 @@
-"""CLI verbs: experiment. (Filled in by the owning module's work.)"""
+"""CLI verbs of controlled experiments: `run FILE [--detach]`, `report NAME`, `compare A B`, `demo`."""
+
+from __future__ import annotations
+
+from pathlib import Path
 
 import typer
 
+_STORE_HELP = "Results store (default: $SERVELAB_HOME/results.db)."
+
+
+def _attribution(console, data) -> None:
+    from rich.table import Table
+
+    from servelab.experiment.report import attribution_rows
+    from servelab.experiment.stats import headline
+
+    rows = attribution_rows(data)
+    table = Table(title=f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)")
+    for h in rows[0]:
+        table.add_column(h)
+    style = {"better": "green", "worse": "red"}
+    for r in rows[1:]:
+        table.add_row(*r, style=style.get(r[5]))
+    console.print(table)
+    for line in headline(data.analysis, data.primary):
+        console.print(line, highlight=False)
+    for w in data.analysis.warnings:
+        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+
+
+def run_file(spec, store_path: Path | None, console, quiet: bool = False) -> None:
+    """Run (or resume) an experiment in the foreground with a progress bar."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from servelab.experiment.runner import Runner
+    from servelab.store import Store
+
+    with Store(store_path) as store:
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=console,
+                      disable=quiet) as prog:
+            task = prog.add_task(spec.name, total=None)
+
+            def on_progress(done: int, total: int, what: str) -> None:
+                prog.update(task, completed=done, total=total, description=f"{spec.name}: {what}")
+
+            Runner(spec, store, say=lambda s: console.print(s, highlight=False),
+                   on_progress=on_progress).run()
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's verbs to the app."""
+    @app.command("run")
+    def run(
+        file: Path = typer.Argument(..., help="Experiment file (TOML); see docs/EXPERIMENTS.md."),
+        detach: bool = typer.Option(False, "--detach", help="Run in the background; follow with `servelab status NAME`."),
+        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        check: bool = typer.Option(False, "--check", help="Only validate the file and print the plan."),
+    ) -> None:
+        """Run a controlled experiment (resumes where an interrupted one stopped)."""
+        from rich.console import Console
+
+        from servelab import jobs
+        from servelab.experiment import spec as spec_mod
+        from servelab.experiment.report import collect
+        from servelab.store import Store
+
+        spec = spec_mod.load(file)
+        console = Console()
+        if check:
+            from servelab.experiment.schedule import plan
+
+            for p in plan(spec):
+                console.print(f"{p.seq:3d} block {p.block} deploy {p.group:3d}  {p.describe()}")
+            return
+        if detach:
+            argv = ["run", str(file.resolve())] + (["--store", str(store.resolve())] if store else [])
+            pid, log = jobs.detach(argv, spec.name)
+            console.print(f"experiment '{spec.name}' runs in the background (pid {pid}); log {log}\n"
+                          f"progress: servelab status {spec.name}", highlight=False)
+            return
+        run_file(spec, store, console)
+        with Store(store) as st:
+            _attribution(console, collect(st, spec.name))
+        console.print(f"report: servelab report {spec.name}", highlight=False)
+
+    @app.command("report")
+    def report(
+        name: str = typer.Argument(..., help="Experiment name."),
+        out: Path = typer.Option(None, "--out", help="Folder for report.md and report.html."),
+        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+    ) -> None:
+        """Write an experiment's report: markdown and one self-contained HTML file."""
+        from rich.console import Console
+
+        from servelab.experiment.report import write
+        from servelab.store import Store
+
+        console = Console()
+        with Store(store) as st:
+            md, page, data = write(st, name, out)
+        _attribution(console, data)
+        console.print(f"report: {page}\nmarkdown: {md}", highlight=False)
+
+    @app.command("compare")
+    def compare(
+        a: str = typer.Argument(..., help="Load point id (servelab results) or a bench --output JSON file."),
+        b: str = typer.Argument(..., help="The same for the other side (B is compared against A)."),
+        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        noise_band: float = typer.Option(0.02, "--noise-band", help="Relative band treated as noise."),
+    ) -> None:
+        """Compare two bench results metric by metric (B relative to A)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from servelab.experiment.compare import compare as do_compare
+        from servelab.store import Store
+
+        with Store(store) as st:
+            res = do_compare(st, a, b, noise_band=noise_band)
+        console = Console()
+        table = Table(title=f"B = {res.b_name} vs A = {res.a_name} ({res.load_key})")
+        for h in res.rows[0]:
+            table.add_column(h)
+        style = {"better": "green", "worse": "red"}
+        for r in res.rows[1:]:
+            table.add_row(*r, style=style.get(r[-1]))
+        console.print(table)
+        for w in res.warnings:
+            console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+
+    @app.command("demo")
+    def demo(
+        quick: bool = typer.Option(False, "--quick", help="A shortened variant (CI): fewer prompts."),
+        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        file: Path = typer.Option(None, "--file", help="Experiment file (default: examples/demo.toml)."),
+    ) -> None:
+        """The story's MTP A/B in miniature on the embedded engine: run, attribute, report."""
+        from rich.console import Console
+
+        from servelab.experiment.demo import run_demo
+
+        run_demo(Console(), quick=quick, store_path=store, file=file)

@@ -235,8 +235,9 @@ class Deployment:
     def stop(self) -> None:
         """Tear down in reverse order: SIGTERM to each process group and stray descendants,
         SIGKILL after the grace period; then wait for ports (and GPU memory) to be free."""
-        # Signals during teardown must not leave it half done: Ctrl-C again is ignored here.
-        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if _main_thread() else None
+        # Ctrl-C during teardown must not leave it half done: it is held and re-raised after.
+        held: list[int] = []
+        old = signal.signal(signal.SIGINT, lambda sig, frame: held.append(sig)) if _main_thread() else None
         try:
             for r in reversed(self.running):
                 self._terminate(r)
@@ -247,6 +248,8 @@ class Deployment:
             self.running = []
             if old is not None:
                 signal.signal(signal.SIGINT, old)
+        if held:
+            raise KeyboardInterrupt
 
     def _terminate(self, r: _Running) -> None:
         victims = set(r.known) | set(descendants(r.proc.pid))

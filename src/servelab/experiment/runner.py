@@ -92,6 +92,7 @@ class Runner:
         self.engine: Engine = engines.get(spec.engine)
         self.log_root = log_root or paths.home() / "experiments" / spec.name / "logs"
         self.on_progress = on_progress
+        self._active: Deployment | None = None    # torn down on any exit, whatever happens
 
     def todo(self) -> tuple[list[PlannedRun], list[PlannedRun], int]:
         """(all planned runs, those still to run, failed runs among them)."""
@@ -134,6 +135,9 @@ class Runner:
                      f"run the same command again to resume")
             raise
         finally:
+            if self._active is not None:
+                self._active.stop()
+                self._active = None
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
         job.finish("finished" if ok or not todo else "failed")
@@ -175,6 +179,7 @@ class Runner:
                 yield p, self._measure_one(p, dep.url, dep, job)
         finally:
             dep.stop()
+            self._active = None
 
     def _launch(self, p: PlannedRun) -> tuple[Deployment | None, DeployError | None]:
         from servelab.experiment.spec import resolve
@@ -187,11 +192,13 @@ class Runner:
                              ready_timeout_s=t["ready_s"], grace_s=t["teardown_s"],
                              port_free_s=t["port_free_s"], gpu_free_s=t["gpu_free_s"])
             t0 = time.monotonic()
+            self._active = dep
             try:
                 dep.start()
                 self.say(f"deployed arm {p.arm} in {time.monotonic() - t0:.1f} s at {dep.url}")
                 return dep, None
             except DeployError as exc:
+                self._active = None
                 last = exc
                 self.say(f"[yellow]launch of arm {p.arm} failed (attempt {attempt + 1} of "
                          f"{spec.retries + 1})[/yellow]: {exc}")

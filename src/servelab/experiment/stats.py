@@ -247,9 +247,10 @@ def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[s
             out.append(f"arm {arm} at {lk}: {METRICS[m].label} varies with CV {s.cv * 100:.0f}% "
                        f"(> {CV_WARN * 100:.0f}%) between runs: the machine is noisy or runs too short")
     for lk in an.load_keys:
+        # only arms that speculate (tau > 1): an arm without drafts differs by design
         acc = {arm: an.spreads[(arm, lk, "accept_length")].median for arm in an.arms
                if (arm, lk, "accept_length") in an.spreads
-               and math.isfinite(an.spreads[(arm, lk, "accept_length")].median)}
+               and an.spreads[(arm, lk, "accept_length")].median > 1.05}
         if len(acc) >= 2:
             lo_arm, hi_arm = min(acc, key=acc.get), max(acc, key=acc.get)  # type: ignore[arg-type]
             if acc[hi_arm] > acc[lo_arm] * (1 + ACCEPT_DIFF_WARN):

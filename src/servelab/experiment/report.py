@@ -1,0 +1,239 @@
+"""`servelab report NAME`: markdown and ONE self-contained HTML file (plots inline as base64 PNG):
+the attribution table, plots, warnings, the provenance of every run, and a decision record."""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servelab import atomic, paths
+from servelab.experiment import plots
+from servelab.experiment.stats import METRICS, Analysis, RunValue, analyze, headline
+from servelab.store import LoadPointRow, RunRow, Store
+
+EFFECT_METRICS = ("output_throughput_tok_s", "ttft_ms", "tpot_ms")
+
+
+@dataclass
+class ExperimentData:
+    name: str
+    spec: dict[str, Any]
+    runs: list[RunRow]
+    load_points: dict[int, LoadPointRow]
+    analysis: Analysis
+
+    @property
+    def primary(self) -> str:
+        return self.spec.get("primary_metric", "output_throughput_tok_s")
+
+
+def _load_keys(spec: dict[str, Any]) -> list[str]:
+    load = spec["load"]
+    return [f"c={c}" for c in load.get("concurrency", [])] + \
+        [f"rate={r:g}" for r in load.get("request_rate", [])]
+
+
+def collect(store: Store, name: str, noise_band: float | None = None) -> ExperimentData:
+    """Everything stored about an experiment, with its statistics."""
+    spec = store.experiment(name)
+    runs = store.runs(name)
+    lps = {r.load_point_id: store.load_point(r.load_point_id) for r in runs if r.load_point_id}
+    arms = list(spec["arms"])
+    baseline = spec.get("baseline") or arms[0]
+    arms.remove(baseline)
+    arms.insert(0, baseline)
+    values = [RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary)
+              for r in runs if r.status == "ok" and r.load_point_id in lps]
+    band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
+    an = analyze(values, baseline=baseline, arms=arms, load_keys=_load_keys(spec), noise_band=band)
+    return ExperimentData(name, spec, runs, lps, an)
+
+
+def _num(x: float, digits: int = 4) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.{digits}g}"
+
+
+def attribution_rows(data: ExperimentData) -> list[list[str]]:
+    """Header + one row per arm x load point: medians, the effect with CI and verdict."""
+    an, pm = data.analysis, data.primary
+    head = ["arm", "load", "runs", f"{METRICS[pm].label} ({METRICS[pm].unit})", "vs baseline [95% CI]",
+            "verdict", "TTFT change", "TPOT change", "accept len"]
+    rows = [head]
+    for arm in an.arms:
+        for lk in an.load_keys:
+            s = an.spreads[(arm, lk, pm)]
+            acc = an.spreads[(arm, lk, "accept_length")].median
+            if arm == an.baseline:
+                eff, verdict, ttft, tpot = "(baseline)", "", "", ""
+            else:
+                e = an.effects[(arm, lk, pm)]
+                eff, verdict = e.text(), e.verdict
+                et, ep = an.effects[(arm, lk, "ttft_ms")], an.effects[(arm, lk, "tpot_ms")]
+                ttft = f"{et.text()} {et.verdict}"
+                tpot = f"{ep.text()} {ep.verdict}"
+            spread = f"{_num(s.median)} (CV {s.cv * 100:.1f}%)" if math.isfinite(s.cv) else _num(s.median)
+            rows.append([arm, lk, str(s.n), spread, eff, verdict, ttft, tpot, _num(acc, 3)])
+    return rows
+
+
+def _md_table(rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows[1:]]
+    return "\n".join(out)
+
+
+def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
+    out = []
+    for r in data.runs:
+        lp = data.load_points.get(r.load_point_id) if r.load_point_id else None
+        prov = lp.provenance if lp else {}
+        procs = prov.get("processes") or []
+        out.append({
+            "seq": r.seq, "arm": r.arm, "load": r.load_key, "rep": r.repetition + 1, "block": r.block,
+            "status": r.status,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started)) if r.started else "",
+            "duration_s": f"{r.finished - r.started:.1f}" if r.started and r.finished else "",
+            "git": prov.get("git_sha") or "", "host": prov.get("host") or "",
+            "gpus": ", ".join(g.get("name", "") for g in prov.get("gpus") or []) or "none",
+            "command": " ; ".join(" ".join(map(str, p.get("argv", []))) for p in procs),
+            "server_info": prov.get("server_info"), "error": r.error or "", "log_tail": r.log_tail or "",
+            "load_point_id": r.load_point_id,
+        })
+    return out
+
+
+def _decision(data: ExperimentData) -> tuple[str, list[str]]:
+    return data.spec.get("hypothesis") or "(none given)", headline(data.analysis, data.primary)
+
+
+def markdown(data: ExperimentData) -> str:
+    """The report as markdown (tables and text; the plots are in the HTML)."""
+    hyp, result = _decision(data)
+    spec = data.spec
+    lines = [f"# Experiment {data.name}", "",
+             f"engine `{spec['engine']}`, model `{spec.get('model') or '-'}`, order {spec['order']}, "
+             f"noise band +-{data.analysis.noise_band * 100:g}%, "
+             f"{sum(r.status == 'ok' for r in data.runs)} ok / {len(data.runs)} stored runs", "",
+             "## Attribution", "", _md_table(attribution_rows(data)), ""]
+    if data.analysis.warnings:
+        lines += ["## Warnings", ""] + [f"- {w}" for w in data.analysis.warnings] + [""]
+    lines += ["## Decision record", "", f"- Hypothesis: {hyp}"] + \
+        [f"- Result: {r}" for r in result] + ["- Decision: (to fill in: adopt / reject / measure more)", ""]
+    lines += ["## Runs (provenance)", "",
+              _md_table([["seq", "arm", "load", "rep", "block", "status", "started (UTC)", "s",
+                          "git", "host", "error"]] +
+                        [[str(p[k]) for k in ("seq", "arm", "load", "rep", "block", "status",
+                                              "started", "duration_s", "git", "host")]
+                         + [p["error"][:80]] for p in _provenance_rows(data)]), ""]
+    return "\n".join(lines)
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1100px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+td,th{border:1px solid #ccc;padding:3px 6px;text-align:left;vertical-align:top}
+th{background:#f3f3f3} .better{color:#080;font-weight:bold} .worse{color:#b00;font-weight:bold}
+.plots img{max-width:49%;border:1px solid #ddd;margin:2px} pre{white-space:pre-wrap;font-size:11px}
+.warn{background:#fff6dd;padding:.5em 1em;border-left:4px solid #e0a800}
+"""
+
+_SCRIPT = """
+window.addEventListener('load', function () {
+  var imgs = document.querySelectorAll('img.plot'), ok = 0;
+  imgs.forEach(function (i) { if (i.complete && i.naturalWidth > 0) ok++; });
+  document.body.setAttribute('data-plots-loaded', ok + '/' + imgs.length);
+});
+"""
+
+
+def _img(png: bytes, alt: str) -> str:
+    return (f'<img class="plot" alt="{html.escape(alt)}" '
+            f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+
+
+def _html_table(rows: list[list[str]], verdict_col: int | None = None) -> str:
+    out = ["<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in rows[0]) + "</tr>"]
+    for r in rows[1:]:
+        cells = []
+        for i, c in enumerate(r):
+            cls = f' class="{c}"' if i == verdict_col and c in ("better", "worse") else ""
+            cells.append(f"<td{cls}>{html.escape(c)}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    return "\n".join(out) + "</table>"
+
+
+def per_request(data: ExperimentData, store: Store, field: str) -> dict[tuple[str, str], list[float]]:
+    """Per-request values of `field` pooled over the ok runs of each arm x load point."""
+    out: dict[tuple[str, str], list[float]] = {}
+    for r in data.runs:
+        lp = data.load_points.get(r.load_point_id) if r.load_point_id else None
+        if r.status != "ok" or lp is None:
+            continue
+        vals = out.setdefault((r.arm, r.load_key), [])
+        for rec in store.requests(lp):
+            v = rec.get(field)
+            if isinstance(v, int | float) and math.isfinite(v):
+                vals.append(float(v))
+    return out
+
+
+def render_html(data: ExperimentData, store: Store) -> str:
+    """The self-contained HTML report."""
+    an, hyp_result = data.analysis, _decision(data)
+    imgs = [_img(plots.throughput(an, data.primary), "throughput vs load")]
+    for field, label in (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)")):
+        imgs.append(_img(plots.distributions(per_request(data, store, field), an.arms, an.load_keys,
+                                             label), f"{field} distribution"))
+    acc = plots.acceptance(an)
+    if acc is not None:
+        imgs.append(_img(acc, "acceptance length"))
+    imgs.append(_img(plots.effects(an, EFFECT_METRICS), "effects with CIs"))
+    spec = data.spec
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>servelab: {html.escape(data.name)}"
+        f"</title><style>{_CSS}</style></head><body>",
+        f"<h1>Experiment {html.escape(data.name)}</h1>",
+        f"<p>engine <code>{html.escape(spec['engine'])}</code>, model "
+        f"<code>{html.escape(spec.get('model') or '-')}</code>, order {html.escape(spec['order'])}, "
+        f"noise band &plusmn;{an.noise_band * 100:g}%, generated "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
+        "<h2>Attribution</h2>", _html_table(attribution_rows(data), verdict_col=5),
+        "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
+    ]
+    if an.warnings:
+        parts.append("<div class='warn'><b>Warnings</b><ul>" +
+                     "".join(f"<li>{html.escape(w)}</li>" for w in an.warnings) + "</ul></div>")
+    parts += ["<h2>Plots</h2><div class='plots'>", *imgs, "</div>",
+              "<h2>Decision record</h2><table>",
+              f"<tr><th>hypothesis</th><td>{html.escape(hyp_result[0])}</td></tr>",
+              "<tr><th>result</th><td>" + "<br>".join(html.escape(x) for x in hyp_result[1]) + "</td></tr>",
+              "<tr><th>decision</th><td>(to fill in: adopt / reject / measure more)</td></tr></table>",
+              "<h2>Runs and their provenance</h2><table><tr>" +
+              "".join(f"<th>{h}</th>" for h in ("seq", "arm", "load", "rep", "block", "status",
+                                                "started (UTC)", "s", "git", "host", "GPUs",
+                                                "command, server info, log")) + "</tr>"]
+    for p in _provenance_rows(data):
+        detail = (f"<details><summary>details</summary><pre>{html.escape(p['command'])}</pre>"
+                  f"<pre>{html.escape(str(p['server_info'] or ''))[:4000]}</pre>"
+                  + (f"<pre>{html.escape(p['error'])}\n{html.escape(p['log_tail'])}</pre>"
+                     if p["error"] or p["log_tail"] else "") + "</details>")
+        parts.append("<tr>" + "".join(f"<td>{html.escape(str(p[k]))}</td>" for k in
+                     ("seq", "arm", "load", "rep", "block", "status", "started", "duration_s",
+                      "git", "host", "gpus")) + f"<td>{detail}</td></tr>")
+    parts += ["</table>", f"<script>{_SCRIPT}</script></body></html>"]
+    return "\n".join(parts)
+
+
+def write(store: Store, name: str, out_dir: Path | None = None) -> tuple[Path, Path, ExperimentData]:
+    """Write report.md and report.html; returns their paths and the data."""
+    data = collect(store, name)
+    out = Path(out_dir) if out_dir else paths.home() / "reports" / name
+    md, page = out / "report.md", out / "report.html"
+    atomic.write_text(md, markdown(data))
+    atomic.write_text(page, render_html(data, store))
+    return md, page, data

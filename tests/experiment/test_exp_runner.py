@@ -1,0 +1,144 @@
+"""The runner end to end against the bench's scripted server as a deployable engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from servelab.experiment import spec as spec_mod
+from servelab.experiment.report import collect
+from servelab.experiment.runner import Runner
+from servelab.store import Store
+
+
+def _run(tmp_path, text, name="t"):
+    f = tmp_path / f"{name}.toml"
+    f.write_text(text)
+    spec = spec_mod.load(f)
+    lines: list[str] = []
+    store = Store(tmp_path / "r.db")
+    res = Runner(spec, store, say=lines.append).run()
+    return spec, store, res, lines
+
+
+def test_ab_interleaved_attributes_the_faster_arm(tmp_path, scripted, live_procs):
+    text, marker = scripted("ab", reps=2)
+    spec, store, res, lines = _run(tmp_path, text, "ab")
+    assert (res.ok, res.failed, res.planned) == (8, 0, 8)
+    runs = store.runs("ab")
+    # ABBA: block 0 slow then fast, block 1 fast then slow; each arm's loads back to back
+    assert [(r.arm, r.load_key, r.block) for r in runs] == [
+        ("slow", "c=1", 0), ("slow", "c=4", 0), ("fast", "c=1", 0), ("fast", "c=4", 0),
+        ("fast", "c=1", 1), ("fast", "c=4", 1), ("slow", "c=1", 1), ("slow", "c=4", 1)]
+    data = collect(store, "ab")
+    # scripted truth: TPOT = gap_ms / tokens_per_chunk, so fast/slow TPOT ratio is 0.5
+    tpot = data.analysis.effects[("fast", "c=1", "tpot_ms")]
+    assert 0.35 < tpot.ratio < 0.7 and tpot.verdict == "better"
+    tput = data.analysis.effects[("fast", "c=1", "output_throughput_tok_s")]
+    assert tput.ratio > 1.2 and tput.paired
+    # each run carries the command that made it and the bench's acceptance (2 tokens per chunk)
+    lp = store.load_point(runs[2].load_point_id)
+    assert "--tokens-per-chunk" in lp.provenance["processes"][0]["argv"]
+    assert live_procs(marker) == []                       # nothing outlives the runner
+
+
+def test_engine_that_never_becomes_ready_is_recorded_and_the_rest_goes_on(tmp_path, scripted, live_procs):
+    text, marker = scripted("broken", reps=1, loads="[2]", arms="""
+[arms.slow]
+[arms.fast]
+flags = { no-such-option = 1 }
+""")
+    spec, store, res, lines = _run(tmp_path, text, "broken")
+    runs = {r.arm: r for r in store.runs("broken")}
+    assert runs["slow"].status == "ok"
+    assert runs["fast"].status == "failed"
+    assert "exited with status 2" in runs["fast"].error
+    assert "unrecognized arguments: --no-such-option" in runs["fast"].log_tail
+    assert sum("attempt" in x for x in lines) == 2             # retried once, then recorded
+    assert live_procs(marker) == []
+
+
+def test_deployment_ready_timeout_kills_the_process_group(tmp_path, live_procs):
+    from servelab.engines import get
+    from servelab.engines.base import ProcessConfig
+    from servelab.experiment.deploy import DeployError, Deployment
+
+    marker = f"hang-{os.getpid()}-{time.monotonic_ns()}"
+    script = (f"import subprocess, sys, time; print('booting {marker}', flush=True); "
+              f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}']); "
+              "time.sleep(60)")
+    cfg = ProcessConfig(role="server", flags={}, extra={"command": [sys.executable, "-c", script, marker]})
+    dep = Deployment(get("command"), "", [cfg], tmp_path / "logs", ready_timeout_s=1.5, grace_s=2)
+    with pytest.raises(DeployError) as ei:
+        dep.start()
+    assert "not ready after 2 s" in str(ei.value) or "not ready after 1 s" in str(ei.value)
+    assert f"booting {marker}" in ei.value.log_tail
+    assert live_procs(marker) == []                       # the child of the child too
+
+
+def _servelab(*args, env=None, **kw):
+    return subprocess.Popen([sys.executable, "-m", "servelab", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def test_ctrl_c_leaves_no_engine_and_rerun_completes_only_missing_runs(tmp_path, scripted, live_procs):
+    text, marker = scripted("intr", reps=2, prompts=6, gap_ms=15, restart="run")
+    f = tmp_path / "intr.toml"
+    f.write_text(text)
+    env = {**os.environ, "SERVELAB_HOME": str(tmp_path / "home")}
+    proc = _servelab("run", str(f), env=env)
+    db = tmp_path / "home" / "results.db"
+    deadline = time.monotonic() + 60
+    ok_before: dict = {}
+    while time.monotonic() < deadline:
+        if db.exists():
+            with Store(db) as st:
+                ok_before = {(r.arm, r.load_key, r.repetition): r.started
+                             for r in st.runs("intr") if r.status == "ok"} if "intr" in st.experiment_names() else {}
+        if len(ok_before) >= 2 and live_procs(marker):
+            break
+        time.sleep(0.05)
+    assert ok_before and live_procs(marker), "the run never got going"
+    engines_seen = live_procs(marker)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, out
+    assert "interrupted" in out
+    assert live_procs(marker) == [] and not any(os.path.exists(f"/proc/{p}") and p in live_procs(marker)
+                                                for p in engines_seen)
+    with Store(db) as st:
+        stored = {(r.arm, r.load_key, r.repetition): r.started for r in st.runs("intr") if r.status == "ok"}
+    assert 2 <= len(stored) < 8
+    again = _servelab("run", str(f), env=env)
+    out2, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out2
+    assert f"{len(stored)} of 8 runs already stored, {8 - len(stored)} to run" in out2
+    with Store(db) as st:
+        final = {(r.arm, r.load_key, r.repetition): r.started for r in st.runs("intr") if r.status == "ok"}
+    assert len(final) == 8
+    assert all(final[k] == v for k, v in stored.items())      # earlier runs were not redone
+    assert live_procs(marker) == []
+
+
+def test_detach_reports_progress_through_status(tmp_path, scripted, live_procs):
+    text, marker = scripted("det", reps=1, loads="[2]", prompts=4)
+    f = tmp_path / "det.toml"
+    f.write_text(text)
+    env = {**os.environ, "SERVELAB_HOME": str(tmp_path / "home"), "COLUMNS": "200"}
+    out, _ = _servelab("run", str(f), "--detach", env=env).communicate(timeout=30)
+    assert "runs in the background" in out and "servelab status det" in out
+    deadline, status = time.monotonic() + 60, ""
+    while time.monotonic() < deadline:
+        status, _ = _servelab("status", "det", env=env).communicate(timeout=30)
+        if "finished" in status:
+            break
+        time.sleep(0.5)
+    assert "finished" in status and "2/2" in status, status
+    with Store(tmp_path / "home" / "results.db") as st:
+        assert [r.status for r in st.runs("det")] == ["ok", "ok"]
+    assert live_procs(marker) == []
