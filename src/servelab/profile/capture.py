@@ -1,0 +1,121 @@
+"""`servelab profile capture`: ask a running SGLang-style server for a trace of N forward steps.
+
+SGLang (and the embedded engine) take `POST /start_profile` with `{"output_dir", "num_steps",
+"activities": ["CPU", "GPU"]}`, profile the next `num_steps` forward passes and write
+`{profile_id}-TP-{rank}.trace.json.gz` into `output_dir` (on the server's machine: run this on
+the same host, or point `--out` at a shared path). Decode steps only happen under load, so the
+capture can drive `--load N` streaming completions while it waits for the files.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.errors import UserError
+
+TRACE_GLOBS = ("*.trace.json.gz", "*.trace.json", "*.pt.trace.json.gz", "*.pt.trace.json")
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureConfig:
+    """One capture: where, how many steps, how much load, how long to wait."""
+
+    url: str
+    num_steps: int
+    out_dir: Path
+    load: int = 0  # concurrent requests kept in flight while profiling
+    max_tokens: int = 64
+    model: str | None = None
+    timeout_s: float = 120.0
+
+
+def _post(url: str, body: dict, timeout: float) -> tuple[int, str]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        raise UserError(f"cannot reach {url}: {exc}; is the server running?") from None
+
+
+def _existing(out: Path) -> set[Path]:
+    return {p for g in TRACE_GLOBS for p in out.glob(g)}
+
+
+def _load_worker(cfg: CaptureConfig, stop: threading.Event, errors: list[str]) -> None:
+    body = {"prompt": "Profile me: count slowly from one to one hundred.", "max_tokens": cfg.max_tokens,
+            "temperature": 0.0, "ignore_eos": True}
+    if cfg.model:
+        body["model"] = cfg.model
+    while not stop.is_set():
+        try:
+            status, text = _post(cfg.url.rstrip("/") + "/v1/completions", body, timeout=cfg.timeout_s)
+        except UserError as exc:
+            errors.append(str(exc))
+            return
+        if status >= 400:
+            errors.append(f"/v1/completions answered {status}: {text[:200]}")
+            return
+
+
+def capture(cfg: CaptureConfig) -> list[Path]:
+    """Start the server's profiler, keep `load` requests in flight, return the new trace files."""
+    if cfg.num_steps < 1:
+        raise UserError(f"--num-steps must be >= 1, got {cfg.num_steps}")
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    out = cfg.out_dir.resolve()
+    before = _existing(out)
+    status, text = _post(
+        cfg.url.rstrip("/") + "/start_profile",
+        {"output_dir": str(out), "num_steps": cfg.num_steps, "activities": ["CPU", "GPU"]},
+        timeout=30.0,
+    )
+    if status >= 400:
+        raise UserError(
+            f"{cfg.url}/start_profile answered {status}: {text[:200]} (SGLang needs "
+            "SGLANG_TORCH_PROFILER_DIR or output_dir; the embedded engine needs a GPU build)"
+        )
+    stop = threading.Event()
+    errors: list[str] = []
+    workers = [
+        threading.Thread(target=_load_worker, args=(cfg, stop, errors), daemon=True)
+        for _ in range(cfg.load)
+    ]
+    for w in workers:
+        w.start()
+    deadline = time.monotonic() + cfg.timeout_s
+    found: list[Path] = []
+    try:
+        while time.monotonic() < deadline:
+            new = sorted(_existing(out) - before)
+            if new and _stable(new):
+                found = new
+                break
+            if errors and not any(w.is_alive() for w in workers):
+                raise UserError(f"load requests failed while profiling: {errors[0]}")
+            time.sleep(0.2)
+    finally:
+        stop.set()
+    if not found:
+        raise UserError(
+            f"no trace file appeared in {out} within {cfg.timeout_s:.0f} s; the server profiles "
+            f"only forward steps: send load (--load N) and check that {out} is on the server's host"
+        )
+    return found
+
+
+def _stable(paths: list[Path]) -> bool:
+    """True once the files stopped growing (the server finished writing them)."""
+    sizes = [p.stat().st_size for p in paths]
+    time.sleep(0.3)
+    return all(s > 0 for s in sizes) and sizes == [p.stat().st_size for p in paths]
