@@ -1,0 +1,212 @@
+"""Trace reader and steps on real H200 traces (tests/profile/fixtures, see record_traces.py).
+
+References are independent of servelab's code: the stdlib json module, numpy interval unions,
+and torch's own per-kernel totals (`key_averages`, saved in meta.json when the traces were
+recorded).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servelab.errors import UserError
+from servelab.profile.analyze import analyze
+from servelab.profile.breakdown import breakdown, load_rules
+from servelab.profile.steps import find_steps
+from servelab.profile.trace import read_trace
+
+FIX = Path(__file__).parent / "fixtures"
+GPU_TRACES = ["eager_small", "graph_small", "eager_big", "graph_big"]
+META = json.loads((FIX / "meta.json").read_text())
+
+
+def _raw(name: str) -> list[dict]:
+    with gzip.open(FIX / f"{name}.json.gz", "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def _np_union(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Union length by sorting and a running maximum of ends (not servelab's merge loop)."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    gaps = np.clip(s[1:] - reach[:-1], 0.0, None)
+    return float(reach[-1] - s[0] - gaps.sum())
+
+
+def test_fixtures_are_small_and_from_the_h200():
+    assert META["gpu"] == "NVIDIA H200"
+    for name in GPU_TRACES + ["cpu_only"]:
+        assert (FIX / f"{name}.json.gz").stat().st_size < 300_000
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_streaming_and_whole_file_parsers_agree(name):
+    a = read_trace(FIX / f"{name}.json.gz", streaming=False)
+    b = read_trace(FIX / f"{name}.json.gz", streaming=True)
+    assert a.n_events == b.n_events == len(_raw(name))
+    assert list(a.ts_us) == list(b.ts_us) and list(a.dur_us) == list(b.dur_us)
+    assert [a.names[i] for i in a.name_idx] == [b.names[i] for i in b.name_idx]
+    assert list(a.rt_corr) == list(b.rt_corr)
+    assert a.annotations == b.annotations
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_per_kernel_totals_match_torch_key_averages(name):
+    """Our per-name time and count equal torch's own aggregation of the same profile."""
+    t = read_trace(FIX / f"{name}.json.gz")
+    ours: dict[str, list[float]] = {}
+    for i in range(t.n_gpu):
+        row = ours.setdefault(t.names[t.name_idx[i]], [0.0, 0])
+        row[0] += t.dur_us[i]
+        row[1] += 1
+    torch_totals = META["traces"][name]["key_averages"]
+    for kname, (total, count) in ours.items():
+        assert kname in torch_totals, f"{kname[:60]} missing from torch's key_averages"
+        assert total == pytest.approx(torch_totals[kname]["self_device_us"], rel=1e-6, abs=1e-3)
+        assert count == torch_totals[kname]["count"]
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_busy_idle_match_an_independent_computation(name):
+    """Steps, attribution (correlation -> launch in the step's host range) and the union of
+    kernel intervals, recomputed from the raw JSON with numpy."""
+    raw = _raw(name)
+    t = read_trace(FIX / f"{name}.json.gz")
+    ss = find_steps(t)
+    pat = "step[" if any(e.get("name", "").startswith("step[") for e in raw) else "ProfilerStep#"
+    windows = sorted(
+        (e["ts"], e["ts"] + e["dur"])
+        for e in raw
+        if e.get("cat") == "user_annotation" and e["name"].startswith(pat)
+    )
+    launch = {e["args"]["correlation"]: e["ts"] for e in raw
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    gpu = [e for e in raw if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    assert len(ss.steps) == len(windows)
+    for st, (w0, w1) in zip(ss.steps, windows, strict=True):
+        mine = [e for e in gpu if w0 <= launch.get(e["args"]["correlation"], -1) <= w1]
+        s = np.array([e["ts"] for e in mine])
+        e_ = np.array([e["ts"] + e["dur"] for e in mine])
+        busy = _np_union(s, e_)
+        end = max(w1, e_.max())
+        assert len(st.activities) == len(mine)
+        assert st.gpu_busy_us == pytest.approx(busy, rel=1e-9, abs=1e-6)
+        assert st.wall_us == pytest.approx(end - w0, rel=1e-9)
+        assert st.idle_fraction == pytest.approx(1 - busy / (end - w0), abs=1e-9)
+
+
+@pytest.mark.parametrize("name", GPU_TRACES)
+def test_categories_sum_to_kernel_time(name):
+    t = read_trace(FIX / f"{name}.json.gz")
+    ss = find_steps(t)
+    bd = breakdown(t, ss, load_rules())
+    in_steps = sum(t.dur_us[i] for st in ss.steps for i in st.activities)
+    assert sum(c.total_us for c in bd.categories) == pytest.approx(in_steps, rel=1e-12)
+    assert sum(c.count for c in bd.categories) == sum(len(st.activities) for st in ss.steps)
+    assert sum(k.total_us for k in bd.kernels) == pytest.approx(in_steps, rel=1e-12)
+    assert sum(c.share for c in bd.categories) == pytest.approx(1.0)
+
+
+def test_real_kernels_land_in_the_expected_categories():
+    t = read_trace(FIX / "eager_big.json.gz")
+    bd = breakdown(t, find_steps(t), load_rules())
+    by_name = {k.short: k.category for k in bd.kernels}
+    assert any(c == "attention" for n, c in by_name.items() if "sdpa" in n)
+    assert all(c == "gemm" for n, c in by_name.items() if n.startswith("nvjet"))
+    assert by_name["vectorized_layer_norm_kernel<c10::BFloat16, float, true>"] == "norm_elementwise"
+
+
+def test_cuda_graph_launches_are_recognised():
+    g = analyze(FIX / "graph_small.json.gz")["cuda_graphs"]
+    e = analyze(FIX / "eager_small.json.gz")["cuda_graphs"]
+    raw = _raw("graph_small")
+    graph_corr = {ev["args"]["correlation"] for ev in raw if ev.get("name") == "cudaGraphLaunch"}
+    in_graph = [ev for ev in raw if ev.get("cat") == "kernel"
+                and ev["args"]["correlation"] in graph_corr]
+    assert g["graph_launches"] == len(graph_corr) == 5
+    assert g["kernels_in_graphs"] == len(in_graph)
+    assert e["graph_launches"] == 0 and e["kernels_in_graphs"] == 0
+
+
+def test_host_bound_is_said_first():
+    small = analyze(FIX / "eager_small.json.gz")
+    big = analyze(FIX / "graph_big.json.gz")
+    assert small["host_bound"] and small["verdict"].startswith("HOST-BOUND")
+    assert small["idle_fraction"] > 0.9  # 2-layer d=512 eager decode: launches dominate
+    assert not big["host_bound"] and big["verdict"].startswith("GPU-bound")
+
+
+def test_sglang_step_annotations_are_preferred_and_parsed():
+    r = analyze(FIX / "eager_big.json.gz")
+    assert r["steps_from"].startswith("annotation ^step\\[")
+    assert {s["phase"] for s in r["steps"]} == {"DECODE"}
+    assert {s["batch_size"] for s in r["steps"]} == {32}
+    r2 = analyze(FIX / "eager_big.json.gz", step_regex=r"^ProfilerStep#\d+$")
+    assert r2["n_steps"] == 5 and r2["steps"][0]["name"] == "ProfilerStep#2"
+
+
+def test_step_regex_matching_nothing_lists_annotations():
+    with pytest.raises(UserError, match="matches no annotation.*ProfilerStep#2"):
+        analyze(FIX / "eager_small.json.gz", step_regex="^nothing$")
+
+
+def test_trace_without_gpu_events_says_so():
+    with pytest.raises(UserError, match="no GPU events"):
+        analyze(FIX / "cpu_only.json.gz")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_truncated_trace_names_event_and_offset(tmp_path, streaming):
+    data = gzip.decompress((FIX / "eager_small.json.gz").read_bytes())
+    cut = tmp_path / "cut.json"
+    cut.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.raises(UserError) as exc:
+        read_trace(cut, streaming=streaming)
+    msg = str(exc.value)
+    assert "truncated" in msg and "event #" in msg and "byte" in msg and "last good event" in msg
+
+
+def test_truncated_gzip_is_reported(tmp_path):
+    blob = (FIX / "graph_small.json.gz").read_bytes()
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(UserError, match="truncated|corrupt"):
+        read_trace(cut)
+
+
+def test_corrupt_event_is_named(tmp_path):
+    text = gzip.decompress((FIX / "graph_small.json.gz").read_bytes()).decode()
+    k = text.index('"cat": "kernel"')
+    bad = tmp_path / "bad.json"
+    bad.write_text(text[:k] + '"cat": kernel!!' + text[k + 15:])
+    with pytest.raises(UserError) as exc:
+        read_trace(bad)
+    assert "corrupt" in str(exc.value) and "event #" in str(exc.value)
+
+
+def test_kernel_without_duration_is_named(tmp_path):
+    doc = {"traceEvents": [
+        {"ph": "X", "cat": "kernel", "name": "k0", "ts": 1.0, "dur": 2.0, "args": {}},
+        {"ph": "X", "cat": "kernel", "name": "broken_kernel", "ts": 5.0, "args": {}},
+    ]}
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"event #1 \(kernel 'broken_kernel'\).*dur=None"):
+        read_trace(p)
+
+
+def test_not_a_trace(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"hello": 1}')
+    with pytest.raises(UserError, match="traceEvents"):
+        read_trace(p)
+    with pytest.raises(UserError, match="does not exist"):
+        read_trace(tmp_path / "missing.json")
