@@ -104,7 +104,7 @@ def test_analyze_spreads_effects_and_warnings():
     assert an.effects[("mtp", "c=1", "ttft_ms")].verdict == "within noise"
     text = "\n".join(an.warnings)
     assert "only 3 repetition(s)" in text
-    assert "CV" in text and "c=16" in text                      # the noisy load point is flagged
+    assert "CV between runs" in text and "c=16" in text                      # the noisy load point is flagged
     assert "acceptance length differs" in text and "mtp2" in text
     line = st.headline(an, "output_throughput_tok_s")[0]
     assert line.startswith("mtp vs base") and "at c=1 (better)" in line

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
 
 _FLAGS = frozenset("""
-config device max-running-requests cuda-graph attention-backend seed
-speculative-algorithm speculative-num-steps speculative-eagle-topk speculative-num-draft-tokens
+config weights random-weights device max-running-requests context-length cuda-graph
+attention-backend seed num-threads served-model-name log-level speculative-algorithm speculative-num-steps speculative-eagle-topk speculative-num-draft-tokens
 """.split())
 
 
@@ -30,7 +30,12 @@ class Embedded(Engine):
                 "--port", str(proc.port), *render_flags(flags)]
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
+        problems = []
         spec = [k for k in flags if k.startswith("speculative-") and k != "speculative-algorithm"]
         if spec and not flags.get("speculative-algorithm"):
-            return [f"{', '.join(spec)} set without 'speculative-algorithm'"]
-        return []
+            problems.append(f"{', '.join(spec)} set without 'speculative-algorithm'")
+        if flags.get("speculative-algorithm") and flags.get("speculative-eagle-topk", 1) != 1:
+            problems.append("the embedded engine drafts a chain: speculative-eagle-topk must be 1")
+        if flags.get("cuda-graph") and flags.get("device", "cpu") != "cuda":
+            problems.append("cuda-graph needs device = \"cuda\"")
+        return problems

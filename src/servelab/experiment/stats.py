@@ -242,10 +242,13 @@ def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[s
         for lk in an.load_keys:
             if not by.get((arm, lk)):
                 out.append(f"arm {arm} at {lk}: no successful run")
+    noisy: dict[tuple[str, str], list[str]] = {}
     for (arm, lk, m), s in an.spreads.items():
         if METRICS[m].higher_is_better is not None and s.n >= 2 and s.cv > CV_WARN:
-            out.append(f"arm {arm} at {lk}: {METRICS[m].label} varies with CV {s.cv * 100:.0f}% "
-                       f"(> {CV_WARN * 100:.0f}%) between runs: the machine is noisy or runs too short")
+            noisy.setdefault((arm, lk), []).append(f"{METRICS[m].label} {s.cv * 100:.0f}%")
+    for (arm, lk), items in noisy.items():
+        out.append(f"arm {arm} at {lk}: CV between runs > {CV_WARN * 100:.0f}% ({', '.join(items)}): "
+                   "the machine is noisy or the runs too short")
     for lk in an.load_keys:
         # only arms that speculate (tau > 1): an arm without drafts differs by design
         acc = {arm: an.spreads[(arm, lk, "accept_length")].median for arm in an.arms

@@ -1,0 +1,65 @@
+"""Reports: markdown + one self-contained HTML rendered by a real headless Chromium."""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from servelab.experiment import spec as spec_mod
+from servelab.experiment.report import write
+from servelab.experiment.runner import Runner
+from servelab.store import Store
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture
+def finished(tmp_path, scripted):
+    text, _ = scripted("rep", reps=2, loads="[1, 2]", prompts=4)
+    f = tmp_path / "rep.toml"
+    f.write_text(text)
+    store = Store(tmp_path / "r.db")
+    Runner(spec_mod.load(f), store, say=lambda s: None).run()
+    return store
+
+
+def test_markdown_and_html_contents(finished, tmp_path):
+    md, page, data = write(finished, "rep", tmp_path / "out")
+    text = md.read_text()
+    assert "| fast | c=1 | 2 |" in text and "(baseline)" in text
+    assert "Hypothesis: two tokens per chunk halve TPOT" in text
+    assert "Decision: (to fill in" in text
+    doc = page.read_text()
+    imgs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', doc)
+    assert len(imgs) >= 4                                   # throughput, TTFT, TPOT, effects (+acc)
+    assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in imgs)
+    assert not re.search(r'(src|href)="(https?:)?//', doc)  # self-contained: nothing fetched
+    # provenance of every run: each run's seq and its command line appear
+    assert doc.count("<details>") == len(finished.runs("rep")) == 8
+    assert "scripted_server" in doc
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/ensure-chromium)")
+def test_html_renders_in_headless_chromium(finished, tmp_path):
+    _, page, _ = write(finished, "rep", tmp_path / "out")
+    n_imgs = page.read_text().count('class="plot"')
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chr'}",
+             "--virtual-time-budget=5000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
+                         timeout=120).stdout
+    # the page's own script counted images that decoded with a non-zero natural width
+    assert f'data-plots-loaded="{n_imgs}/{n_imgs}"' in dom, dom[:500]
+    assert "Attribution" in dom and "Decision record" in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run([*flags, "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
+                   capture_output=True, timeout=120)
+    import matplotlib.image as mpimg
+
+    px = mpimg.imread(shot)
+    assert px.shape[0] == 1400 and px.shape[1] == 1000
+    assert px[..., :3].std() > 0.05                         # not a blank page
