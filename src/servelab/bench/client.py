@@ -48,6 +48,63 @@ class _Malformed(Exception):
     pass
 
 
+class _TimedReader(aiohttp.StreamReader):
+    """aiohttp's payload reader, noting when each piece of payload is fed from the socket.
+
+    Why: with many streams, the event loop reads all ready sockets first (cheap) and only then
+    runs the tasks that parse them (~tens of us each), so a time taken in the parsing task lags
+    by the work queued before it - about 3 ms for the last of 64 streams that tick together, as
+    engines' batched decode steps do. The feed time is the moment the bytes left the kernel.
+    Same memory layout as StreamReader (no new slots), so an instance's class can be swapped."""
+
+    __slots__ = ()
+
+    def feed_data(self, data: bytes, size: int = 0) -> bool:  # type: ignore[override]
+        a = _Arrivals.live.get(id(self))
+        if a is not None and data:
+            a.total += len(data)
+            a.ends.append(a.total)
+            a.times.append(time.perf_counter_ns())
+        return super().feed_data(data, size)
+
+
+class _Arrivals:
+    """Feed times of one response's payload, by stream offset."""
+
+    live: dict[int, _Arrivals] = {}
+    __slots__ = ("key", "t_attach", "start", "total", "ends", "times", "i")
+
+    def __init__(self, key: int, start: int) -> None:
+        self.key = key
+        self.t_attach = time.perf_counter_ns()
+        self.start = self.total = start  # bytes fed before we attached arrived before t_attach
+        self.ends: list[int] = []
+        self.times: list[int] = []
+        self.i = 0
+
+    @classmethod
+    def attach(cls, reader: aiohttp.StreamReader) -> _Arrivals | None:
+        if type(reader) is not aiohttp.StreamReader:
+            return None  # someone else's reader: fall back to read times
+        a = cls(id(reader), reader.total_bytes)
+        reader.__class__ = _TimedReader
+        cls.live[a.key] = a
+        return a
+
+    def detach(self) -> None:
+        self.live.pop(self.key, None)
+
+    def time_at(self, offset: int) -> int:
+        """When the byte just before `offset` arrived (offsets only grow between calls)."""
+        if offset <= self.start:
+            return self.t_attach
+        ends, i = self.ends, self.i
+        while i < len(ends) - 1 and ends[i] < offset:
+            i += 1
+        self.i = i
+        return self.times[i] if ends else self.t_attach
+
+
 class Client:
     """Sends requests of one API (`completions`, `chat`, `sglang`) to one server, sharing one
     aiohttp session (connection reuse, no per-request set-up)."""
@@ -105,7 +162,8 @@ class Client:
             res.error, res.error_detail = "connection_lost", f"{type(exc).__name__}: {exc}"[:300]
         except aiohttp.ClientError as exc:
             res.error, res.error_detail = "client_error", f"{type(exc).__name__}: {exc}"[:300]
-        res.t_end_ns = time.perf_counter_ns()
+        if not res.end_marker or res.error is not None:
+            res.t_end_ns = time.perf_counter_ns()  # else: when [DONE] arrived
         if res.error is None:
             if not res.end_marker:
                 res.error = "no_end_marker"
@@ -116,37 +174,49 @@ class Client:
         return res
 
     async def _stream(self, resp: aiohttp.ClientResponse, res: RawResult) -> None:
-        """Read SSE lines as they arrive; every `data:` payload is handled by the API's reader."""
+        """Read SSE lines; every `data:` payload is handled by the API's reader and stamped with
+        the time its last byte came off the socket (see `_Arrivals`)."""
         handle = self._sglang_payload if self.api == "sglang" else self._openai_payload
         state: dict[str, Any] = {"text": "", "ct": 0}
-        buf = b""
         content = resp.content
-        while True:
-            chunk = await content.readany()
-            if not chunk:
-                break
-            t = time.perf_counter_ns()
-            buf = buf + chunk if buf else chunk
-            if b"\n" not in chunk:
-                continue
-            lines = buf.split(b"\n")
-            buf = lines.pop()
-            for line in lines:
-                if line[:5] != b"data:":
-                    continue  # blank separators, comments, event:/id: fields
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    res.end_marker = True
+        arr = _Arrivals.attach(content)
+        buf = b""
+        consumed = 0  # stream offset of buf[0]
+        try:
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                t_read = time.perf_counter_ns()
+                buf = buf + chunk if buf else chunk
+                if b"\n" not in chunk:
                     continue
-                try:
-                    obj = orjson.loads(payload)
-                except orjson.JSONDecodeError:
-                    raise _Malformed(f"undecodable data line: {payload[:120]!r}") from None
-                if not isinstance(obj, dict):
-                    raise _Malformed(f"data line is not a JSON object: {payload[:120]!r}")
-                handle(obj, t, res, state)
-                if res.error is not None:
-                    return
+                lines = buf.split(b"\n")
+                rest = lines.pop()
+                off = consumed
+                for line in lines:
+                    off += len(line) + 1
+                    if line[:5] != b"data:":
+                        continue  # blank separators, comments, event:/id: fields
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        res.end_marker = True
+                        res.t_end_ns = arr.time_at(off) if arr else t_read
+                        continue
+                    try:
+                        obj = orjson.loads(payload)
+                    except orjson.JSONDecodeError:
+                        raise _Malformed(f"undecodable data line: {payload[:120]!r}") from None
+                    if not isinstance(obj, dict):
+                        raise _Malformed(f"data line is not a JSON object: {payload[:120]!r}")
+                    handle(obj, arr.time_at(off) if arr else t_read, res, state)
+                    if res.error is not None:
+                        return
+                consumed = off
+                buf = rest
+        finally:
+            if arr:
+                arr.detach()
 
     @staticmethod
     def _openai_payload(obj: dict[str, Any], t: int, res: RawResult, state: dict[str, Any]) -> None:

@@ -2,7 +2,7 @@
 is defined here, once (docs/METRICS.md gives the same definitions in prose).
 
 - TTFT: request sent -> first event carrying a content token.
-- E2E: request sent -> end of the response stream (`[DONE]` read).
+- E2E: request sent -> the end marker `data: [DONE]` received (the end of the stream).
 - TPOT: (E2E - TTFT) / (output_tokens - 1), the first token excluded (SGLang/vLLM definition);
   None for a one-token answer.
 - ITL (per token): a chunk of k tokens that arrives a gap g after the previous one counts as k

@@ -410,8 +410,8 @@ class ScriptedServer:
                 await resp.write(tail)
             if fail != "no_done":
                 await resp.write(b"data: [DONE]\n\n")
-            await resp.write_eof()
             req.done_ns = time.perf_counter_ns()
+            await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
