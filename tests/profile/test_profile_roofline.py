@@ -94,14 +94,14 @@ def test_mtp_verifier_saturates_on_a_dense_model():
     m, _ = load_model("llama-3.1-8b")
     g, _ = load_gpu("h200")
     gains = []
-    for batch in (1, 16, 64, 512):
+    for batch in (1, 128, 256, 512, 1024):
         (plain,) = ceiling(m, g, [batch], context=512)
         (mtp,) = ceiling(m, g, [batch], context=512, mtp_accept=1.8, mtp_draft=1)
         gains.append(mtp.tok_s / plain.tok_s)
-        if batch == 512:
-            assert mtp.bound == "compute"
-    assert gains[1:] == sorted(gains[1:], reverse=True)  # from 16 on, more batch = less gain
-    assert min(gains[:2]) > 1.5 and gains[-1] < 1.0
+        # the verify pass (2 tokens per request) turns compute-bound near 200-256 requests
+        assert mtp.bound == ("memory" if batch <= 128 else "compute")
+    assert min(gains[:2]) > 1.5  # memory-bound: ~ tau / (1 + draft cost)
+    assert gains[1:] == sorted(gains[1:], reverse=True) and gains[-1] < 1.0
 
 
 def test_tensor_parallel_allreduce_and_kv_sharding():
