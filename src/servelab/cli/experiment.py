@@ -130,7 +130,7 @@ def register(app: typer.Typer) -> None:
             table.add_column(h)
         style = {"better": "green", "worse": "red"}
         for r in res.rows[1:]:
-            table.add_row(*r, style=style.get(r[-1]))
+            table.add_row(*r, style=style.get(r[-1].split(" ")[0]))
         console.print(table)
         for w in res.warnings:
             console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
