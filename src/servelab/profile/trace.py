@@ -268,7 +268,7 @@ def _stream(p: Path, ing: _Ingest) -> None:
         what = "truncated" if _looks_truncated(exc) else "corrupt"
         raise UserError(
             f"{p}: the trace is {what} at event #{i + 1} (about byte {counter.offset:,} of the "
-            f"JSON; last good event #{i}: {last}): {str(exc)[:200]}. "
+            f"JSON; last good event #{i}: {last}): {' '.join(str(exc).split())[:160]}. "
             "Re-export the trace, or copy the whole file"
         ) from None
     if i < 0 and ing.t.n_events == 0:

@@ -1,0 +1,144 @@
+"""The documented command lines, end to end, and `profile capture` against a fake server."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from servelab.cli import app
+
+FIX = Path(__file__).parent / "fixtures"
+runner = CliRunner()
+
+
+def test_profile_trace_json_html_whatif_vs(tmp_path):
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    res = runner.invoke(app, [
+        "profile", str(FIX / "eager_big.json.gz"), "--what-if", "attention=free",
+        "--what-if", "gemm=2x", "--vs", str(FIX / "graph_big.json.gz"),
+        "--json", str(out), "--html", str(page),
+    ])
+    assert res.exit_code == 0, res.output
+    assert res.output.lstrip().startswith("HOST-BOUND")  # idle is reported before any kernel
+    doc = json.loads(out.read_text())
+    for key in ("steps", "gpu_busy_fraction", "categories", "top_kernels", "what_if", "vs",
+                "ranking", "provenance"):
+        assert key in doc
+    assert all("gpu_busy_fraction" in s for s in doc["steps"])
+    assert doc["what_if"]["specs"] == ["attention=free", "gemm=2x"]
+    assert doc["vs"]["step_ratio"] < 0.6  # CUDA graphs: 1334 -> 614 us per step
+    html = page.read_text()
+    assert html.startswith("<!doctype html>") and "<svg" in html and "HOST-BOUND" in html
+    assert "<script" not in html
+
+
+def test_step_regex_and_user_rules(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\ncategory = "my_gemms"\npatterns = ["nvjet"]\n')
+    out = tmp_path / "r.json"
+    res = runner.invoke(app, ["profile", str(FIX / "eager_big.json.gz"), "--rules", str(rules),
+                              "--step-regex", r"^ProfilerStep#\d+$", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    cats = {c["category"] for c in doc["categories"]}
+    assert "my_gemms" in cats and "gemm" in cats  # splitKreduce still falls to the built-in gemm
+    assert doc["steps"][0]["name"] == "ProfilerStep#2"
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2},')
+    cases = [
+        (["profile", str(bad)], "truncated"),
+        (["profile", str(FIX / "cpu_only.json.gz")], "no GPU events"),
+        (["profile", str(FIX / "eager_small.json.gz"), "--what-if", "warp=free"], "neither a category"),
+        (["ceiling", "--model", "gpt-9", "--gpu", "h200"], "known: deepseek-v3"),
+        (["ceiling", "--model", "llama-3.1-8b", "--gpu", "a100"], "known: b200, h100, h200"),
+        (["ceiling", "--model", "llama-3.1-8b", "--gpu", "h200", "--batch", "1,x"], "--batch"),
+    ]
+    for argv, needle in cases:
+        proc = subprocess.run([sys.executable, "-m", "servelab", *argv], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2, (argv, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], lines
+
+
+def test_ceiling_json_has_tok_s(tmp_path):
+    out = tmp_path / "c.json"
+    res = runner.invoke(app, ["ceiling", "--model", "deepseek-v4-flash", "--gpu", "rtx-pro-6000",
+                              "--tp", "8", "--batch", "1,8,16", "--context", "512", "--kv-dtype",
+                              "fp8", "--mtp-accept", "1.7", "--mtp-draft", "1", "--measured", "25",
+                              "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    assert set(doc["tok_s"]) == {"1", "8", "16"}
+    assert all(r["efficiency"] == pytest.approx(25 / r["tok_s"]) for r in doc["bounds"])
+    assert all("mtp_speedup" in r for r in doc["bounds"])
+    assert doc["sources"]["model"]["source"] and doc["sources"]["gpu"]["source"]
+
+
+class _FakeSGLang(BaseHTTPRequestHandler):
+    """/start_profile then, after a few completions, writes a real trace into output_dir."""
+
+    state: dict = {}
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        st = self.state
+        if self.path == "/start_profile":
+            st["req"] = body
+            reply = b'"Start profiling."'
+        elif self.path == "/v1/completions":
+            st["completions"] = st.get("completions", 0) + 1
+            if st["completions"] == 3 and "req" in st:
+                out = Path(st["req"]["output_dir"])
+                shutil.copy(FIX / "graph_small.json.gz", out / "1764-TP-0.trace.json.gz")
+            reply = json.dumps({"choices": [{"text": "x"}]}).encode()
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+
+def test_profile_capture_against_a_fake_server(tmp_path):
+    _FakeSGLang.state = {}
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeSGLang)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}"
+        out = tmp_path / "traces"
+        res = runner.invoke(app, ["profile", "capture", "--url", url, "--num-steps", "40",
+                                  "--out", str(out), "--load", "2", "--timeout", "20",
+                                  "--json", str(tmp_path / "cap.json")])
+        assert res.exit_code == 0, res.output
+        req = _FakeSGLang.state["req"]
+        assert req["num_steps"] == 40 and req["activities"] == ["CPU", "GPU"]
+        assert Path(req["output_dir"]) == out.resolve()
+        assert "1764-TP-0.trace.json.gz" in res.output
+        assert json.loads((tmp_path / "cap.json").read_text())["cuda_graphs"]["graph_launches"] == 5
+    finally:
+        srv.shutdown()
+
+
+def test_capture_reports_unreachable_server(tmp_path, free_port):
+    res = runner.invoke(app, ["profile", "capture", "--url", f"http://127.0.0.1:{free_port}",
+                              "--out", str(tmp_path), "--timeout", "2"])
+    assert res.exit_code != 0
+    assert "cannot reach" in str(res.exception)
