@@ -257,7 +257,7 @@ class Engine:
                 new.append(r)
         if not new and not self._running:
             return False
-        with self.profiler.step(self._step_name(new)):
+        with torch.inference_mode(), self.profiler.step(self._step_name(new)):
             if new:
                 self._prefill(new)
             if self._running:

@@ -308,6 +308,8 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
     threading.Thread(target=announce, daemon=True).start()
     try:
         server.run()
+    except SystemExit:  # from _exit after uvicorn's graceful shutdown
+        pass
     finally:
         engine.stop()
         print("servelab mini stopped", file=sys.stderr, flush=True)
