@@ -28,7 +28,7 @@ speculative-algorithm speculative-draft-model-path speculative-num-steps specula
 speculative-num-draft-tokens speculative-accept-threshold-single speculative-accept-threshold-acc
 speculative-token-map speculative-attention-mode
 disaggregation-mode disaggregation-bootstrap-port disaggregation-transfer-backend
-disaggregation-ib-device max-micro-batch-size watchdog-timeout stream-interval
+disaggregation-ib-device max-micro-batch-size watchdog-timeout stream-interval base-gpu-id
 enable-nccl-nvls enable-symm-mem enable-custom-all-reduce disable-custom-all-reduce
 """.split())
 
