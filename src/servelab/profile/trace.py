@@ -27,17 +27,17 @@ from typing import Any
 from servelab.errors import UserError
 
 # Below this many bytes on disk (gz: compressed bytes) the whole file is parsed with orjson.
-# 24 MB gz is ~200-400 MB of JSON: orjson then needs ~1-2 GB; streaming stays at tens of MB.
-ORJSON_MAX_BYTES = 64 << 20
-ORJSON_MAX_GZ_BYTES = 6 << 20
+# Measured (docs/perf-notes/profile.md): orjson is no faster per MB once events are ingested and
+# holds ~10x the file in memory; streaming stays at ~20 MB RSS for any size.
+ORJSON_MAX_BYTES = 16 << 20
+ORJSON_MAX_GZ_BYTES = 2 << 20
 
 GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
 KIND_NAMES = ("kernel", "memcpy", "memset")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
 GRAPH_LAUNCH_NAMES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
-ANNOTATION_CATEGORIES = ("user_annotation", "gpu_user_annotation", "cpu_op", "python_function")
-# Annotation names worth keeping even without a user regex (steps in engines we know).
-KNOWN_STEP_RE = re.compile(r"^(ProfilerStep#\d+$|step\[)")
+# CPU-op names kept as annotations even without --step-regex (old torch: ProfilerStep is a cpu_op).
+KNOWN_STEP_PREFIXES = ("ProfilerStep#", "step[")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,19 +125,28 @@ class _Ingest:
         self.t = trace
         self.keep = keep_annotation
         self.name_ids: dict[str, int] = {}
-        self.last_name = ""
-        self.last_ts: float | None = None
+        self.last: Any = None
 
     def add(self, i: int, ev: Any) -> None:
-        if not isinstance(ev, dict):
+        """Keep what the analysis needs from event #i; skip the rest cheaply (most are CPU ops)."""
+        if type(ev) is not dict:
             raise UserError(
                 f"{self.t.path}: event #{i} is a {type(ev).__name__}, not an object; "
                 "this is not a Chrome/Kineto trace"
             )
+        self.last = ev
         self.t.n_events = i + 1
+        cat = ev.get("cat")
+        if cat == "cpu_op" or cat == "python_function":
+            name = ev.get("name")
+            if type(name) is str and (
+                name.startswith(KNOWN_STEP_PREFIXES) or (self.keep and self.keep.search(name))
+            ) and ev.get("ph") == "X":
+                ts, dur = self._times(i, ev, name)
+                self.t.annotations.append(Annotation(name, ts, dur, gpu=False))
+            return
         if ev.get("ph") != "X":
             return
-        cat = ev.get("cat")
         name = ev.get("name")
         if cat in GPU_CATEGORIES:
             ts, dur = self._times(i, ev, name)
@@ -164,17 +173,16 @@ class _Ingest:
                 self.t.rt_corr.append(int(c))
                 self.t.rt_ts_us.append(float(ts))
                 self.t.rt_graph.append(1 if name in GRAPH_LAUNCH_NAMES else 0)
-        elif cat in ANNOTATION_CATEGORIES and isinstance(name, str):
-            user = cat == "user_annotation" or cat == "gpu_user_annotation"
-            if user or KNOWN_STEP_RE.search(name) or (self.keep and self.keep.search(name)):
-                ts, dur = self._times(i, ev, name)
-                self.t.annotations.append(
-                    Annotation(name, ts, dur, gpu=(cat == "gpu_user_annotation"))
-                )
-        if isinstance(name, str):
-            self.last_name = name
-            ts = ev.get("ts")
-            self.last_ts = ts if isinstance(ts, int | float) else self.last_ts
+        elif (cat == "user_annotation" or cat == "gpu_user_annotation") and type(name) is str:
+            ts, dur = self._times(i, ev, name)
+            self.t.annotations.append(Annotation(name, ts, dur, gpu=(cat == "gpu_user_annotation")))
+
+    def last_good(self) -> str:
+        """The last event read whole, for error messages."""
+        ev = self.last
+        if not isinstance(ev, dict):
+            return "none"
+        return f"{str(ev.get('name'))[:80]!r} at ts={ev.get('ts')}"
 
     def _times(self, i: int, ev: dict, name: Any) -> tuple[float, float]:
         ts, dur = ev.get("ts"), ev.get("dur")
@@ -264,7 +272,7 @@ def _stream(p: Path, ing: _Ingest) -> None:
     except UserError:
         raise
     except (ijson.JSONError, EOFError, OSError, zlib.error, ValueError) as exc:
-        last = f"{ing.last_name[:80]!r} at ts={ing.last_ts}" if ing.last_name else "none"
+        last = ing.last_good()
         what = "truncated" if _looks_truncated(exc) else "corrupt"
         raise UserError(
             f"{p}: the trace is {what} at event #{i + 1} (about byte {counter.offset:,} of the "
