@@ -9,12 +9,11 @@ times are in seconds; ours in ms.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from servelab import provenance
 from servelab.bench.metrics import STAT_KEYS
@@ -36,14 +35,15 @@ def _stats(obj: dict[str, Any], stem: str) -> dict[str, float | None]:
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
-    raw = path.read_bytes()
+    # Python's json, not orjson: these tools write `Infinity`/`NaN` (json.dumps of request_rate=inf)
+    text = path.read_text(errors="replace")
     try:
-        obj = orjson.loads(raw)
+        obj = json.loads(text)
         objs = obj if isinstance(obj, list) else [obj]
-    except orjson.JSONDecodeError:
+    except json.JSONDecodeError:
         try:
-            objs = [orjson.loads(line) for line in raw.splitlines() if line.strip()]
-        except orjson.JSONDecodeError as exc:
+            objs = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as exc:
             raise UserError(f"{path}: neither JSON nor JSONL ({exc})") from None
     objs = [o for o in objs if isinstance(o, dict)]
     if not objs:

@@ -82,44 +82,61 @@ def local_counter(path: str) -> Callable[[str], int]:
 
 
 async def fit_prompt(count: CountFn, target: int, rng: random.Random,
-                     max_rounds: int = 12) -> tuple[str, int, bool]:
-    """A prompt whose token count is `target` when possible: (prompt, counted_len, exact)."""
-    pool = [rng.choice(VOCAB) for _ in range(target + 16)]
-    n = max(1, target)
+                     max_rounds: int = 16) -> tuple[str, int, bool]:
+    """A prompt whose token count is `target` when possible: (prompt, counted_len, exact).
+
+    Random words are bisected on the word count (proportional guesses first), then the last few
+    tokens are topped up with a filler word found to add exactly one token."""
+    pool: list[str] = []
     seen: dict[int, int] = {}
-    best: tuple[int, int] | None = None  # (abs error, n)
+
+    async def words(n: int) -> int:
+        while len(pool) < n:
+            pool.append(rng.choice(VOCAB))
+        if n not in seen:
+            seen[n] = await count(" ".join(pool[:n]))
+        return seen[n]
+
+    lo, hi = 0, None  # largest word count known <= target, smallest known > target
+    n = max(1, target)
     for _ in range(max_rounds):
-        if n > len(pool):
-            pool += [rng.choice(VOCAB) for _ in range(n - len(pool) + 16)]
-        c = seen[n] if n in seen else await count(" ".join(pool[:n]))
-        seen[n] = c
-        if best is None or abs(c - target) < best[0]:
-            best = (abs(c - target), n)
+        c = await words(n)
         if c == target:
             return " ".join(pool[:n]), c, True
-        step = target - c
-        nxt = n + step if abs(step) > 0 else n
-        nxt = max(1, nxt)
-        if nxt in seen:  # word granularity oscillates: close the gap with filler
+        if c < target:
+            lo = max(lo, n)
+        else:
+            hi = n if hi is None else min(hi, n)
+        if hi is not None and hi - lo <= 1:
             break
-        n = nxt
-    # the largest word count that stays at or under the target, then single-letter fillers
-    under = [k for k, c in seen.items() if c <= target]
-    n = max(under) if under else 1
-    text = " ".join(pool[:n])
-    c = seen.get(n) or await count(text)
-    for i in range(max(0, target - c) + 4):
-        if c == target:
-            return text, c, True
-        if c > target:
+        guess = round(n * target / c) if c > 0 else 2 * n
+        if guess == n:
+            guess = n + (1 if c < target else -1)
+        if hi is not None and not lo < guess < hi:
+            guess = (lo + hi) // 2
+        n = max(1, guess)
+    text = " ".join(pool[:lo])
+    c = seen[lo] if lo else await count("")
+    closest = min(seen, key=lambda k: (abs(seen[k] - target), k))
+    if c > target:  # even the empty prompt counts more (special tokens)
+        return " ".join(pool[:closest]), seen[closest], False
+    unit = None
+    for w in FILLERS + VOCAB[:24]:  # a word that adds exactly one token to this text
+        if await count(" ".join(filter(None, (text, w)))) == c + 1:
+            unit = w
             break
-        text += " " + FILLERS[i % len(FILLERS)]
-        c = await count(text)
-    if c == target:
-        return text, c, True
-    assert best is not None
-    text = " ".join(pool[: best[1]])
-    return text, seen[best[1]], False
+    if unit is None:
+        return " ".join(pool[:closest]), seen[closest], False
+    k = target - c
+    for _ in range(6):
+        cand = " ".join(filter(None, (text, *([unit] * k))))
+        got = await count(cand)
+        if got == target:
+            return cand, got, True
+        k += target - got
+        if k < 0:
+            break
+    return " ".join(pool[:closest]), seen[closest], False
 
 
 def _sharegpt_pairs(path: str) -> list[tuple[str, str]]:

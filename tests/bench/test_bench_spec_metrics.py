@@ -1,0 +1,76 @@
+"""Speculative acceptance length from each source, the source named, and window deltas."""
+
+from __future__ import annotations
+
+import pytest
+
+from servelab.bench import spec_metrics
+from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
+from servelab.bench.run import run_load_point
+from servelab.bench.scripted_harness import serve_in_thread
+from servelab.bench.scripted_server import Script
+
+K = 3
+OUT = 1 + 4 * K  # every verify chunk full: true tau == K
+
+
+def run(script: Script, api: str = "completions") -> dict:
+    with serve_in_thread(script) as h:
+        cfg = BenchConfig(base_url=h.url, api=api,
+                          workload=WorkloadConfig(input_len=4, output_len=OUT, num_prompts=6))
+        return run_load_point(cfg, LoadPoint(concurrency=3), progress=False).summary
+
+
+@pytest.mark.parametrize("script,api,source", [
+    (Script(ttft_ms=1, gap_ms=1, tokens_per_chunk=K), "sglang", "response:spec_verify_ct"),
+    (Script(ttft_ms=1, gap_ms=1, tokens_per_chunk=K), "completions", "metrics:vllm"),
+    (Script(ttft_ms=1, gap_ms=1, tokens_per_chunk=K, flavor="sglang"), "chat", "metrics:sglang"),
+    (Script(ttft_ms=1, gap_ms=1, tokens_per_chunk=K, metrics=False), "completions",
+     "estimate:tokens_per_chunk"),
+])
+def test_each_source(script, api, source):
+    s = run(script, api)
+    assert s["completed"] == 6
+    assert s["accept_length_source"] == source
+    assert s["accept_length"] == pytest.approx(K, abs=1e-12)
+    if source == "metrics:vllm":
+        assert s["accept_rate"] == pytest.approx(1.0)  # the script accepts every draft
+
+
+def test_partial_last_chunk_response_and_counter_agree():
+    """13 tokens in chunks of 5: 1 + 5 + 5 + 2 -> tau = 12 / 3 = 4 by both server-side sources."""
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=1, tokens_per_chunk=5)) as h:
+        cfg = BenchConfig(base_url=h.url, api="sglang",
+                          workload=WorkloadConfig(input_len=4, output_len=13, num_prompts=4))
+        s = run_load_point(cfg, LoadPoint(concurrency=2), progress=False).summary
+    by = s["accept_length_by_source"]
+    assert by["response:spec_verify_ct"] == pytest.approx(4.0)
+    assert by["metrics:vllm"] == pytest.approx(4.0)
+    assert by["estimate:tokens_per_chunk"] == pytest.approx(4.0)
+
+
+def test_vllm_window_uses_deltas_not_lifetime():
+    before = {spec_metrics.VLLM_DRAFTS: 100.0, spec_metrics.VLLM_ACCEPTED: 100.0,
+              spec_metrics.VLLM_DRAFT_TOKENS: 300.0}
+    after = {spec_metrics.VLLM_DRAFTS: 200.0, spec_metrics.VLLM_ACCEPTED: 400.0,
+             spec_metrics.VLLM_DRAFT_TOKENS: 600.0}
+    tau, rate = spec_metrics.from_vllm(before, after)
+    assert tau == pytest.approx(4.0)  # lifetime would say 1 + 400/200 = 3
+    assert rate == pytest.approx(1.0)
+    assert spec_metrics.from_vllm(after, after) == (None, None)  # no drafts in the window
+
+
+def test_prometheus_parsing_sums_labels_and_drops_total():
+    text = """# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_total{engine="1",model_name="m"} 5.0
+# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="0"} 7.0
+# TYPE sglang:spec_accept_length gauge
+sglang:spec_accept_length{model_name="m"} 2.5
+"""
+    v = spec_metrics.parse_prometheus(text)
+    assert v[spec_metrics.VLLM_DRAFTS] == 15.0
+    assert v[spec_metrics.SGLANG_ACCEPT_LENGTH] == 2.5
+    assert not any("per_pos" in k for k in v)
+    assert spec_metrics.parse_prometheus("not prometheus {{{") == {}
