@@ -142,3 +142,38 @@ def test_capture_reports_unreachable_server(tmp_path, free_port):
                               "--out", str(tmp_path), "--timeout", "2"])
     assert res.exit_code != 0
     assert "cannot reach" in str(res.exception)
+
+
+def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
+    """The real `servelab serve` (tiny model, CPU): capture gets its step[...] trace; with no GPU
+    the analysis says the trace has no GPU events."""
+    pytest.importorskip("servelab.mini.server")
+    import time
+    import urllib.request
+
+    from servelab.profile.trace import read_trace
+
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--port", str(free_port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        url = f"http://127.0.0.1:{free_port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(url + "/v1/models", timeout=1).read()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.2)
+        out = tmp_path / "t"
+        cap = subprocess.run([sys.executable, "-m", "servelab", "profile", "capture", "--url", url,
+                              "--num-steps", "4", "--load", "2", "--max-tokens", "16",
+                              "--out", str(out), "--timeout", "60"],
+                             capture_output=True, text=True, timeout=120)
+        assert cap.returncode == 2 and "no GPU events" in cap.stderr, cap.stderr
+        (trace,) = list(out.glob("*-TP-0.trace.json.gz"))
+        names = [a.name for a in read_trace(trace).annotations]
+        assert any(n.startswith("step[DECODE bs=") for n in names), names[:10]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
