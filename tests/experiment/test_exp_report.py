@@ -63,3 +63,21 @@ def test_html_renders_in_headless_chromium(finished, tmp_path):
     px = mpimg.imread(shot)
     assert px.shape[0] == 1400 and px.shape[1] == 1000
     assert px[..., :3].std() > 0.05                         # not a blank page
+
+
+def test_aa_arm_is_reported_as_the_machines_noise():
+    import numpy as np
+
+    from servelab.experiment.report import aa_notes
+    from servelab.experiment.stats import RunValue, analyze
+
+    rng = np.random.default_rng(0)
+    runs = [RunValue(arm, "c=1", b, b, {"output_throughput_tok_s": 100 * rng.lognormal(0, 0.01)})
+            for b in range(6) for arm in ("a", "a2", "b")]
+    an = analyze(runs, baseline="a", arms=["a", "a2", "b"], load_keys=["c=1"])
+    spec = {"arms": {"a": {}, "a2": {"description": "same"}, "b": {"flags": {"x": 1}}}}
+    notes = aa_notes(spec, an, "a", "output_throughput_tok_s")
+    assert len(notes) == 1 and notes[0].startswith("A/A arm a2 (identical to a) at c=1")
+    e = an.effects[("a2", "c=1", "output_throughput_tok_s")]
+    half = max(abs(e.ci_low - 1), abs(e.ci_high - 1)) * 100
+    assert f"+-{half:.1f}%" in notes[0]

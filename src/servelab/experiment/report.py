@@ -51,7 +51,25 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
               for r in runs if r.status == "ok" and r.load_point_id in lps]
     band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
     an = analyze(values, baseline=baseline, arms=arms, load_keys=_load_keys(spec), noise_band=band)
+    an.warnings += aa_notes(spec, an, baseline, data_metric=spec.get("primary_metric",
+                                                                     "output_throughput_tok_s"))
     return ExperimentData(name, spec, runs, lps, an)
+
+
+def aa_notes(spec: dict[str, Any], an: Analysis, baseline: str, data_metric: str) -> list[str]:
+    """An arm identical to the baseline (no recipe, flags, removals or env) is an A/A arm: its
+    'effect' is the machine's own noise, which sizes the noise band."""
+    out = []
+    for arm, a in spec["arms"].items():
+        if arm == baseline or a.get("recipe") or a.get("flags") or a.get("remove") or a.get("env"):
+            continue
+        for lk in an.load_keys:
+            e = an.effects.get((arm, lk, data_metric))
+            if e is not None and math.isfinite(e.ci_low):
+                half = max(abs(e.pct(e.ci_low)), abs(e.pct(e.ci_high)))
+                out.append(f"A/A arm {arm} (identical to {baseline}) at {lk}: {e.text()}; this is the "
+                           f"machine's own noise, a noise band of about +-{half:.1f}% fits it")
+    return out
 
 
 def _num(x: float, digits: int = 4) -> str:

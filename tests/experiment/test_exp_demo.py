@@ -1,0 +1,45 @@
+"""`servelab demo --quick`: the story's A/B in miniature on the embedded engine, end to end."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from collections import defaultdict
+
+import numpy as np
+
+from servelab.experiment.demo import DEMO_FILE, load_demo
+from servelab.store import Store
+
+
+def test_demo_quick_runs_attributes_and_reports(tmp_path):
+    spec = load_demo(None, quick=False)
+    assert DEMO_FILE.is_file() and list(spec.arms) == ["baseline", "mtp"]
+    assert len(spec.load.concurrency) == 3 and spec.repetitions >= 3 and spec.order == "interleaved"
+    home = tmp_path / "home"
+    env = {**os.environ, "SERVELAB_HOME": str(home), "COLUMNS": "250"}
+    p = subprocess.run([sys.executable, "-m", "servelab", "demo", "--quick"], env=env,
+                       capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = p.stdout
+    page = re.search(r"report: (\S+report\.html)", out)
+    assert page and os.path.getsize(page.group(1)) > 20_000
+    with Store(home / "results.db") as st:
+        runs = st.runs("demo-quick")
+        assert len(runs) == 18 and all(r.status == "ok" for r in runs)
+        # interleaved: the first block starts with the baseline, the second with mtp
+        firsts = [next(r.arm for r in runs if r.block == b) for b in range(3)]
+        assert firsts == ["baseline", "mtp", "baseline"]
+        tput = defaultdict(dict)
+        for r in runs:
+            tput[(r.arm, r.load_key)][r.block] = st.load_point(r.load_point_id).summary["output_throughput_tok_s"]
+    # the printed effect at c=1 is the geometric mean of the per-block ratios (recomputed here)
+    ratios = [tput[("mtp", "c=1")][b] / tput[("baseline", "c=1")][b] for b in range(3)]
+    want = (math.exp(np.mean(np.log(ratios))) - 1) * 100
+    line = next(x for x in out.splitlines() if x.startswith("mtp vs baseline, output throughput"))
+    got = float(re.search(r"([+-]\d+\.\d)% (?:\[[^\]]*\] )?at c=1|at c=1 \(([+-]\d+\.\d)%", line)
+                .group(0).split("%")[0].split("(")[-1])
+    assert abs(got - want) < 0.051, (line, want)
