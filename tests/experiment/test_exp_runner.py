@@ -139,6 +139,7 @@ def test_detach_reports_progress_through_status(tmp_path, scripted, live_procs):
             break
         time.sleep(0.5)
     assert "finished" in status and "2/2" in status, status
+    assert "det.log" in status                                  # the job shows its log
     with Store(tmp_path / "home" / "results.db") as st:
         assert [r.status for r in st.runs("det")] == ["ok", "ok"]
     assert live_procs(marker) == []

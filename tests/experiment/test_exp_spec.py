@@ -133,3 +133,14 @@ def test_examples_pass_preflight():
         if f.name in ("kernel_ab.toml",) or f.name.startswith("tune"):
             continue
         spec_mod.load(f)
+
+
+def test_the_documented_full_example_is_valid(tmp_path):
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "EXPERIMENTS.md").read_text()
+    block = doc.split("```toml\n", 1)[1].split("```", 1)[0]
+    text = "\n".join(line for line in block.splitlines()
+                     if not line.startswith(("dataset =", "tokenizer =")))
+    s = _load(tmp_path, text)
+    (proc,) = spec_mod.resolve(s, "mtp")
+    assert proc.flags["speculative-num-draft-tokens"] == 2 and "cuda-graph-max-bs" not in proc.flags
+    assert proc.flags["mem-fraction-static"] == 0.8 and proc.env["NCCL_PROTO"] == "LL"

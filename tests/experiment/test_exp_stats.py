@@ -108,3 +108,14 @@ def test_analyze_spreads_effects_and_warnings():
     assert "acceptance length differs" in text and "mtp2" in text
     line = st.headline(an, "output_throughput_tok_s")[0]
     assert line.startswith("mtp vs base") and "at c=1 (better)" in line
+
+
+def test_failed_requests_inside_ok_runs_are_warned():
+    runs = [st.RunValue(arm, "c=2", b, b, {"output_throughput_tok_s": 10.0 + b, "completed": 6,
+                                            "failed": 2 if (arm, b) == ("x", 1) else 0})
+            for b in range(5) for arm in ("base", "x")]
+    an = st.analyze(runs, baseline="base", arms=["base", "x"], load_keys=["c=2"])
+    assert [w for w in an.warnings if "requests failed" in w] == [
+        "arm x at c=2: 2 of 32 requests failed in its ok runs; see the runs' failure_reasons "
+        "(servelab results show ID)"]
+    assert not any("repetition(s)" in w for w in an.warnings)     # 5 repetitions are enough

@@ -52,7 +52,21 @@ def run_file(spec, store_path: Path | None, console, quiet: bool = False) -> Non
                 prog.update(task, completed=done, total=total, description=f"{spec.name}: {what}")
 
             Runner(spec, store, say=lambda s: console.print(s, highlight=False),
-                   on_progress=on_progress).run()
+                   on_progress=on_progress).run(job_log=_detached_log(spec.name))
+
+
+def _detached_log(name: str) -> str | None:
+    """The job log when stdout is it (a `--detach`ed run), so `servelab status` can show it."""
+    import os
+
+    from servelab import paths
+
+    log = paths.jobs_dir() / f"{name}.log"
+    try:
+        out, st = os.fstat(1), log.stat()
+    except OSError:
+        return None
+    return str(log) if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) else None
 
 
 def register(app: typer.Typer) -> None:

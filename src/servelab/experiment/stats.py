@@ -242,6 +242,12 @@ def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[s
         for lk in an.load_keys:
             if not by.get((arm, lk)):
                 out.append(f"arm {arm} at {lk}: no successful run")
+    for (arm, lk), rs in by.items():
+        bad = sum(int(r.summary.get("failed") or 0) for r in rs)
+        if bad:
+            total = bad + sum(int(r.summary.get("completed") or 0) for r in rs)
+            out.append(f"arm {arm} at {lk}: {bad} of {total} requests failed in its ok runs; "
+                       "see the runs' failure_reasons (servelab results show ID)")
     noisy: dict[tuple[str, str], list[str]] = {}
     for (arm, lk, m), s in an.spreads.items():
         if METRICS[m].higher_is_better is not None and s.n >= 2 and s.cv > CV_WARN:
