@@ -17,6 +17,9 @@ from .reference import check_inputs
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
 
+# The compiled kernel of the latest launch, for the benchmark's register/spill report.
+LAST_COMPILED: dict[str, object] = {}
+
 
 @triton.jit
 def _naive_kernel(
@@ -114,7 +117,7 @@ def naive_decode(
     if lse is None:
         lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
     d_tail = d_qk - d_v
-    _naive_kernel[(b, h)](
+    LAST_COMPILED["naive"] = _naive_kernel[(b, h)](
         q, kv_cache, indices, out, lse,
         topk,
         q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),

@@ -27,6 +27,9 @@ from .reference import check_inputs
 
 LOG2E = 1.4426950408889634
 
+# The compiled kernels of the latest launch, for the benchmark's register/spill report.
+LAST_COMPILED: dict[str, object] = {}
+
 
 @dataclass(frozen=True, slots=True)
 class SplitConfig:
@@ -136,11 +139,11 @@ def _split_kernel(
         idx = tl.load(idx_ptr + b * stride_ib + offs_n, mask=offs_n < topk, other=-1)
         valid = idx >= 0  # [BLOCK_N]
         rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kvt
-        kv = tl.load(
-            kv_ptr + rows[:, None] + offs_dv[None, :],
-            mask=valid[:, None] & mask_dv[None, :],
-            other=0.0,
-        )  # [BLOCK_N, BLOCK_DV]
+        if BLOCK_DV == D_V:  # real shapes: a row-constant mask keeps 16-byte vector loads
+            kv_mask = valid[:, None]
+        else:
+            kv_mask = valid[:, None] & mask_dv[None, :]
+        kv = tl.load(kv_ptr + rows[:, None] + offs_dv[None, :], mask=kv_mask, other=0.0)
         if F32_DOT:
             kv = kv.to(tl.float32)
         if DROP_QK:
@@ -297,7 +300,7 @@ def splitkv_decode(
         so = (o_dst.stride(0), o_dst.stride(1), o_dst.stride(2))
         sl = (lse_dst.stride(0), lse_dst.stride(1))
     grid = (b, triton.cdiv(h, cfg.block_h), num_splits)
-    _split_kernel[grid](
+    LAST_COMPILED["split"] = _split_kernel[grid](
         q, kv_cache, indices, o_dst, lse_dst,
         h, topk, tiles_per_split,
         q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
@@ -317,7 +320,7 @@ def splitkv_decode(
         num_stages=cfg.num_stages,
     )  # fmt: skip
     if not single:
-        _combine_kernel[(b, h)](
+        LAST_COMPILED["combine"] = _combine_kernel[(b, h)](
             o_dst, lse_dst, out, lse,
             num_splits,
             o_dst.stride(0), o_dst.stride(1), o_dst.stride(2),

@@ -1,0 +1,373 @@
+"""Sparse MLA decode on one GPU: torch eager vs the (B, H) Triton fallback vs split-KV.
+
+One invocation does everything and prints a compact table last:
+  1. a correctness check per shape (bf16, B=3, vs the fp32 reference),
+  2. optionally (--sweep) a sweep of split-kernel configs at B in {1, 8, 64},
+  3. the timing table per shape and batch for eager / naive / splitkv,
+  4. diagnostics for splitkv (a dot dropped, combine cost, registers and spills).
+Full results go to OUT/bench_sparse_mla.jsonl and OUT/bench_sparse_mla.log.
+
+Timing: R calls with R different (q, indices) sets are captured in one CUDA graph, so the
+rows a call gathers were evicted by the R-1 calls before it (R x working set >= 4 x L2), and
+each replay is timed with CUDA events; the reported time is the median over replays of
+replay time / R. Torch eager runs un-graphed (that is what "eager" costs), same rotation.
+Roofline floor = max(bytes / 4.24e12 B/s, FLOPs / 701e12 FLOP/s), the copy bandwidth and bf16
+matmul rate measured on this H200 (CONTEXT.md).
+
+    PYTHONPATH=src python3 benchmarks/bench_sparse_mla.py --out $OUT [--quick] [--sweep]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from servelab.kernels.sparse_mla import bytes as mla_bytes
+from servelab.kernels.sparse_mla import flops as mla_flops
+from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+
+PEAK_BW = 4.24e12  # B/s, measured copy bandwidth (read + write) on the H200
+PEAK_FLOPS = 701e12  # FLOP/s, measured bf16 8192^3 matmul on the H200
+L2_BYTES = 60 * 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    name: str
+    heads: int
+    d_qk: int
+    d_v: int
+    topk: int
+
+
+SHAPES = [
+    Shape("v3.2", 128, 576, 512, 2048),
+    Shape("v4-flash", 64, 512, 512, 640),
+    Shape("v4-pro", 128, 512, 512, 1152),
+    Shape("v3.2-tp8-h16", 16, 576, 512, 2048),
+    Shape("v4-flash-tp2-h32", 32, 512, 512, 640),
+]
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
+# --smoke: the whole pipeline on the CPU interpreter at toy sizes (host clock, no graphs), so
+# the script is debugged before it costs device time.
+SMOKE_SHAPES = [Shape("toy-tail", 20, 48, 32, 70), Shape("toy", 8, 32, 32, 40)]
+DEVICE = "cuda"
+ROT_CAP = 128  # most rotated input sets per graph
+
+
+class Log:
+    def __init__(self, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        self.text = (out / "bench_sparse_mla.log").open("w")
+        self.rows = (out / "bench_sparse_mla.jsonl").open("w")
+
+    def say(self, msg: str) -> None:
+        print(msg, flush=True)
+        self.text.write(msg + "\n")
+        self.text.flush()
+
+    def row(self, rec: dict) -> None:
+        self.rows.write(json.dumps(rec) + "\n")
+        self.rows.flush()
+
+
+def make_inputs(shape: Shape, b: int, kv: torch.Tensor, r: int, seed: int):
+    """R rotated (q, indices) sets over one shared KV pool (random rows, no padding)."""
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    sets = []
+    for _ in range(r):
+        q = torch.randn(b, shape.heads, shape.d_qk, device=DEVICE, generator=gen)
+        idx = torch.randint(0, kv.shape[0], (b, shape.topk), device=DEVICE, generator=gen)
+        sets.append((q.to(kv.dtype), idx.to(torch.int32)))
+    return sets
+
+
+def rotations(shape: Shape, b: int, cap: int) -> int:
+    ws = mla_bytes(b, shape.heads, shape.topk, shape.d_qk, shape.d_v)
+    return max(1, min(cap, ROT_CAP, math.ceil(4 * L2_BYTES / ws)))
+
+
+def time_host(calls, reps: int) -> list[float]:
+    """Smoke mode only: host clock around the calls."""
+    out = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        for c in calls:
+            c()
+        out.append((time.perf_counter() - t) * 1e6 / len(calls))
+    return out
+
+
+def time_graph(calls, reps: int) -> list[float]:
+    """us per call for each replay of a graph holding all `calls` back to back."""
+    if DEVICE == "cpu":
+        return time_host(calls, reps)
+    for c in calls:  # compile + warm outside capture
+        c()
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for c in calls:
+            c()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for c in calls:
+            c()
+    g.replay()
+    torch.cuda.synchronize()
+    out = []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        out.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+    del g
+    return out
+
+
+def time_eager(calls, reps: int) -> list[float]:
+    if DEVICE == "cpu":
+        return time_host(calls, reps)
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    out = []
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(reps):
+        e0.record()
+        for c in calls:
+            c()
+        e1.record()
+        e1.synchronize()
+        out.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+    return out
+
+
+def summarize(ts: list[float]) -> dict:
+    ts = sorted(ts)
+    q = statistics.quantiles(ts, n=10) if len(ts) >= 2 else [ts[0]] * 9
+    return {"us": statistics.median(ts), "p10_us": q[0], "p90_us": q[-1], "n": len(ts)}
+
+
+def compiled_info(name: str) -> dict:
+    from servelab.kernels.sparse_mla import naive, splitkv
+
+    k = {**naive.LAST_COMPILED, **splitkv.LAST_COMPILED}.get(name)
+    if k is None:
+        return {}
+    md = getattr(k, "metadata", None)
+    return {
+        f"{name}_regs": getattr(k, "n_regs", None),
+        f"{name}_spills": getattr(k, "n_spills", None),
+        f"{name}_smem": getattr(md, "shared", None),
+    }
+
+
+def variant_calls(variant, shape, sets, kv, cfg=None, num_splits=None, drop=""):
+    from servelab.kernels.sparse_mla.naive import naive_decode
+    from servelab.kernels.sparse_mla.splitkv import splitkv_decode
+
+    scale = shape.d_qk**-0.5
+    b = sets[0][0].shape[0]
+    out = torch.empty(b, shape.heads, shape.d_v, dtype=kv.dtype, device=DEVICE)
+    lse = torch.empty(b, shape.heads, dtype=torch.float32, device=DEVICE)
+    calls = []
+    for q, idx in sets:
+        if variant == "eager":
+
+            def c(q=q, idx=idx):
+                sparse_mla_decode_reference(q, kv, idx, scale, shape.d_v, compute_dtype=kv.dtype)
+
+        elif variant == "naive":
+
+            def c(q=q, idx=idx):
+                naive_decode(q, kv, idx, scale, shape.d_v, out=out, lse=lse)
+
+        else:
+
+            def c(q=q, idx=idx):
+                splitkv_decode(q, kv, idx, scale, shape.d_v, config=cfg, num_splits=num_splits,
+                               out=out, lse=lse, drop=drop)  # fmt: skip
+
+        calls.append(c)
+    return calls
+
+
+def check_correct(log: Log, shape: Shape, kv: torch.Tensor) -> dict:
+    from servelab.kernels.sparse_mla import sparse_mla_decode
+
+    (q, idx), = make_inputs(shape, 3, kv, 1, seed=123)  # fmt: skip
+    idx[1, ::7] = -1
+    scale = shape.d_qk**-0.5
+    ref_o, ref_l = sparse_mla_decode_reference(q, kv, idx, scale, shape.d_v)
+    rec = {"shape": shape.name}
+    for v in ("naive", "splitkv"):
+        o, lg = sparse_mla_decode(q, kv, idx, scale, shape.d_v, variant=v)
+        rel = ((o.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
+        rec[f"{v}_rel_err"] = rel
+        rec[f"{v}_lse_max_err"] = (lg - ref_l).abs().max().item()
+    log.say(f"check {shape.name}: " + " ".join(f"{k}={v:.2e}" for k, v in rec.items()
+                                               if k != "shape"))  # fmt: skip
+    return rec
+
+
+def sweep_configs(shape: Shape):
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig
+
+    if shape.heads >= 64:
+        geo = [(64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 3), (64, 16, 8, 3), (32, 32, 4, 2),
+               (16, 32, 4, 2)]  # fmt: skip
+    else:
+        geo = [(16, 32, 4, 2), (16, 64, 4, 2), (16, 16, 4, 3), (32, 32, 4, 2), (16, 32, 4, 3)]
+    for bh, bn, w, st in geo:
+        for waves in (1.0, 2.0):
+            yield SplitConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, waves=waves)
+
+
+def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_splits=None):
+    from servelab.kernels.sparse_mla.splitkv import _num_sms, choose_num_splits, default_config
+
+    r = rotations(shape, b, cap if variant != "eager" else min(cap, 8))
+    sets = make_inputs(shape, b, kv, r, seed=b)
+    rec = {"shape": shape.name, "B": b, "variant": variant + (f"-drop{drop}" if drop else ""),
+           "R": r}  # fmt: skip
+    if variant == "splitkv":
+        cfg = cfg or default_config(shape.heads, shape.d_qk, kv.dtype)
+        ns = num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, _num_sms(kv.device))
+        rec.update(config=asdict(cfg), num_splits=ns)
+    else:
+        ns = None
+    try:
+        calls = variant_calls(variant, shape, sets, kv, cfg=cfg, num_splits=ns, drop=drop)
+        ts = (time_eager if variant == "eager" else time_graph)(calls, reps)
+    except Exception as e:  # noqa: BLE001 - a config that does not compile is a result too
+        rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        log.row(rec)
+        return rec
+    rec.update(summarize(ts))
+    fl = mla_flops(b, shape.heads, shape.topk, shape.d_qk, shape.d_v)
+    by = mla_bytes(b, shape.heads, shape.topk, shape.d_qk, shape.d_v)
+    floor_us = max(by / PEAK_BW, fl / PEAK_FLOPS) * 1e6
+    rec.update(tflops=fl / rec["us"] / 1e6, tbs=by / rec["us"] / 1e6, floor_us=floor_us,
+               pct_floor=100 * floor_us / rec["us"])  # fmt: skip
+    if variant == "splitkv":
+        rec.update(compiled_info("split"))
+        if ns > 1:
+            rec.update(compiled_info("combine"))
+    elif variant == "naive":
+        rec.update(compiled_info("naive"))
+    log.row(rec)
+    return rec
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--quick", action="store_true", help="fewer batches and replays")
+    ap.add_argument("--sweep", action="store_true", help="sweep split-kernel configs first")
+    ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
+    ap.add_argument("--no-eager", action="store_true")
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="start no new shape or sweep once this much time has passed")  # fmt: skip
+    args = ap.parse_args(argv)
+    global DEVICE, ROT_CAP
+    log = Log(args.out)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"  # before the kernel modules are imported
+        DEVICE, ROT_CAP = "cpu", 2
+        shapes, batches, reps, pool = SMOKE_SHAPES, [1, 3], 2, 500
+        if args.sweep:  # toy sizes cannot compile the real sweep's 64-head tiles quickly
+            args.sweep = False
+        name = "cpu (TRITON_INTERPRET)"
+    else:
+        props = torch.cuda.get_device_properties(0)
+        name = f"{props.name} sms={props.multi_processor_count}"
+        shapes = [s for s in SHAPES if s.name in args.shapes.split(",")]
+        batches = [1, 64] if args.quick else BATCHES
+        reps, pool = (15 if args.quick else 40), 1 << 20
+    import triton
+
+    log.say(f"device {name} torch {torch.__version__} triton {triton.__version__} "
+            f"date {time.strftime('%Y-%m-%d %H:%M:%S')}")  # fmt: skip
+    t0 = time.time()
+    table = []
+    for shape in shapes:
+        if time.time() - t0 > args.budget_s:
+            log.say(f"time budget spent: skipping {shape.name}")
+            continue
+        torch.manual_seed(0)
+        # A 2^20-row pool (1.1-1.2 GB): random rows, far beyond L2. fp16 in smoke mode
+        # (bf16 dots are wrong in the interpreter).
+        dtype = torch.float16 if DEVICE == "cpu" else torch.bfloat16
+        kv = torch.randn(pool, shape.d_qk, device=DEVICE).to(dtype)
+        log.row({"check": check_correct(log, shape, kv)})
+        if args.sweep:
+            for b in (1, 8, 64):
+                best = None
+                for cfg in sweep_configs(shape):
+                    if cfg.waves != 1.0 and b >= 64:
+                        continue  # the grid is already full: waves change nothing
+                    rec = run_cell(log, shape, b, kv, "splitkv", reps, 128, cfg=cfg)
+                    if "error" in rec:
+                        log.say(f"sweep {shape.name} B={b} {cfg}: {rec['error']}")
+                        continue
+                    log.say(f"sweep {shape.name} B={b} bh{cfg.block_h} bn{cfg.block_n} "
+                            f"w{cfg.num_warps} s{cfg.num_stages} waves{cfg.waves} "
+                            f"splits={rec['num_splits']}: {rec['us']:.2f} us "
+                            f"regs={rec.get('split_regs')} spills={rec.get('split_spills')}")  # fmt: skip
+                    if best is None or rec["us"] < best[0]:
+                        best = (rec["us"], cfg)
+                log.say(f"BEST {shape.name} B={b}: {best}")
+        for b in batches:
+            cells = {}
+            for v in ("eager", "naive", "splitkv"):
+                if v == "eager" and args.no_eager:
+                    continue
+                cells[v] = run_cell(log, shape, b, kv, v, reps if v == "splitkv" else 10, 128)
+            if b in (1, 64):
+                for drop in ("qk", "pv"):
+                    cells[f"drop{drop}"] = run_cell(log, shape, b, kv, "splitkv", reps, 128,
+                                                    drop=drop)  # fmt: skip
+            table.append((shape, b, cells))
+            s = cells["splitkv"]
+            log.say(f"{shape.name} B={b}: " + " ".join(
+                f"{k}={c.get('us', float('nan')):.1f}us" for k, c in cells.items()))  # fmt: skip
+            if "error" in s:
+                log.say(f"  splitkv error: {s['error']}")
+        del kv
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    log.say(f"\nelapsed {time.time() - t0:.0f} s\n")
+    hdr = (f"{'shape':17} {'B':>4} {'eager us':>9} {'naive us':>9} {'split us':>9} {'splits':>6} "
+           f"{'TFLOP/s':>8} {'TB/s':>6} {'%floor':>6} {'x naive':>7} {'x eager':>7} {'regs/spill':>10}")  # fmt: skip
+    log.say(hdr)
+    for shape, b, cells in table:
+        e, n, s = (cells.get(k, {}) for k in ("eager", "naive", "splitkv"))
+        su = s.get("us", float("nan"))
+        log.say(
+            f"{shape.name:17} {b:>4} {e.get('us', float('nan')):>9.1f} "
+            f"{n.get('us', float('nan')):>9.1f} {su:>9.2f} {s.get('num_splits', 0):>6} "
+            f"{s.get('tflops', float('nan')):>8.1f} {s.get('tbs', float('nan')):>6.2f} "
+            f"{s.get('pct_floor', float('nan')):>6.1f} {n.get('us', float('nan')) / su:>7.1f} "
+            f"{e.get('us', float('nan')) / su:>7.1f} "
+            f"{s.get('split_regs')}/{s.get('split_spills')}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
