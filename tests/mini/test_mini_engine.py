@@ -1,0 +1,127 @@
+"""Engine behaviour: speculative decoding reproduces greedy decoding exactly, batching and
+queueing do not change any request's output, sampling controls (stop, min_tokens, ignore_eos,
+max_tokens, seed) behave, and the speculative acceptance rule samples the target distribution."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from servelab.mini import tokenizer as tk
+from servelab.mini.engine import Engine, EngineArgs
+from servelab.mini.graphs import GraphRunner
+from servelab.mini.sampling import SamplingParams, accept_drafts
+
+GREEDY = dict(temperature=0.0, ignore_eos=True)
+PROMPTS = ["def f(x):\n    return", "import os\n", "class A:\n    pass\n" * 3, "x = [1, 2, 3]"]
+
+
+def run_all(eng: Engine, prompts: list[list[int]], params: list[SamplingParams]) -> list[list[int]]:
+    """Submit all at once (continuous batching), step until done; token ids per request."""
+    out: dict[int, list[int]] = {}
+    done: set[int] = set()
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        out[i] = []
+
+        def cb(ev, i=i):
+            out[i].extend(ev.token_ids)
+            if ev.finish_reason:
+                done.add(i)
+
+        eng.submit(p, sp, cb)
+    while len(done) < len(prompts):
+        assert eng.step(), "engine idle with unfinished requests"
+    return [out[i] for i in range(len(prompts))]
+
+
+def engine(config: str = "micro", **kw) -> Engine:
+    kw.setdefault("random_weights", config == "micro")
+    kw.setdefault("context_length", 256)
+    return Engine(EngineArgs(config=config, **kw))
+
+
+@pytest.mark.parametrize("config", ["micro", "tiny"])
+@pytest.mark.parametrize("steps", [1, 3])
+def test_speculative_greedy_equals_greedy(config, steps):
+    prompts = [tk.encode(p) for p in PROMPTS]
+    params = [SamplingParams(max_tokens=n, **GREEDY) for n in (40, 33, 47, 21)]
+    ref = run_all(engine(config, max_running_requests=4), prompts, params)
+    spec = engine(config, max_running_requests=4, speculative_algorithm="EAGLE",
+                  speculative_num_steps=steps)
+    got = run_all(spec, prompts, params)
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        assert a == b, f"request {i}: first difference at {next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)}"
+    st = spec.stats
+    assert st.spec_num_draft_tokens == steps * st.spec_num_drafts
+    assert sum(st.spec_accepted_per_pos) == st.spec_num_accepted_tokens
+    # every verify step yields 1 + accepted tokens; the first token comes from prefill
+    produced = sum(len(x) for x in got)
+    assert produced <= st.spec_num_drafts + st.spec_num_accepted_tokens + len(prompts)
+    if config == "tiny":  # the trained MTP head must actually be accepted
+        assert st.avg_spec_accept_length > 1.3
+
+
+def test_batching_and_queueing_do_not_change_outputs():
+    prompts = [tk.encode(p) for p in PROMPTS + ["while True:", "# comment\n" * 5]]
+    params = [SamplingParams(max_tokens=10 + 7 * i, **GREEDY) for i in range(len(prompts))]
+    alone = [run_all(engine(max_running_requests=1), [p], [sp])[0]
+             for p, sp in zip(prompts, params, strict=True)]
+    eng = engine(max_running_requests=2)  # 6 requests, 2 slots: 4 wait in the queue
+    assert run_all(eng, prompts, params) == alone
+    assert eng.num_running == 0 and eng.num_waiting == 0
+    assert sorted(eng._free) == [0, 1]
+
+
+def test_graph_runner_padding_matches_eager():
+    prompts = [tk.encode(p) for p in PROMPTS]
+    params = [SamplingParams(max_tokens=30, **GREEDY)] * 4
+    ref = run_all(engine(max_running_requests=4, speculative_algorithm="EAGLE"), prompts, params)
+    eng = engine(max_running_requests=4, speculative_algorithm="EAGLE")
+    eng.graphs = GraphRunner(eng, max_tokens=8)  # CPU: static buffers + padding, no capture
+    eng.graphs.capture()
+    assert run_all(eng, prompts, params) == ref
+
+
+def test_stop_strings_min_tokens_and_max_tokens():
+    eng = engine("tiny")
+    p = tk.encode("import os\nimport sys\n\n\ndef main(argv):\n")
+    ids, text, ev = eng.generate(p, SamplingParams(max_tokens=60, **GREEDY))
+    assert len(ids) == 60 and ev.finish_reason == "length" and ev.completion_tokens == 60
+    assert text == tk.decode(ids)
+    stop = text[20:23]  # a string that greedy decoding will produce
+    cut = text.find(stop)
+    _, text2, ev2 = eng.generate(p, SamplingParams(max_tokens=60, stop=(stop,), **GREEDY))
+    assert ev2.finish_reason == "stop" and text2 == text[:cut]
+    # EOS: forbidden before min_tokens, allowed after (unless ignore_eos)
+    ids3, _, ev3 = eng.generate([tk.BOS], SamplingParams(max_tokens=40, temperature=0.0,
+                                                         min_tokens=40))
+    assert tk.EOS not in ids3 and len(ids3) == 40
+
+
+def test_seeded_sampling_is_reproducible():
+    eng = engine("tiny")
+    p = tk.encode("def main(")
+    sp = SamplingParams(max_tokens=30, temperature=0.9, top_p=0.9, seed=7)
+    a = eng.generate(p, sp)[0]
+    b = eng.generate(p, sp)[0]
+    c = eng.generate(p, SamplingParams(max_tokens=30, temperature=0.9, top_p=0.9, seed=8))[0]
+    assert a == b and a != c
+
+
+def test_acceptance_rule_samples_the_target_distribution():
+    """Point-mass draft d: accept w.p. p(d), else sample p without d. The first emitted token
+    must be distributed as p (checked per token within 5 binomial standard deviations)."""
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6)
+    p = torch.softmax(logits[0], -1)
+    gen = torch.Generator().manual_seed(1)
+    sp = SamplingParams(temperature=1.0)
+    n = 4000
+    counts = torch.zeros(6)
+    for _ in range(n):
+        counts[accept_drafts(logits, [int(p.argmax())], sp, gen)[0]] += 1
+    sd = (n * p * (1 - p)).sqrt()
+    assert ((counts - n * p).abs() <= 5 * sd + 1).all(), (counts / n, p)
+    assert math.isclose(float(counts.sum()), n)

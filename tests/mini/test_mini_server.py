@@ -1,0 +1,177 @@
+"""The HTTP API against a real `python -m servelab serve` subprocess on loopback: OpenAI and
+SGLang endpoints agree with each other and with /tokenize, usage and spec counters add up,
+bad requests get 4xx and the server keeps serving, profiling writes a trace, SIGTERM is clean."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = _port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "servelab", "serve", "--port", str(port), "--config", "tiny",
+         "--max-running-requests", "3", "--context-length", "512",
+         "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
+         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 90
+    line = ""
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if "ready" in line or not line:
+            break
+    assert "ready" in line, f"server did not start: {line!r}"
+    yield f"http://127.0.0.1:{port}", proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def call(url: str, path: str, body: object | None = None, raw: bytes | None = None):
+    """(status, parsed JSON or text)."""
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url + path, data=data, method="POST" if data is not None else "GET",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def sse(url: str, path: str, body: dict) -> list[dict]:
+    status, text = call(url, path, body)
+    assert status == 200, text
+    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
+
+
+def test_completions_stream_and_not_agree(server):
+    url, _ = server
+    body = {"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+    st, full = call(url, "/v1/completions", body)
+    assert st == 200 and full["usage"]["completion_tokens"] == 40
+    _, tok = call(url, "/tokenize", {"prompt": PROMPT})
+    assert full["usage"]["prompt_tokens"] == tok["count"] == len(PROMPT.encode()) + 1
+    chunks = sse(url, "/v1/completions", {**body, "stream": True,
+                                          "stream_options": {"include_usage": True}})
+    text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == full["choices"][0]["text"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 40
+    assert [c for c in chunks if c["choices"]][-1]["choices"][0]["finish_reason"] == "length"
+    _, det = call(url, "/detokenize", {"tokens": tok["tokens"]})
+    assert det["prompt"] == PROMPT
+
+
+def test_chat_and_sglang_generate(server):
+    url, _ = server
+    msgs = [{"role": "user", "content": "def add(a, b):"}]
+    st, full = call(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 12,
+                                                  "temperature": 0, "ignore_eos": True})
+    assert st == 200 and full["usage"]["completion_tokens"] == 12
+    chunks = sse(url, "/v1/chat/completions", {"messages": msgs, "max_tokens": 12,
+                                               "temperature": 0, "ignore_eos": True,
+                                               "stream": True})
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    assert text == full["choices"][0]["message"]["content"]
+    gen = sse(url, "/generate", {"text": PROMPT, "stream": True, "sampling_params": {
+        "max_new_tokens": 30, "temperature": 0, "ignore_eos": True}})
+    last = gen[-1]["meta_info"]
+    assert last["completion_tokens"] == 30 and last["finish_reason"]["type"] == "length"
+    # cumulative text; one verify step per chunk after the prefill token
+    assert 1 <= last["spec_verify_ct"] <= 30 and len(gen) == last["spec_verify_ct"] + 1
+
+
+def test_metrics_and_server_info_count_speculation(server):
+    url, _ = server
+    _, before = call(url, "/metrics")
+    st, g = call(url, "/generate", {"input_ids": [256, *b"def f(x):\n"], "sampling_params": {
+        "max_new_tokens": 25, "temperature": 0, "ignore_eos": True}})
+    assert st == 200
+    _, after = call(url, "/metrics")
+
+    def val(text: str, name: str) -> float:
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                   if ln.startswith(name + "{"))
+
+    drafts = val(after, "vllm:spec_decode_num_drafts_total") - val(
+        before, "vllm:spec_decode_num_drafts_total")
+    acc = val(after, "vllm:spec_decode_num_accepted_tokens_total") - val(
+        before, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts == g["meta_info"]["spec_verify_ct"]
+    assert drafts + acc == 25 - 1  # each verify yields 1 + accepted; the first came from prefill
+    gen_tokens = val(after, "vllm:generation_tokens_total") - val(before,
+                                                                 "vllm:generation_tokens_total")
+    assert gen_tokens == 25
+    _, info = call(url, "/get_server_info")
+    assert info["speculative_algorithm"] == "EAGLE" and info["speculative_num_draft_tokens"] == 2
+    assert info["internal_states"][0]["avg_spec_accept_length"] > 1.0
+    _, models = call(url, "/v1/models")
+    assert models["data"][0]["id"] == "servelab-mini-tiny"
+
+
+@pytest.mark.parametrize("path,body,raw,status,word", [
+    ("/v1/completions", None, b"{not json", 400, "JSON"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": "ten"}, None, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 600}, None, 400, "context length"),
+    ("/v1/completions", {"prompt": "x" * 600}, None, 400, "context length"),
+    ("/v1/completions", {"prompt": "x", "model": "gpt-9"}, None, 404, "does not exist"),
+    ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "temperature"),
+    ("/v1/chat/completions", {"messages": "hi"}, None, 400, "messages"),
+    ("/generate", {"sampling_params": {}}, None, 400, "text"),
+    ("/detokenize", {"tokens": [1, 99999]}, None, 400, "tokens"),
+])
+def test_bad_requests_get_4xx_and_server_survives(server, path, body, raw, status, word):
+    url, _ = server
+    st, err = call(url, path, body, raw)
+    assert st == status and word in err["error"]["message"], err
+    st, ok = call(url, "/v1/completions", {"prompt": "ok", "max_tokens": 2})
+    assert st == 200 and ok["usage"]["completion_tokens"] >= 1
+
+
+def test_profile_writes_chrome_trace(server, tmp_path):
+    url, _ = server
+    st, res = call(url, "/start_profile", {"output_dir": str(tmp_path), "num_steps": 3})
+    assert st == 200, res
+    call(url, "/v1/completions", {"prompt": "x = 1", "max_tokens": 8, "ignore_eos": True})
+    deadline = time.time() + 20
+    while time.time() < deadline and not list(tmp_path.glob("*.trace.json.gz")):
+        time.sleep(0.1)
+    files = list(tmp_path.glob("*-TP-0.trace.json.gz"))
+    assert len(files) == 1
+    trace = json.loads(gzip.decompress(files[0].read_bytes()))
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any(n.startswith("step[") for n in names)
+
+
+def test_sigterm_exits_cleanly(server):
+    _, proc = server
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
