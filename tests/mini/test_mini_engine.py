@@ -36,6 +36,11 @@ def run_all(eng: Engine, prompts: list[list[int]], params: list[SamplingParams])
     return [out[i] for i in range(len(prompts))]
 
 
+def _first_diff(a: list[int], b: list[int]) -> int:
+    return next((j for j, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)))
+
+
 def engine(config: str = "micro", **kw) -> Engine:
     kw.setdefault("random_weights", config == "micro")
     kw.setdefault("context_length", 256)
@@ -52,7 +57,7 @@ def test_speculative_greedy_equals_greedy(config, steps):
                   speculative_num_steps=steps)
     got = run_all(spec, prompts, params)
     for i, (a, b) in enumerate(zip(got, ref, strict=True)):
-        assert a == b, f"request {i}: first difference at {next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)}"
+        assert a == b, f"request {i}: differs from token {_first_diff(a, b)} on"
     st = spec.stats
     assert st.spec_num_draft_tokens == steps * st.spec_num_drafts
     assert sum(st.spec_accepted_per_pos) == st.spec_num_accepted_tokens
