@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,8 @@ class RequestRecord:
     response_id: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        """A JSON-able dict (dataclasses.asdict deep-copies every float: 10x slower here)."""
+        d = {f: getattr(self, f) for f in self.__slots__}
         for k in ("itl_ms", "chunk_gap_ms", "chunk_tokens"):
             d[k] = list(d[k])
         return d

@@ -25,7 +25,7 @@ from servelab.errors import UserError
 _WORKLOADS: dict[tuple[Any, ...], Workload] = {}  # same prompts for every load point of a run
 
 
-@dataclass
+@dataclass(repr=False)
 class LoadPointResult:
     """The outcome of one load point: `summary` (docs/METRICS.md), per-request `records` (dicts),
     and what the server said about itself (`/v1/models`, `/get_server_info`)."""
@@ -33,6 +33,11 @@ class LoadPointResult:
     summary: dict[str, Any]
     records: list[dict[str, Any]] = field(default_factory=list)
     server_info: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:  # asyncio reprs finished tasks' results: keep it short
+        s = self.summary
+        return (f"LoadPointResult({s.get('load_key')}, completed={s.get('completed')}, "
+                f"failed={s.get('failed')}, records={len(self.records)})")
 
 
 class _Progress:
@@ -141,6 +146,7 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
 
         before = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
         prog = _Progress(progress, len(wl.requests), load.key)
+        cpu0 = time.process_time()
         t0 = time.perf_counter_ns()
         deadline = t0 + int(cfg.max_duration_s * 1e9) if cfg.max_duration_s else None
         try:
@@ -153,6 +159,7 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
                 raws = await open_loop(wl.requests, offs, client.send, deadline, prog)
         finally:
             prog.close()
+        cpu_s = time.process_time() - cpu0
         t_end = max((r.t_end_ns for r in raws), default=time.perf_counter_ns())
         after = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
 
@@ -173,6 +180,10 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         "output_len": None if cfg.workload.dataset else cfg.workload.output_len,
         "dataset": cfg.workload.dataset, "seed": cfg.workload.seed,
         "metrics_scraped": bool(before or after),
+        # the client's own CPU time over the load (all threads of this process); near
+        # duration_s means the client, not the server, may be the bottleneck
+        "client_cpu_s": cpu_s,
+        "client_cpu_util": cpu_s / summary["duration_s"] if summary["duration_s"] else None,
     })
     return LoadPointResult(summary=summary, records=[r.to_dict() for r in recs], server_info=info)
 

@@ -20,7 +20,8 @@ arrives, then one chunk of `tokens_per_chunk` tokens (one "verify step") every `
 (absolute schedule, so sleep overshoot does not accumulate); the last chunk is cut short by
 `max_tokens`. Speculative counters follow: per verify step of k tokens, 1 draft of k-1 tokens
 with k-1 accepted, so the true acceptance length is exactly `tokens_per_chunk` when
-`(max_tokens - 1) % tokens_per_chunk == 0`. With `gap_ms = 0` the whole stream is written at once (the client-overhead benchmark).
+`(max_tokens - 1) % tokens_per_chunk == 0`. With `gap_ms = 0` chunks follow each other with no delay, each its own write
+(the client-overhead benchmark).
 An idle request (no `ignore_eos`/`min_tokens`) stops at `natural_len` tokens when that is set.
 
 Failure modes (`--fail-rate R --fail-modes m1,m2`, seeded; or per request by putting
@@ -382,15 +383,6 @@ class ScriptedServer:
                 await resp.write(lead)
             fail = req.fail
             cut_at = len(events) // 2  # failures strike mid-stream
-            if self.script.gap_ms == 0 and fail is None:
-                await self._sleep_until(req, 0)
-                await resp.write(b"".join(events) + tail + b"data: [DONE]\n\n")
-                now = time.perf_counter_ns()
-                req.send_ns.extend([now] * len(chunks))
-                req.chunk_tokens.extend(chunks)
-                self._account(chunks)
-                req.done_ns = now
-                return resp
             for i, ev in enumerate(events):
                 if fail is not None and i == cut_at:
                     if fail == "malformed":
@@ -401,7 +393,10 @@ class ScriptedServer:
                         return resp
                     elif fail == "stall":
                         await asyncio.sleep(self.script.stall_s)
-                await self._sleep_until(req, i)
+                if self.script.gap_ms > 0 or i == 0:
+                    await self._sleep_until(req, i)
+                else:
+                    await asyncio.sleep(0)  # zero delay, but each chunk its own write
                 await resp.write(ev)
                 req.send_ns.append(time.perf_counter_ns())
                 req.chunk_tokens.append(chunks[i])

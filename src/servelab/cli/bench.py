@@ -90,6 +90,10 @@ def register(app: typer.Typer) -> None:
             row = save_load_point(st, cfg, lp, res, label=label) if st is not None else None
             console.print(summary_table(res.summary, title=f"{lp.key}  ({cfg.base_url}, {cfg.api})"
                                         + (f"  stored as #{row}" if row else "")))
+            util = res.summary.get("client_cpu_util")
+            if util is not None and util > 0.8:
+                console.print(f"[yellow]warning: the client used {util:.0%} of a core during this "
+                              "load point: it may limit what was measured (see docs/METRICS.md)[/yellow]")
             if res.summary["completed"] == 0:
                 reasons = ", ".join(f"{k} x{v}" for k, v in res.summary["failure_reasons"].items())
                 console.print(f"[red]every request failed ({reasons})[/red]")
