@@ -210,3 +210,15 @@ def test_not_a_trace(tmp_path):
         read_trace(p)
     with pytest.raises(UserError, match="does not exist"):
         read_trace(tmp_path / "missing.json")
+
+
+def test_old_kineto_category_names(tmp_path):
+    """torch 1.8-1.12 wrote cat "Kernel"/"Runtime"; the same trace in both spellings agrees."""
+    raw = _raw("graph_small")
+    old = {"kernel": "Kernel", "gpu_memcpy": "Memcpy", "cuda_runtime": "Runtime"}
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"traceEvents": [e | {"cat": old.get(e.get("cat"), e.get("cat"))}
+                                             for e in raw]}))
+    a, b = analyze(FIX / "graph_small.json.gz"), analyze(p)
+    assert a["steps"] == b["steps"] and a["categories"] == b["categories"]
+    assert b["cuda_graphs"]["graph_launches"] == 5

@@ -32,9 +32,10 @@ from servelab.errors import UserError
 ORJSON_MAX_BYTES = 16 << 20
 ORJSON_MAX_GZ_BYTES = 2 << 20
 
-GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2}
+# Current Kineto names, and those of torch 1.8-1.12 ("Kernel", "Memcpy", "Runtime", ...).
+GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2, "Kernel": 0, "Memcpy": 1, "Memset": 2}
 KIND_NAMES = ("kernel", "memcpy", "memset")
-RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
+RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
 GRAPH_LAUNCH_NAMES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
 # CPU-op names kept as annotations even without --step-regex (old torch: ProfilerStep is a cpu_op).
 KNOWN_STEP_PREFIXES = ("ProfilerStep#", "step[")
