@@ -53,8 +53,14 @@ def run_demo(console: Any, *, quick: bool = False, store_path: Path | None = Non
     with Store(store_path) as st:
         if spec.name in st.experiment_names():
             ok = sum(r.status == "ok" for r in st.runs(spec.name))
-            if ok >= len(plan(spec)) or st.experiment(spec.name).get("engine") != spec.engine:
-                st.forget_experiment(spec.name)        # a finished demo is measured afresh
+            try:
+                same = spec_mod.ExperimentSpec.model_validate(
+                    st.experiment(spec.name)).design_hash() == spec.design_hash()
+            except ValueError:
+                same = False
+            if ok >= len(plan(spec)) or not same:
+                # a finished (or since redesigned) demo is measured afresh; an interrupted one resumes
+                st.forget_experiment(spec.name)
     run_file(spec, store_path, console)
     with Store(store_path) as st:
         md, page, data = write(st, spec.name)

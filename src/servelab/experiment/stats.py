@@ -107,14 +107,29 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
 
 
+def expanded_alpha(n: int, conf: float = 0.95) -> float:
+    """Two-sided tail mass for an expanded percentile bootstrap (Hesterberg 2015): the plain
+    percentile interval is too narrow for small n (covers 84% at n=5, 89% at n=10 for a nominal
+    95%); using z = sqrt(n/(n-1)) * t_{n-1} instead of z restores ~92% and ~94%."""
+    from scipy import stats as sps
+
+    if n < 2:
+        return 1.0 - conf
+    t = sps.t.ppf(1 - (1 - conf) / 2, n - 1)
+    return float(2 * sps.norm.sf(math.sqrt(n / (n - 1)) * t))
+
+
 def bootstrap_ratio(base: Sequence[float], arm: Sequence[float], *, paired: bool,
-                    n_boot: int = 10_000, conf: float = 0.95, seed: int = 0
+                    n_boot: int = 10_000, conf: float = 0.95, seed: int = 0, expand: bool = True
                     ) -> tuple[float, float, float]:
-    """(ratio, CI low, CI high) of arm over base, percentile bootstrap.
+    """(ratio, CI low, CI high) of arm over base, percentile bootstrap (expanded for small
+    samples unless `expand` is False).
 
     Paired: `base[i]` and `arm[i]` come from the same block; the ratio is the geometric mean of
-    arm[i]/base[i] and blocks are resampled. Unpaired: the ratio of medians, each side resampled
-    on its own. NaNs are dropped (pairwise when paired). CI is NaN with fewer than 2 values."""
+    arm[i]/base[i] and blocks are resampled; with fewer than 5 pairs the CI is widened to at least
+    the Student-t interval of the mean log ratio (a bootstrap cannot reach beyond the observed
+    ratios: at n=3 it covers only ~76%). Unpaired: the ratio of medians, each side resampled on
+    its own. NaNs are dropped (pairwise when paired). CI is NaN with fewer than 2 values."""
     b, a = np.asarray(base, float), np.asarray(arm, float)
     rng = np.random.default_rng(seed)
     alpha = (1.0 - conf) / 2.0
@@ -130,6 +145,15 @@ def bootstrap_ratio(base: Sequence[float], arm: Sequence[float], *, paired: bool
             return point, math.nan, math.nan
         idx = rng.integers(0, logr.size, size=(n_boot, logr.size))
         boots = np.exp(logr[idx].mean(axis=1))
+        if expand:
+            alpha = expanded_alpha(logr.size, conf) / 2.0
+        lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
+        if expand and logr.size < MIN_REPS_TO_DECIDE:
+            from scipy import stats as sps
+
+            half = sps.t.ppf(1 - (1 - conf) / 2, logr.size - 1) * logr.std(ddof=1) / math.sqrt(logr.size)
+            lo, hi = min(lo, math.exp(logr.mean() - half)), max(hi, math.exp(logr.mean() + half))
+        return point, float(lo), float(hi)
     else:
         b, a = b[np.isfinite(b)], a[np.isfinite(a)]
         if b.size == 0 or a.size == 0 or np.median(b) == 0:
@@ -140,6 +164,8 @@ def bootstrap_ratio(base: Sequence[float], arm: Sequence[float], *, paired: bool
         mb = np.median(b[rng.integers(0, b.size, size=(n_boot, b.size))], axis=1)
         ma = np.median(a[rng.integers(0, a.size, size=(n_boot, a.size))], axis=1)
         boots = ma / mb
+        if expand:
+            alpha = expanded_alpha(min(a.size, b.size), conf) / 2.0
     lo, hi = np.quantile(boots, [alpha, 1.0 - alpha])
     return point, float(lo), float(hi)
 
