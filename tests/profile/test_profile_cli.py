@@ -40,6 +40,18 @@ def test_profile_trace_json_html_whatif_vs(tmp_path):
     assert "<script" not in html
 
 
+def test_many_steps_are_summarised(tmp_path):
+    from servelab.profile.synth import SynthKernel, write_trace
+
+    p = tmp_path / "many.json"
+    write_trace(p, [[SynthKernel("nvjet_gemm", 10.0)] for _ in range(40)], step_wall_us=40.0,
+                gpu_offset_us=0.0)
+    res = runner.invoke(app, ["profile", str(p)])
+    assert res.exit_code == 0, res.output
+    assert "HOST-BOUND: the GPU is idle 75%" in res.output
+    assert "step wall us: median 40.0 (min 40.0, max 40.0); idle: median 75.0%" in res.output
+
+
 def test_step_regex_and_user_rules(tmp_path):
     rules = tmp_path / "rules.toml"
     rules.write_text('[[rule]]\ncategory = "my_gemms"\npatterns = ["nvjet"]\n')

@@ -114,6 +114,16 @@ def test_tensor_parallel_allreduce_and_kv_sharding():
     assert b.memory_us == pytest.approx((b.weight_bytes / 8 + kv / 8) / H200_BW * 1e6, rel=1e-9)
 
 
+def test_pcie_all_reduce_can_bind():
+    """8 x RTX PRO 6000 (PCIe, no NVLink): at batch 512 the all-reduce term is the largest."""
+    m, _ = load_model("llama-3.1-70b")
+    g, _ = load_gpu("rtx-pro-6000")
+    small, big = ceiling(m, g, [1, 512], context=1024, tp=8)
+    assert small.bound == "memory"
+    assert big.bound == "communication"
+    assert big.comm_us == pytest.approx(2 * 80 * 2 * (7 / 8) * 512 * 8192 * 2 / 64e9 * 1e6)
+
+
 def test_mla_kv_is_read_by_every_tp_rank_and_sparse_topk_caps_it():
     m, _ = load_model("deepseek-v3.2")
     g, _ = load_gpu("h200")

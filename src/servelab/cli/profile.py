@@ -55,7 +55,15 @@ def _print_report(r: dict, vs: dict | None, top: int) -> None:
             f"({_fmt(r['outside_steps']['time_us'])} us) were launched outside every step "
             "and are not counted[/dim]"
         )
-    if r["n_steps"] <= 12:
+    if r["n_steps"] > 12:
+        walls = sorted(s["wall_us"] for s in r["steps"])
+        idles = sorted(s["idle_fraction"] or 0.0 for s in r["steps"])
+        con.print(
+            f"step wall us: median {_fmt(walls[len(walls) // 2])} (min {_fmt(walls[0])}, max "
+            f"{_fmt(walls[-1])}); idle: median {_pct(idles[len(idles) // 2])} (min "
+            f"{_pct(idles[0])}, max {_pct(idles[-1])})"
+        )
+    else:
         t = Table(title="steps")
         for c in ("step", "name", "wall us", "busy us", "idle", "kernels", "graphs"):
             t.add_column(c, justify="right" if c != "name" else "left", no_wrap=True,

@@ -238,7 +238,7 @@ class Bound:
     memory_us: float
     compute_us: float
     comm_us: float
-    bound: str  # "memory" | "compute"
+    bound: str  # the largest term: "memory" | "compute" | "communication"
     tok_s: float
     tok_s_per_request: float
     weight_bytes: float
@@ -341,7 +341,7 @@ def ceiling(
                 memory_us=mem * 1e6,
                 compute_us=comp * 1e6,
                 comm_us=comm * 1e6,
-                bound="memory" if mem >= comp else "compute",
+                bound=max((mem, "memory"), (comp, "compute"), (comm, "communication"))[1],
                 tok_s=b * per_req,
                 tok_s_per_request=per_req,
                 weight_bytes=main.weight_bytes,
