@@ -103,6 +103,14 @@ def _print_report(r: dict, vs: dict | None, top: int) -> None:
             t.add_row(x["key"], _fmt(x["a_per_step_us"]), _fmt(x["b_per_step_us"]),
                       _fmt(x["delta_us"]), _fmt(x["ratio"], 3))
         con.print(t)
+        t = Table(title="A vs B per step: top kernels")
+        t.add_column("kernel", no_wrap=True, overflow="ellipsis", max_width=48)
+        for c in ("A us", "B us", "delta us", "B/A"):
+            t.add_column(c, justify="right")
+        for x in vs["kernels"][:top]:
+            t.add_row(x["short"], _fmt(x["a_per_step_us"]), _fmt(x["b_per_step_us"]),
+                      _fmt(x["delta_us"]), _fmt(x["ratio"], 3))
+        con.print(t)
 
 
 def _write_outputs(report: dict, vs: dict | None, json_out: str | None, html_out: str | None) -> None:

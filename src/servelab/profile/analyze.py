@@ -11,7 +11,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from servelab.profile.breakdown import Breakdown, Rules, breakdown, diff, load_rules
+from servelab.profile.breakdown import Breakdown, Rules, breakdown, diff, load_rules, short_name
 from servelab.profile.steps import StepSet, find_steps
 from servelab.profile.trace import Trace, launch_times, read_trace
 from servelab.profile.whatif import apply_whatifs, parse_whatif, rank_categories
@@ -167,7 +167,7 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
         "a_gpu_busy_fraction": a["gpu_busy_fraction"],
         "b_gpu_busy_fraction": b["gpu_busy_fraction"],
         "categories": [row(r) for r in cats],
-        "kernels": [row(r) for r in kernels],
+        "kernels": [row(r) | {"short": short_name(r.key)} for r in kernels],
     }
 
 

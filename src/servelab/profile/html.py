@@ -53,7 +53,7 @@ def _bars(items: list[tuple[str, float]], unit: str, width: int = 640) -> str:
     h = 22
     rows = []
     for k, (label, v) in enumerate(items):
-        w = max(1.0, (width - 260) * v / top)
+        w = max(1.0, (width - 380) * v / top)  # room for the value label
         y = k * h
         rows.append(
             f"<text x='0' y='{y + 15}' font-size='12'>{_e(label[:34])}</text>"
@@ -105,7 +105,8 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
     parts.append("<h2>Categories: time and the most each could give</h2>")
     parts.append(_bars([(c["category"], c["per_step_us"]) for c in r["categories"]], "us/step"))
     parts.append(_table(
-        ["category", "total (us)", "share", "count", "per step (us)", "exclusive (us)", "if free"],
+        ["category", "total (us)", "share", "count", "per step (us)", "only it runs, total (us)",
+         "if free"],
         [[_e(c["category"]), _f(c["total_us"]), _pct(c["share"]), str(c["count"]),
           _f(c["per_step_us"]), _f(c["exclusive_us"]),
           f"{_f(c['max_speedup_if_free'], 2)}x"] for c in r["categories"]],
@@ -135,7 +136,7 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
         for title, key in (("categories", "categories"), ("kernels", "kernels")):
             parts.append(_table(
                 [title, "A us/step", "B us/step", "delta (us)", "B/A"],
-                [[_e(x["key"] if key == "categories" else x["key"][:90]), _f(x["a_per_step_us"]),
+                [[_e(x.get("short", x["key"])), _f(x["a_per_step_us"]),
                   _f(x["b_per_step_us"]), _f(x["delta_us"]), _f(x["ratio"], 3)] for x in vs[key]],
                 numeric={1, 2, 3, 4},
             ))
