@@ -172,6 +172,21 @@ def test_any_hf_config_json(tmp_path):
     a, _ = load_model(str(p))
     b, _ = load_model("llama-3.1-8b")
     assert a.total_params == b.total_params and a.kv_bytes_per_token == b.kv_bytes_per_token
+    v4 = {"model_type": "deepseek_v4", "hidden_size": 4096, "num_hidden_layers": 43,
+          "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+          "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_lora_rank": 1024, "o_groups": 8,
+          "vocab_size": 129280, "n_routed_experts": 256, "n_shared_experts": 1,
+          "num_experts_per_tok": 6, "moe_intermediate_size": 2048, "index_n_heads": 64,
+          "index_head_dim": 128, "index_topk": 512, "sliding_window": 128,
+          "expert_dtype": "fp4", "quantization_config": {"quant_method": "fp8"}}
+    p.write_text(json.dumps(v4))
+    from_json, _ = load_model(str(p))
+    preset, _ = load_model("deepseek-v4-flash")
+    assert from_json.total_params == preset.total_params
+    assert (from_json.default_weight_dtype, from_json.default_expert_dtype) == ("fp8", "fp4")
+    p.write_text("[1, 2]")
+    with pytest.raises(UserError, match="one JSON object"):
+        load_model(str(p))
     p.write_text(json.dumps({"hidden_size": 10}))
     with pytest.raises(UserError, match="num_hidden_layers"):
         load_model(str(p))

@@ -49,10 +49,14 @@ def load_model(name_or_path: str) -> tuple[ModelSpec, dict]:
             cfg = json.loads(p.read_text())
         except ValueError as exc:
             raise UserError(f"--model {p}: not valid JSON ({exc})") from None
+        if not isinstance(cfg, dict):
+            raise UserError(f"--model {p}: a config.json holds one JSON object")
         if isinstance(cfg.get("text_config"), dict):  # multimodal wrappers
             cfg = cfg["text_config"] | {k: v for k, v in cfg.items() if k != "text_config"}
         wdt = "fp8" if (cfg.get("quantization_config") or {}).get("quant_method") == "fp8" else "bf16"
-        return model_from_config(cfg, name=p.name, default_weight_dtype=wdt), {"source": str(p)}
+        edt = cfg.get("expert_dtype") if cfg.get("expert_dtype") in ("bf16", "fp8", "fp4") else None
+        spec = model_from_config(cfg, name=p.name, default_weight_dtype=wdt, default_expert_dtype=edt)
+        return spec, {"source": str(p)}
     path = _find("models", name_or_path)
     if path is None:
         raise UserError(
