@@ -122,6 +122,10 @@ def test_pcie_all_reduce_can_bind():
     assert small.bound == "memory"
     assert big.bound == "communication"
     assert big.comm_us == pytest.approx(2 * 80 * 2 * (7 / 8) * 512 * 8192 * 2 / 64e9 * 1e6)
+    # a fixed 20 us per all-reduce (2 per layer) is added to the bandwidth term
+    (lat,) = ceiling(m, g, [1], context=1024, tp=8, allreduce_latency_us=20.0)
+    assert lat.comm_us == pytest.approx(small.comm_us + 2 * 80 * 20.0)
+    assert lat.step_us == pytest.approx(small.step_us + 2 * 80 * 20.0)
 
 
 def test_mla_kv_is_read_by_every_tp_rank_and_sparse_topk_caps_it():

@@ -203,6 +203,7 @@ def register(app: typer.Typer) -> None:
         mtp_draft: int = typer.Option(1, "--mtp-draft", help="Draft tokens per step."),
         measured: float = typer.Option(None, "--measured", help="Measured tok/s to compare with the bound."),
         measured_peaks: bool = typer.Option(False, "--measured-peaks", help="Use this lab's measured GPU peaks."),
+        allreduce_latency_us: float = typer.Option(0.0, "--allreduce-latency-us", help="Fixed cost per TP all-reduce (e.g. NCCL small-message latency); 0 = bandwidth only."),
         json_out: str = typer.Option(None, "--json", help="Write the bounds as JSON."),
     ) -> None:
         """Roofline tokens/s ceiling of decode for a model on GPUs, per batch size."""
@@ -213,7 +214,7 @@ def register(app: typer.Typer) -> None:
         except ValueError:
             raise UserError(f"--batch {batch!r}: write integers separated by commas, e.g. 1,8,16") from None
         doc = ceiling_report(model, gpu, batches, context, tp, weight_dtype, expert_dtype, kv_dtype,
-                             mtp_accept, mtp_draft, measured, measured_peaks)
+                             mtp_accept, mtp_draft, measured, measured_peaks, allreduce_latency_us)
         print_ceiling(doc)
         if json_out:
             from servelab import atomic

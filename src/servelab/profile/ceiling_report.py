@@ -23,15 +23,17 @@ def ceiling_report(
     mtp_draft: int = 1,
     measured_tok_s: float | None = None,
     measured_peaks: bool = False,
+    allreduce_latency_us: float = 0.0,
 ) -> dict[str, Any]:
     """Bounds per batch size (with MTP if `mtp_accept`), and efficiency against `measured_tok_s`."""
     m, msrc = load_model(model)
     g, gsrc = load_gpu(gpu, measured_peaks)
     rows = ceiling(m, g, batches, context, tp, weight_dtype, expert_dtype, kv_dtype, mtp_accept,
-                   mtp_draft)
+                   mtp_draft, allreduce_latency_us)
     base = None
     if mtp_accept is not None:
-        base = ceiling(m, g, batches, context, tp, weight_dtype, expert_dtype, kv_dtype)
+        base = ceiling(m, g, batches, context, tp, weight_dtype, expert_dtype, kv_dtype,
+                       allreduce_latency_us=allreduce_latency_us)
     out_rows = []
     for k, r in enumerate(rows):
         d = asdict(r)
@@ -66,6 +68,7 @@ def ceiling_report(
         "weight_dtype": weight_dtype or m.default_weight_dtype,
         "expert_dtype": expert_dtype or m.default_expert_dtype,
         "mtp": {"accept": mtp_accept, "draft": mtp_draft} if mtp_accept is not None else None,
+        "allreduce_latency_us": allreduce_latency_us,
         "total_params": m.total_params,
         "active_params": m.active_params,
         "weights_bytes_per_gpu": weights_per_gpu,
@@ -79,7 +82,7 @@ def ceiling_report(
         "assumptions": [
             "uniform expert routing; k of E experts per token",
             "weights read once per step; KV read once per request per layer (MLA: every TP rank)",
-            "launch and all-reduce latency ignored: an upper bound",
+            "launch latency ignored; all-reduce latency only as given: an upper bound",
         ],
     }
 

@@ -10,7 +10,7 @@ Per step (batch B, q tokens per request: 1, or draft+1 when MTP verifies):
   per-direction link bandwidth.
 step = max(memory, compute) + communication. With MTP, tokens per step = B x tau and each step
 also runs `draft` passes of the MTP layer. The bound ignores launch latency and all-reduce
-latency: it is a ceiling, not a prediction.
+latency unless `allreduce_latency_us` is given: it is a ceiling, not a prediction.
 """
 
 from __future__ import annotations
@@ -226,6 +226,7 @@ class StepCost:
     flops: float
     allreduce_bytes: float  # per GPU, ring
     distinct_experts: float
+    n_allreduce: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,14 +277,16 @@ def _forward_cost(
     allreduce = 0.0
     if tp > 1:
         allreduce = 2 * n_layers * 2.0 * (tp - 1) / tp * tokens * m.hidden * ACT_BYTES
-    return StepCost(weight_bytes, kv_bytes, flops, allreduce, distinct)
+    return StepCost(weight_bytes, kv_bytes, flops, allreduce, distinct, 2 * n_layers)
 
 
-def _times(cost: StepCost, m: ModelSpec, gpu: GpuSpec, tp: int, peak: float) -> tuple[float, float, float]:
+def _times(
+    cost: StepCost, m: ModelSpec, gpu: GpuSpec, tp: int, peak: float, ar_latency_s: float = 0.0
+) -> tuple[float, float, float]:
     kv_replication = tp / min(tp, max(m.kv_heads, 1))  # MLA: every TP rank reads all latent rows
     mem_s = (cost.weight_bytes / tp + cost.kv_bytes * kv_replication / tp) / gpu.hbm_bytes_s
     comp_s = cost.flops / tp / peak
-    comm_s = cost.allreduce_bytes / gpu.link_bytes_s if tp > 1 else 0.0
+    comm_s = cost.allreduce_bytes / gpu.link_bytes_s + cost.n_allreduce * ar_latency_s if tp > 1 else 0.0
     return mem_s, comp_s, comm_s
 
 
@@ -298,8 +301,16 @@ def ceiling(
     kv_dtype: str = "bf16",
     mtp_accept: float | None = None,
     mtp_draft: int = 1,
+    allreduce_latency_us: float = 0.0,
 ) -> list[Bound]:
-    """Decode tokens/s ceiling per batch size (see the module docstring for the model)."""
+    """Decode tokens/s ceiling per batch size (see the module docstring for the model).
+
+    `allreduce_latency_us` (default 0: a pure bandwidth bound) adds a fixed cost per all-reduce,
+    e.g. NCCL's small-message latency measured with nccl-tests on the target machine.
+    """
+    if allreduce_latency_us < 0:
+        raise UserError(f"--allreduce-latency-us must be >= 0, got {allreduce_latency_us}")
+    lat = allreduce_latency_us * 1e-6
     wdt = weight_dtype or m.default_weight_dtype
     edt = expert_dtype or (m.default_expert_dtype if weight_dtype is None else None) or wdt
     for d in (wdt, edt):
@@ -324,12 +335,12 @@ def ceiling(
             raise UserError(f"--batch values must be >= 1, got {b}")
         q = mtp_draft + 1 if mtp_accept is not None else 1
         main = _forward_cost(m, b, q, context, wdt, edt, kv_dtype, tp)
-        mem, comp, comm = _times(main, m, gpu, tp, peak)
+        mem, comp, comm = _times(main, m, gpu, tp, peak, lat)
         draft_s = 0.0
         if mtp_accept is not None:
             # one MTP (NextN) layer + the shared LM head, per draft token, at batch b
             d = _forward_cost(m, b, 1, context, wdt, edt, kv_dtype, tp, layers=1)
-            dm, dc, dcomm = _times(d, m, gpu, tp, peak)
+            dm, dc, dcomm = _times(d, m, gpu, tp, peak, lat)
             draft_s = mtp_draft * (max(dm, dc) + dcomm)
         step = max(mem, comp) + comm + draft_s
         per_req = (mtp_accept or 1.0) / step
