@@ -17,7 +17,7 @@ ATOL = 1e-4
 
 def _model(name: str = "micro", **kw) -> MiniModel:
     torch.manual_seed(0)
-    return MiniModel(get_config(name, **kw)).eval()
+    return MiniModel(get_config(name, **kw)).eval().prepare_inference()
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, what: str) -> None:

@@ -31,11 +31,11 @@ def torch_sparse_mla(
     """
     valid = indices >= 0  # [N, K]
     rows = kv_cache[indices.clamp(min=0).long()]  # [N, K, D_qk]
-    scores = torch.einsum("nhd,nkd->nhk", q, rows).float() * sm_scale  # [N, H, K]
+    scores = torch.bmm(q, rows.transpose(1, 2)).float() * sm_scale  # [N, H, K]
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [N, H]
     p = torch.exp(scores - lse[..., None]).nan_to_num_(0.0).to(rows.dtype)  # [N, H, K]
-    out = torch.einsum("nhk,nkv->nhv", p, rows[..., :d_v])  # [N, H, d_v]
+    out = torch.bmm(p, rows[..., :d_v])  # [N, H, d_v]
     return out, lse
 
 

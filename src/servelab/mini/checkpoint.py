@@ -64,4 +64,4 @@ def load_model(config_name: str, weights: str | Path | None, device: str, seed: 
     model = model.to(dtype).eval().requires_grad_(False)
     # rope tables stay float32 for exact positions; they are cast per use.
     model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
-    return model, meta
+    return model.prepare_inference(), meta

@@ -122,26 +122,46 @@ class MLA(nn.Module):
         """Latent attention output [..., H, value_dim] -> hidden [..., d]."""
         return self.wo(torch.einsum("...hc,hcv->...hv", o_lat, self.w_uv).flatten(-2))
 
+    def prepare_inference(self) -> None:
+        """Concatenate the projections that read the layer input (queries, latent KV, indexer)
+        into one matrix: one GEMM per layer when serving instead of five (CPU decode is bound
+        by per-op overhead). Call again after changing weights."""
+        c = self.cfg
+        first = self.wq_a.weight if c.q_lora_rank else self.wq.weight
+        ws = [first, self.wkv_a.weight, self.wi_k.weight, self.wi_q.weight, self.wi_w.weight]
+        self.fused_w = torch.cat(ws).contiguous()
+        self.fused_split = [w.shape[0] for w in ws]
+
     def forward_flat(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: FlatBatch,
                      kv: torch.Tensor, ik: torch.Tensor, attn_fn: AttentionFn) -> torch.Tensor:
-        """Serving path: x [N, d]; writes rows into kv [T, D_qk] / ik [T, dI], then attends."""
-        kv.index_copy_(0, fb.rows, self._row(x, cos, sin).to(kv.dtype))
-        xd = x.detach()
-        ik.index_copy_(0, fb.rows, self.wi_k(xd).to(ik.dtype))
+        """Serving path: x [N, d]; writes rows into kv [T, D_qk] / ik [T, dI], then attends.
+        Needs prepare_inference(); no autograd."""
+        c = self.cfg
+        n = x.shape[0]
+        qa, kva, k_idx, qi, wi = F.linear(x, self.fused_w).split(self.fused_split, -1)
+        c_kv, k_rope = kva.split([c.kv_lora_rank, c.qk_rope_head_dim], -1)
+        row = torch.cat((self.kv_norm(c_kv), rope(k_rope, cos, sin)), dim=-1)  # [N, D_qk]
+        kv.index_copy_(0, fb.rows, row.to(kv.dtype))
+        ik.index_copy_(0, fb.rows, k_idx.to(ik.dtype))
         indices = fb.dense_indices
         if indices is None:
-            qi, wi = self._index_q(xd)  # [N, hI, dI], [N, hI]
             keys = ik[fb.cand]  # [N, L, dI]
-            score = torch.einsum("nhd,nld->nhl", qi, keys).relu()
-            score = torch.einsum("nhl,nh->nl", score, wi).float() + fb.recency
+            score = torch.bmm(keys, qi.view(n, c.index_heads, c.index_dim).transpose(1, 2))
+            score = torch.bmm(score.relu(), wi[:, :, None]).squeeze(-1)  # [N, L]
+            score = score.float() + fb.recency
             score = score.masked_fill(fb.in_window, float("inf"))
             score = score.masked_fill(~fb.valid, float("-inf"))
-            top_v, top_i = score.topk(self.cfg.attend_k, dim=-1)  # [N, K]
+            top_v, top_i = score.topk(c.attend_k, dim=-1)  # [N, K]
             indices = torch.where(top_v > float("-inf"), fb.cand.gather(1, top_i), -1)
             indices = indices.to(torch.int32)
-        q = self._q(x, cos, sin).to(kv.dtype)  # [N, H, D_qk]
-        o, _ = attn_fn(q, kv, indices, self.sm_scale, self.cfg.value_dim)
-        return self._out(o.to(x.dtype))
+        q = self.wq_b(self.q_norm(qa)) if c.q_lora_rank else qa
+        q = q.view(n, c.n_heads, c.qk_nope_head_dim + c.qk_rope_head_dim)
+        q_nope, q_rope = q.split([c.qk_nope_head_dim, c.qk_rope_head_dim], dim=-1)
+        q_lat = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)  # [N, H, C]
+        q = torch.cat((q_lat, rope(q_rope, cos[:, None, :], sin[:, None, :])), dim=-1)
+        o, _ = attn_fn(q.to(kv.dtype), kv, indices, self.sm_scale, c.value_dim)  # [N, H, dv]
+        o = torch.bmm(o.to(x.dtype).transpose(0, 1), self.w_uv).transpose(0, 1)  # [N, H, v]
+        return self.wo(o.reshape(n, c.n_heads * c.v_head_dim))
 
     def forward_train(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,8 +215,9 @@ class MoE(nn.Module):
         self.shared13 = nn.Linear(d, 2 * fs, bias=False)
         self.shared2 = nn.Linear(fs, d, bias=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [..., d] -> (out [..., d], load-balance loss)."""
+    def forward(self, x: torch.Tensor, aux: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [..., d] -> (out [..., d], load-balance loss if aux else None)."""
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])  # [N, d]
         probs = self.gate(x2).float().softmax(-1)  # [N, E]
@@ -204,9 +225,11 @@ class MoE(nn.Module):
         gates = torch.zeros_like(probs).scatter_(-1, top_i, top_p / top_p.sum(-1, keepdim=True))
         a, b = torch.matmul(x2, self.w13).chunk(2, dim=-1)  # [E, N, f]
         routed = torch.matmul(F.silu(a) * b, self.w2)  # [E, N, d]
-        out = torch.einsum("end,ne->nd", routed, gates.to(x.dtype))
+        out = torch.bmm(gates.to(x.dtype)[:, None, :], routed.transpose(0, 1))[:, 0]  # [N, d]
         sa, sb = self.shared13(x2).chunk(2, dim=-1)
         out = out + self.shared2(F.silu(sa) * sb)
+        if not aux:
+            return out.reshape(shape), None
         # Switch-style balance loss: E * sum_e (fraction routed to e) * (mean prob of e).
         frac = (gates > 0).float().mean(0)
         balance = probs.shape[-1] * (frac * probs.mean(0)).sum() / self.top_k
@@ -275,9 +298,15 @@ class MiniModel(nn.Module):
         return self.mtp_proj(torch.cat((self.mtp_hnorm(h), self.mtp_enorm(e)), dim=-1))
 
     # ---- serving path ------------------------------------------------------------------------
+    def prepare_inference(self) -> MiniModel:
+        """Build the fused serving weights of every attention layer (see MLA.prepare_inference)."""
+        for blk in (*self.layers, self.mtp_block):
+            blk.attn.prepare_inference()
+        return self
+
     def _block_flat(self, blk: Block, x, cos, sin, fb: FlatBatch, kv, ik, attn_fn):
         x = x + blk.attn.forward_flat(blk.attn_norm(x), cos, sin, fb, kv, ik, attn_fn)
-        return x + blk.ffn(blk.ffn_norm(x))[0]
+        return x + blk.ffn(blk.ffn_norm(x), aux=False)[0]
 
     def forward_flat(self, tokens: torch.Tensor, fb: FlatBatch, cache: KVCache,
                      attn_fn: AttentionFn = torch_sparse_mla
