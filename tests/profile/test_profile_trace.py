@@ -133,6 +133,16 @@ def test_cuda_graph_launches_are_recognised():
                 and ev["args"]["correlation"] in graph_corr]
     assert g["graph_launches"] == len(graph_corr) == 5
     assert g["kernels_in_graphs"] == len(in_graph)
+    spans, busys = [], []
+    for c in graph_corr:
+        ks = [ev for ev in in_graph if ev["args"]["correlation"] == c]
+        starts = np.array([ev["ts"] for ev in ks])
+        ends = np.array([ev["ts"] + ev["dur"] for ev in ks])
+        spans.append(ends.max() - starts.min())
+        busys.append(_np_union(starts, ends))
+    assert g["mean_launch_span_us"] == pytest.approx(np.mean(spans))
+    assert g["mean_launch_busy_us"] == pytest.approx(np.mean(busys))
+    assert g["mean_launch_busy_us"] <= g["mean_launch_span_us"]
     assert e["graph_launches"] == 0 and e["kernels_in_graphs"] == 0
 
 
@@ -210,6 +220,22 @@ def test_not_a_trace(tmp_path):
         read_trace(p)
     with pytest.raises(UserError, match="does not exist"):
         read_trace(tmp_path / "missing.json")
+
+
+def test_union_length_property():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from servelab.profile.steps import union_length
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(st.tuples(st.floats(0, 1e4), st.floats(0, 500)), min_size=1, max_size=30))
+    def check(iv):
+        s = [a for a, _ in iv]
+        e = [a + d for a, d in iv]
+        assert union_length(s, e) == pytest.approx(_np_union(np.array(s), np.array(e)), abs=1e-6)
+
+    check()
 
 
 def test_old_kineto_category_names(tmp_path):

@@ -48,6 +48,8 @@ def _print_report(r: dict, vs: dict | None, top: int) -> None:
         f"GPU busy {_pct(r['gpu_busy_fraction'])}, idle {_pct(r['idle_fraction'])}; "
         f"kernel time {_fmt(r['kernel_total_us'] / n)} us/step; CUDA graphs: "
         f"{g['graph_launches']} launches holding {g['kernels_in_graphs']} kernels"
+        + (f" ({_fmt(g['mean_launch_busy_us'])} us busy of {_fmt(g['mean_launch_span_us'])} us "
+           "per replay)" if g["graph_launches"] else "")
     )
     if r["outside_steps"]["n_activities"]:
         con.print(

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.profile.breakdown import Breakdown, Rules, breakdown, diff, load_rules, short_name
-from servelab.profile.steps import StepSet, find_steps
+from servelab.profile.steps import StepSet, busy_by_device, find_steps
 from servelab.profile.trace import Trace, launch_times, read_trace
 from servelab.profile.whatif import apply_whatifs, parse_whatif, rank_categories
 
@@ -44,12 +44,21 @@ def _graphs(trace: Trace, steps: StepSet, bd: Breakdown) -> dict[str, Any]:
     launches = launch_times(trace)
     in_steps = [i for st in steps.steps for i in st.activities]
     graph_idx = [i for i in in_steps if launches.get(trace.corr[i], (0.0, False))[1]]
-    n_launch = len({trace.corr[i] for i in graph_idx})
+    per_launch: dict[int, list[int]] = {}
+    for i in graph_idx:
+        per_launch.setdefault(trace.corr[i], []).append(i)
+    n_launch = len(per_launch)
     t_graph = sum(trace.dur_us[i] for i in graph_idx)
+    spans = [max(trace.ts_us[i] + trace.dur_us[i] for i in idx) - min(trace.ts_us[i] for i in idx)
+             for idx in per_launch.values()]
+    busy = [max(busy_by_device(trace, idx).values()) for idx in per_launch.values()]
     return {
         "graph_launches": n_launch,
         "kernels_in_graphs": len(graph_idx),
         "kernels_per_launch": len(graph_idx) / n_launch if n_launch else None,
+        # inside one replay: first kernel start to last kernel end, and the busy part of it
+        "mean_launch_span_us": sum(spans) / n_launch if n_launch else None,
+        "mean_launch_busy_us": sum(busy) / n_launch if n_launch else None,
         "share_of_kernel_time": (
             t_graph / bd.kernel_total_us if bd.kernel_total_us > 0 and n_launch else None
         ),

@@ -99,7 +99,9 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
         [[str(r["n_steps"]), _e(r["steps_from"]), _f(r["wall_us"] / max(r["n_steps"], 1)),
           _pct(r["gpu_busy_fraction"]), _pct(r["idle_fraction"]),
           f"{r['outside_steps']['n_activities']} activities, {_f(r['outside_steps']['time_us'])} us",
-          f"{g['graph_launches']} launches, {g['kernels_in_graphs']} kernels"]],
+          f"{g['graph_launches']} launches, {g['kernels_in_graphs']} kernels"
+          + (f", {_f(g['mean_launch_busy_us'])} of {_f(g['mean_launch_span_us'])} us busy per replay"
+             if g["graph_launches"] else "")]],
     ))
     parts.append("<h2>Steps</h2>" + _timeline(r["steps"]))
     parts.append("<h2>Categories: time and the most each could give</h2>")
