@@ -225,16 +225,41 @@ def check_correct(log: Log, shape: Shape, kv: torch.Tensor) -> dict:
 
 
 def sweep_configs(shape: Shape):
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig
+    """The split-kernel search space, as data: geometry x index prefetch."""
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
     if shape.heads >= 64:
-        geo = [(64, 32, 8, 2), (64, 64, 8, 2), (64, 32, 8, 3), (64, 16, 8, 3), (32, 32, 4, 2),
-               (16, 32, 4, 2)]  # fmt: skip
+        yield from (
+            C(64, 64, 8, 2, 1), C(64, 64, 8, 2, 1, prefetch_idx=False), C(64, 128, 8, 1, 1),
+            C(64, 32, 8, 3, 1), C(32, 64, 4, 2, 1), C(16, 32, 4, 2, 2),
+            C(16, 32, 4, 2, 2, prefetch_idx=False),
+        )  # fmt: skip
     else:
-        geo = [(16, 32, 4, 2), (16, 64, 4, 2), (16, 16, 4, 3), (32, 32, 4, 2), (16, 32, 4, 3)]
-    for bh, bn, w, st in geo:
-        for waves in (1.0, 2.0):
-            yield SplitConfig(block_h=bh, block_n=bn, num_warps=w, num_stages=st, waves=waves)
+        yield from (
+            C(16, 64, 4, 2, 1), C(16, 64, 4, 2, 1, prefetch_idx=False), C(16, 128, 4, 1, 1),
+            C(16, 32, 4, 2, 2), C(16, 32, 4, 3, 2), C(32, 32, 4, 2, 1),
+        )  # fmt: skip
+
+
+def ir_report(log: Log, out: Path, tag: str) -> None:
+    """What the compiler made of the latest split kernel: async copies, wgmma vs mma.sync,
+    vector width of global loads; the TTGIR goes to OUT for reading."""
+    from servelab.kernels.sparse_mla import splitkv
+
+    k = splitkv.LAST_COMPILED.get("split")
+    asm = getattr(k, "asm", {}) or {}
+    ptx, ttgir = asm.get("ptx", ""), asm.get("ttgir", "")
+    counts = {
+        pat: ptx.count(pat)
+        for pat in ("cp.async.cg", "cp.async.ca", "cp.async.bulk", "wgmma.mma_async", "mma.sync",
+                    "ld.global.v4", "ld.global.nc.v4", "ld.global", "st.global", "bar.sync")
+    }  # fmt: skip
+    counts["ttgir_async_copy"] = ttgir.count("async_copy_global_to_local")
+    counts["ttgir_warp_group_dot"] = ttgir.count("warp_group_dot")
+    log.say(f"ir {tag}: regs={getattr(k, 'n_regs', None)} spills={getattr(k, 'n_spills', None)} "
+            f"smem={getattr(getattr(k, 'metadata', None), 'shared', None)} {counts}")  # fmt: skip
+    if ttgir and not (out / "split_kernel.ttgir").exists():
+        (out / "split_kernel.ttgir").write_text(ttgir)
 
 
 def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_splits=None):
@@ -245,7 +270,7 @@ def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_split
     rec = {"shape": shape.name, "B": b, "variant": variant + (f"-drop{drop}" if drop else ""),
            "R": r}  # fmt: skip
     if variant == "splitkv":
-        cfg = cfg or default_config(shape.heads, shape.d_qk, kv.dtype)
+        cfg = cfg or default_config(b, shape.heads, shape.d_qk, kv.dtype)
         ns = num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, _num_sms(kv.device))
         rec.update(config=asdict(cfg), num_splits=ns)
     else:
@@ -320,14 +345,13 @@ def main(argv: list[str]) -> int:
             for b in (1, 8, 64):
                 best = None
                 for cfg in sweep_configs(shape):
-                    if cfg.waves != 1.0 and b >= 64:
-                        continue  # the grid is already full: waves change nothing
                     rec = run_cell(log, shape, b, kv, "splitkv", reps, 128, cfg=cfg)
                     if "error" in rec:
                         log.say(f"sweep {shape.name} B={b} {cfg}: {rec['error']}")
                         continue
                     log.say(f"sweep {shape.name} B={b} bh{cfg.block_h} bn{cfg.block_n} "
-                            f"w{cfg.num_warps} s{cfg.num_stages} waves{cfg.waves} "
+                            f"w{cfg.num_warps} s{cfg.num_stages} c{cfg.ctas_per_sm} "
+                            f"pf{int(cfg.prefetch_idx)} "
                             f"splits={rec['num_splits']}: {rec['us']:.2f} us "
                             f"regs={rec.get('split_regs')} spills={rec.get('split_spills')}")  # fmt: skip
                     if best is None or rec["us"] < best[0]:
@@ -340,6 +364,7 @@ def main(argv: list[str]) -> int:
                     continue
                 cells[v] = run_cell(log, shape, b, kv, v, reps if v == "splitkv" else 10, 128)
             if b in (1, 64):
+                ir_report(log, args.out, f"{shape.name} B={b}")
                 for drop in ("qk", "pv"):
                     cells[f"drop{drop}"] = run_cell(log, shape, b, kv, "splitkv", reps, 128,
                                                     drop=drop)  # fmt: skip

@@ -191,8 +191,8 @@ def test_split_counts_agree(device):
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100  # 4 tiles of 32
     q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=3)
     out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-    cfg = SplitConfig(block_h=16, block_n=32, num_warps=4)
-    for splits in (1, 2, 3, 4, 6):
+    cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
+    for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6)]:
         out, lse = _poisoned(b, h, d_v, dtype, device)
         ws = (
             torch.full((b, splits, h, d_v), float("nan"), device=device),
@@ -202,20 +202,40 @@ def test_split_counts_agree(device):
             q, kv, idx, d_qk**-0.5, d_v, num_splits=splits, config=cfg, out=out, lse=lse,
             workspace=ws if splits > 1 else None,
         )  # fmt: skip
-        _assert_close(f"splits={splits} out", o, out_ex, out_tol)
-        _assert_close(f"splits={splits} lse", lg, lse_ex, lse_tol)
+        _assert_close(f"{cfg} splits={splits} out", o, out_ex, out_tol)
+        _assert_close(f"{cfg} splits={splits} lse", lg, lse_ex, lse_tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_many_splits_combine_in_column_slices(device):
+    """200 splits over 4 tiles (196 empty): the combine then works in 32-column slices of
+    d_v = 64, so both slices and the empty-split weighting are exercised."""
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 2, 3, 80, 64, 100
+    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)
+    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    out, lse = _poisoned(b, h, d_v, dtype, device)
+    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, num_splits=200, out=out, lse=lse,
+                           config=SplitConfig(block_h=16, block_n=32, num_warps=4))  # fmt: skip
+    _assert_close("200 splits out", o, out_ex, out_tol)
+    _assert_close("200 splits lse", lg, lse_ex, lse_tol)
 
 
 def test_choose_num_splits_fills_the_machine():
     from servelab.kernels.sparse_mla.splitkv import SplitConfig, choose_num_splits
 
-    cfg = SplitConfig(block_h=64, block_n=32)
+    cfg = SplitConfig(block_h=64, block_n=32, ctas_per_sm=1)
     # V4-Flash at B=1: 1 head block, 20 tiles, 132 SMs -> every tile its own program.
     assert choose_num_splits(1, 64, 640, cfg, 132) == 20
     # V3.2 at B=1: 2 head blocks x 64 tiles; 66 splits wanted -> 64 (one tile each).
     assert choose_num_splits(1, 128, 2048, cfg, 132) == 64
     # B=8, H=128: 16 programs without splitting; 132 // 16 = 8 splits of 8 tiles each.
     assert choose_num_splits(8, 128, 2048, cfg, 132) == 8
+    # Two programs per SM: twice the splits (16 tiles of 4).
+    assert choose_num_splits(8, 128, 2048, SplitConfig(block_h=64, ctas_per_sm=2,
+                             block_n=32), 132) == 16  # fmt: skip
     # Grid already full: no split, no combine.
     assert choose_num_splits(128, 128, 2048, cfg, 132) == 1
     for b in (1, 2, 3, 5, 8, 16, 33, 64):

@@ -27,21 +27,28 @@ from .reference import check_inputs
 
 LOG2E = 1.4426950408889634
 
+MAX_SPLITS = 256  # the combine loads all partials of a column slice at once
+
 # The compiled kernels of the latest launch, for the benchmark's register/spill report.
 LAST_COMPILED: dict[str, object] = {}
 
 
 @dataclass(frozen=True, slots=True)
 class SplitConfig:
-    """Launch geometry of the split kernel (changing it must not change results beyond merge
-    rounding; the tests check that)."""
+    """Launch geometry of the split kernel. Only the split count changes the arithmetic (the
+    merge); the tests check every split count against the exact result."""
 
     block_h: int = 64
-    block_n: int = 32
+    block_n: int = 64
     num_warps: int = 8
     num_stages: int = 2
-    waves: float = 1.0  # target programs = waves x SMs when choosing the split count
+    # Programs one SM holds at once with this geometry at the real shapes (compiler report on
+    # the H200: 64-head tiles use 255 registers x 256 threads and ~200 KB shared memory -> 1;
+    # 16-head, 32-token tiles ~130-190 registers x 128 threads, ~90 KB -> 2).
+    ctas_per_sm: int = 1
+    waves: float = 1.0  # target programs = waves x ctas_per_sm x SMs
     min_tiles_per_split: int = 1
+    prefetch_idx: bool = True  # load tile t+1's indices during tile t
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -50,16 +57,24 @@ class SplitConfig:
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
 
 
-def default_config(h: int, d_qk: int, dtype: torch.dtype) -> SplitConfig:
-    """Config by head count: 64 heads fill one wgmma M tile (2 warpgroups split d_v);
-    fewer heads (TP slices) use a 16-row tile so the MMA is not mostly padding."""
+# Measured on the H200 (docs/perf-notes/sparse_mla.md, sweep of 2026-11-29): 64-head tiles win
+# once the grid has >= 8 programs' worth of head blocks x requests (B*H >= 512); below that
+# 16-head tiles with more splits win (B=1 V4-Flash: 11.0 us vs 14.6 us), and TP slices
+# (H < 64) always use 16-head tiles with 64-token tiles (bn64: 1.3-1.4x bn32 at B=64).
+WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1)
+NARROW = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2)
+NARROW_LONG = SplitConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1)
+
+
+def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype) -> SplitConfig:
+    """Config by batch and head count (d_qk and dtype kept for future per-shape tables)."""
     if h >= 64:
-        return SplitConfig(block_h=64, block_n=32, num_warps=8, num_stages=2)
-    return SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=2)
+        return WIDE if b * h >= 512 else NARROW
+    return NARROW_LONG
 
 
 def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int) -> int:
-    """Split count so that B x head-blocks x splits is about cfg.waves x SMs.
+    """Split count so that B x head-blocks x splits is about waves x ctas_per_sm x SMs.
 
     Never more splits than tiles (a split owns whole tiles), and 1 when the grid is already
     full without splitting (then the combine kernel is skipped).
@@ -67,9 +82,9 @@ def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int)
     n_hblk = triton.cdiv(h, cfg.block_h)
     n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
     base = b * n_hblk
-    want = max(int(cfg.waves * num_sms) // max(base, 1), 1)
+    want = max(int(cfg.waves * cfg.ctas_per_sm * num_sms) // max(base, 1), 1)
     max_splits = max(n_tiles // cfg.min_tiles_per_split, 1)
-    splits = min(want, max_splits)
+    splits = min(want, max_splits, MAX_SPLITS)
     # Equalise: every split gets the same whole number of tiles, no empty trailing split.
     tiles_per_split = triton.cdiv(n_tiles, splits)
     return triton.cdiv(n_tiles, tiles_per_split)
@@ -105,6 +120,7 @@ def _split_kernel(
     F32_DOT: tl.constexpr,  # fp32 operands with IEEE dots (fp32 inputs; bf16 in the interpreter)
     DROP_QK: tl.constexpr,  # diagnostics: skip the score dot (scores = 0)
     DROP_PV: tl.constexpr,  # diagnostics: skip the P V dot
+    PREFETCH_IDX: tl.constexpr,
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -134,9 +150,21 @@ def _split_kernel(
     n_tiles = tl.cdiv(topk, BLOCK_N)
     t_start = sp * tiles_per_split
     t_end = tl.minimum(t_start + tiles_per_split, n_tiles)
+    idx_row = idx_ptr + b * stride_ib
+    if PREFETCH_IDX:
+        offs_n = t_start * BLOCK_N + offs_n0
+        n_lim = tl.minimum(topk, t_end * BLOCK_N)  # this split's slots end here
+        idx_next = tl.load(idx_row + offs_n, mask=offs_n < n_lim, other=-1)
     for t in range(t_start, t_end):
-        offs_n = t * BLOCK_N + offs_n0
-        idx = tl.load(idx_ptr + b * stride_ib + offs_n, mask=offs_n < topk, other=-1)
+        if PREFETCH_IDX:
+            # The next tile's indices load while this tile computes, so the gather address is
+            # ready at the top of the iteration instead of one dependent load later.
+            idx = idx_next
+            offs_n = (t + 1) * BLOCK_N + offs_n0
+            idx_next = tl.load(idx_row + offs_n, mask=offs_n < n_lim, other=-1)
+        else:
+            offs_n = t * BLOCK_N + offs_n0
+            idx = tl.load(idx_row + offs_n, mask=offs_n < topk, other=-1)
         valid = idx >= 0  # [BLOCK_N]
         rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kvt
         if BLOCK_DV == D_V:  # real shapes: a row-constant mask keeps 16-byte vector loads
@@ -207,39 +235,40 @@ def _combine_kernel(
     stride_oh,
     stride_lb,
     D_V: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
+    BLOCK_DVC: tl.constexpr,  # d_v columns per program (grid axis 2)
     BLOCK_S: tl.constexpr,
 ):
+    # One shot, no loop over splits: all S partials of a column slice are loaded together, so
+    # the merge costs one L2 round trip instead of S dependent ones (a split loop made the
+    # merge the largest part of a B=1 call on the H200).
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
     lse_s = tl.load(
-        plse_ptr + b * stride_plb + offs_s * stride_pls + h,
-        mask=offs_s < num_splits,
-        other=-float("inf"),
+        plse_ptr + b * stride_plb + offs_s * stride_pls + h, mask=mask_s, other=-float("inf")
     )  # [BLOCK_S]
     m = tl.max(lse_s, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
-    total = tl.sum(tl.exp(lse_s - m_safe), axis=0)
-    lse = m_safe + tl.log(total)  # log(0) = -inf for all-padding rows
-    lse_safe = tl.where(total > 0.0, lse, 0.0)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_dv = offs_dv < D_V
-    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for s in range(0, num_splits):
-        w = tl.exp(tl.load(plse_ptr + b * stride_plb + s * stride_pls + h) - lse_safe)
-        o_s = tl.load(
-            po_ptr + b * stride_pob + s * stride_pos + h * stride_poh + offs_dv,
-            mask=mask_dv,
-            other=0.0,
-        )
-        acc += w * o_s
+    w = tl.exp(lse_s - m_safe)  # [BLOCK_S], 0 for empty splits
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(total > 0.0, total, 1.0)
+    offs_d = tl.program_id(2) * BLOCK_DVC + tl.arange(0, BLOCK_DVC)
+    mask_d = offs_d < D_V
+    o_s = tl.load(
+        po_ptr + b * stride_pob + offs_s[:, None] * stride_pos + h * stride_poh + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_DVC]
+    acc = tl.sum(w[:, None] * o_s, axis=0)
     tl.store(
-        out_ptr + b * stride_ob + h * stride_oh + offs_dv,
+        out_ptr + b * stride_ob + h * stride_oh + offs_d,
         acc.to(out_ptr.dtype.element_ty),
-        mask=mask_dv,
+        mask=mask_d,
     )
-    tl.store(lse_ptr + b * stride_lb + h, tl.where(total > 0.0, lse, -float("inf")))
+    if tl.program_id(2) == 0:
+        # log(0) = -inf for all-padding rows, which is the defined lse there.
+        tl.store(lse_ptr + b * stride_lb + h, m_safe + tl.log(total))
 
 
 def _num_sms(device: torch.device) -> int:
@@ -266,12 +295,12 @@ def splitkv_decode(
     b, h, d_qk, topk = check_inputs(q, kv_cache, indices, d_v)
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or indices.stride(-1) != 1:
         raise ValueError("q, kv_cache and indices need a contiguous last dimension")
-    cfg = config or default_config(h, d_qk, q.dtype)
+    cfg = config or default_config(b, h, d_qk, q.dtype)
     n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
     if num_splits is None:
         num_splits = choose_num_splits(b, h, topk, cfg, _num_sms(q.device))
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
     tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
     # Splits past the last tile would see nothing; they still run and write (0, -inf).
     if out is None:
@@ -316,19 +345,23 @@ def splitkv_decode(
         F32_DOT=f32_dot,
         DROP_QK=drop == "qk",
         DROP_PV=drop == "pv",
+        PREFETCH_IDX=cfg.prefetch_idx,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
     if not single:
-        LAST_COMPILED["combine"] = _combine_kernel[(b, h)](
+        block_s = max(triton.next_power_of_2(num_splits), 2)
+        block_dvc = min(max(triton.next_power_of_2(d_v), 16), max(8192 // block_s, 16))
+        grid_c = (b, h, triton.cdiv(d_v, block_dvc))
+        LAST_COMPILED["combine"] = _combine_kernel[grid_c](
             o_dst, lse_dst, out, lse,
             num_splits,
             o_dst.stride(0), o_dst.stride(1), o_dst.stride(2),
             lse_dst.stride(0), lse_dst.stride(1),
             out.stride(0), out.stride(1), lse.stride(0),
             D_V=d_v,
-            BLOCK_DV=max(triton.next_power_of_2(d_v), 16),
-            BLOCK_S=max(triton.next_power_of_2(num_splits), 2),
+            BLOCK_DVC=block_dvc,
+            BLOCK_S=block_s,
             num_warps=4,
         )  # fmt: skip
     return out, lse
