@@ -305,6 +305,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--sweep", action="store_true", help="sweep split-kernel configs first")
     ap.add_argument("--shapes", default=",".join(s.name for s in SHAPES))
     ap.add_argument("--no-eager", action="store_true")
+    ap.add_argument("--sweep-only", action="store_true", help="sweep, then no timing table")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new shape or sweep once this much time has passed")  # fmt: skip
@@ -357,6 +358,8 @@ def main(argv: list[str]) -> int:
                     if best is None or rec["us"] < best[0]:
                         best = (rec["us"], cfg)
                 log.say(f"BEST {shape.name} B={b}: {best}")
+        if args.sweep_only:
+            continue
         for b in batches:
             cells = {}
             for v in ("eager", "naive", "splitkv"):
