@@ -143,3 +143,27 @@ def test_detach_reports_progress_through_status(tmp_path, scripted, live_procs):
     with Store(tmp_path / "home" / "results.db") as st:
         assert [r.status for r in st.runs("det")] == ["ok", "ok"]
     assert live_procs(marker) == []
+
+
+def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(tmp_path, scripted, live_procs):
+    from servelab.experiment.runner import bench_measure
+
+    text, marker = scripted("blk", reps=2, restart="block")
+    f = tmp_path / "blk.toml"
+    f.write_text(text)
+    spec = spec_mod.load(f)
+    alive_during: list[int] = []
+
+    def measure(url, spec, run):
+        alive_during.append(len(live_procs(marker)))
+        return bench_measure(url, spec, run)
+
+    store = Store(tmp_path / "r.db")
+    res = Runner(spec, store, measure=measure, say=lambda s: None).run()
+    assert (res.ok, res.failed) == (8, 0)
+    assert [(r.arm, r.load_key, r.block) for r in store.runs("blk")] == [
+        ("slow", "c=1", 0), ("fast", "c=1", 0), ("fast", "c=4", 0), ("slow", "c=4", 0),
+        ("fast", "c=1", 1), ("slow", "c=1", 1), ("slow", "c=4", 1), ("fast", "c=4", 1)]
+    # the first run of each block sees one engine (the other is launched on first use), then two
+    assert alive_during == [1, 2, 2, 2, 1, 2, 2, 2]
+    assert live_procs(marker) == []

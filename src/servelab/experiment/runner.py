@@ -92,7 +92,7 @@ class Runner:
         self.engine: Engine = engines.get(spec.engine)
         self.log_root = log_root or paths.home() / "experiments" / spec.name / "logs"
         self.on_progress = on_progress
-        self._active: Deployment | None = None    # torn down on any exit, whatever happens
+        self._active: list[Deployment] = []    # torn down on any exit, whatever happens
 
     def todo(self) -> tuple[list[PlannedRun], list[PlannedRun], int]:
         """(all planned runs, those still to run, failed runs among them)."""
@@ -135,9 +135,8 @@ class Runner:
                      f"run the same command again to resume")
             raise
         finally:
-            if self._active is not None:
-                self._active.stop()
-                self._active = None
+            while self._active:
+                self._active.pop().stop()
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
         job.finish("finished" if ok or not todo else "failed")
@@ -149,37 +148,42 @@ class Runner:
 
     def _run_group(self, group: list[PlannedRun], job: Any, done_so_far: int
                    ) -> Iterator[tuple[PlannedRun, str]]:
-        spec, first = self.spec, group[0]
-        job.update(current=f"{first.describe()} (launching)")
+        """The runs of one group; each arm's deployment is launched at its first run in the group
+        (restart 'block': every arm of the block is up at once) and all are stopped at the end."""
+        spec = self.spec
         if not self.engine.launches:
             assert spec.url
             for p in group:
                 yield p, self._measure_one(p, spec.url, None, job)
             return
-        dep, error = self._launch(first)
-        if dep is None:
-            assert error is not None
-            for p in group:
-                self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
-                                   repetition=p.repetition, block=p.block, seq=p.seq, status="failed",
-                                   error=str(error), log_tail=error.log_tail, started=time.time())
-                self.say(f"[red]failed[/red] {p.describe()}: {error}")
-                yield p, "failed"
-            return
+        deps: dict[str, Deployment | DeployError] = {}
         try:
             for p in group:
-                if not dep.alive():
-                    tail = dep.log_tail()
-                    self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
-                                       repetition=p.repetition, block=p.block, seq=p.seq,
-                                       status="failed", error="the engine exited during the run",
-                                       log_tail=tail, started=time.time())
+                if p.arm not in deps:
+                    job.update(current=f"{p.describe()} (launching)")
+                    dep, error = self._launch(p)
+                    deps[p.arm] = dep if dep is not None else error  # type: ignore[assignment]
+                d = deps[p.arm]
+                if isinstance(d, DeployError):
+                    self._failed(p, str(d), d.log_tail)
                     yield p, "failed"
-                    continue
-                yield p, self._measure_one(p, dep.url, dep, job)
+                elif not d.alive():
+                    self._failed(p, "the engine exited during the run", d.log_tail())
+                    yield p, "failed"
+                else:
+                    yield p, self._measure_one(p, d.url, d, job)
         finally:
-            dep.stop()
-            self._active = None
+            for d in deps.values():
+                if isinstance(d, Deployment):
+                    d.stop()
+                    if d in self._active:
+                        self._active.remove(d)
+
+    def _failed(self, p: PlannedRun, error: str, log_tail: str) -> None:
+        self.store.add_run(experiment=self.spec.name, arm=p.arm, load_key=p.load_key,
+                           repetition=p.repetition, block=p.block, seq=p.seq, status="failed",
+                           error=error, log_tail=log_tail, started=time.time())
+        self.say(f"[red]failed[/red] {p.describe()}: {error}")
 
     def _launch(self, p: PlannedRun) -> tuple[Deployment | None, DeployError | None]:
         from servelab.experiment.spec import resolve
@@ -192,13 +196,13 @@ class Runner:
                              ready_timeout_s=t["ready_s"], grace_s=t["teardown_s"],
                              port_free_s=t["port_free_s"], gpu_free_s=t["gpu_free_s"])
             t0 = time.monotonic()
-            self._active = dep
+            self._active.append(dep)
             try:
                 dep.start()
                 self.say(f"deployed arm {p.arm} in {time.monotonic() - t0:.1f} s at {dep.url}")
                 return dep, None
             except DeployError as exc:
-                self._active = None
+                self._active.remove(dep)
                 last = exc
                 self.say(f"[yellow]launch of arm {p.arm} failed (attempt {attempt + 1} of "
                          f"{spec.retries + 1})[/yellow]: {exc}")

@@ -5,6 +5,10 @@ within a block the arms run back to back, so slow drift of the machine hits all 
 the effect can be paired by block. Interleaved alternates the arm order (AB, BA, AB, ...);
 shuffled draws each block's arm order from a seeded generator; sequential runs all repetitions
 of one arm before the next (no pairing: only for engines that cannot be restarted cheaply).
+
+Deployments: restart 'run' launches one per run; 'arm' one per arm per block (all its load
+points); 'block' keeps every arm of a block up at once and runs the arms back to back at each
+load point, so paired runs are seconds apart (for machines that hold all arms: CPU, small models).
 """
 
 from __future__ import annotations
@@ -63,11 +67,21 @@ def plan(spec: ExperimentSpec) -> list[PlannedRun]:
     runs: list[PlannedRun] = []
     group = -1
     reps_seen: dict[str, int] = {}
-    for b, block in enumerate(arm_orders(arms, spec.repetitions, spec.order, spec.seed)):
+    orders = arm_orders(arms, spec.repetitions, spec.order, spec.seed)
+    if spec.restart == "block" and spec.order != "sequential":
+        # all arms of a block deployed together: per load point the arms run back to back (pairs
+        # seconds apart), the arm order alternating between load points (ABBA within the block)
+        for b, block in enumerate(orders):
+            for j, (key, c, r) in enumerate(loads):
+                for arm in (block if j % 2 == 0 else list(reversed(block))):
+                    runs.append(PlannedRun(seq=len(runs), arm=arm, load_key=key, concurrency=c,
+                                           request_rate=r, repetition=b, block=b, group=b))
+        return runs
+    for b, block in enumerate(orders):
         for arm in block:
             rep = reps_seen.get(arm, 0) if spec.order == "sequential" else b
             reps_seen[arm] = rep + 1
-            if spec.restart == "arm":
+            if spec.restart in ("arm", "block"):
                 group += 1
             for key, c, r in loads:
                 if spec.restart == "run":

@@ -133,7 +133,8 @@ class ExperimentSpec(_Strict):
     repetitions: int = Field(3, ge=1)
     order: Literal["interleaved", "shuffled", "sequential"] = "interleaved"
     seed: int = 0
-    restart: Literal["run", "arm"] = "run"    # fresh deployment per run, or per arm per block
+    # fresh deployment per run; per arm per block; or all arms of a block up together
+    restart: Literal["run", "arm", "block"] = "run"
     retries: int = Field(1, ge=0)             # extra launch attempts after a failed launch
     noise_band: float = Field(0.02, ge=0, lt=1)
     primary_metric: str = "output_throughput_tok_s"
