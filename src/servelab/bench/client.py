@@ -60,26 +60,27 @@ class _TimedReader(aiohttp.StreamReader):
     __slots__ = ()
 
     def feed_data(self, data: bytes, size: int = 0) -> bool:  # type: ignore[override]
-        a = _Arrivals.live.get(id(self))
+        a = _LIVE.get(id(self))
         if a is not None and data:
             a.total += len(data)
-            a.ends.append(a.total)
-            a.times.append(time.perf_counter_ns())
-        return super().feed_data(data, size)
+            a.marks.append((a.total, _now_ns()))
+        return _feed(self, data, size)
+
+
+_feed = aiohttp.StreamReader.feed_data
+_now_ns = time.perf_counter_ns
 
 
 class _Arrivals:
     """Feed times of one response's payload, by stream offset."""
 
-    live: dict[int, _Arrivals] = {}
-    __slots__ = ("key", "t_attach", "start", "total", "ends", "times", "i")
+    __slots__ = ("key", "t_attach", "start", "total", "marks", "i")
 
     def __init__(self, key: int, start: int) -> None:
         self.key = key
         self.t_attach = time.perf_counter_ns()
         self.start = self.total = start  # bytes fed before we attached arrived before t_attach
-        self.ends: list[int] = []
-        self.times: list[int] = []
+        self.marks: list[tuple[int, int]] = []  # (stream offset after the piece, feed time)
         self.i = 0
 
     @classmethod
@@ -88,21 +89,25 @@ class _Arrivals:
             return None  # someone else's reader: fall back to read times
         a = cls(id(reader), reader.total_bytes)
         reader.__class__ = _TimedReader
-        cls.live[a.key] = a
+        _LIVE[a.key] = a
         return a
 
     def detach(self) -> None:
-        self.live.pop(self.key, None)
+        _LIVE.pop(self.key, None)
 
     def time_at(self, offset: int) -> int:
         """When the byte just before `offset` arrived (offsets only grow between calls)."""
         if offset <= self.start:
             return self.t_attach
-        ends, i = self.ends, self.i
-        while i < len(ends) - 1 and ends[i] < offset:
+        marks, i = self.marks, self.i
+        last = len(marks) - 1
+        while i < last and marks[i][0] < offset:
             i += 1
         self.i = i
-        return self.times[i] if ends else self.t_attach
+        return marks[i][1] if marks else self.t_attach
+
+
+_LIVE: dict[int, _Arrivals] = {}
 
 
 class Client:
@@ -196,7 +201,7 @@ class Client:
                 off = consumed
                 for line in lines:
                     off += len(line) + 1
-                    if line[:5] != b"data:":
+                    if not line or not line.startswith(b"data:"):
                         continue  # blank separators, comments, event:/id: fields
                     payload = line[5:].strip()
                     if payload == b"[DONE]":
