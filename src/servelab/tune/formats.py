@@ -1,0 +1,130 @@
+"""SGLang and vLLM block-FP8 GEMM config files: names, contents, and servelab's side file.
+
+Names, as the engines look them up (SGLang `fp8_kernel.get_w8a8_block_fp8_configs`, vLLM
+`fp8_utils.get_w8a8_block_fp8_configs`):
+  SGLang: N={N},K={K},device_name={dev},dtype=fp8_w8a8,block_shape=[128, 128].json  (a space)
+  vLLM:   N={N},K={K},device_name={dev},dtype=fp8_w8a8,block_shape=[128,128].json
+with dev = torch.cuda.get_device_name() with spaces replaced by '_'. Contents:
+{"<M>": {"BLOCK_SIZE_M": .., "BLOCK_SIZE_N": .., "BLOCK_SIZE_K": .., "GROUP_SIZE_M": ..,
+"num_warps": .., "num_stages": ..}, ...}; the engines pick the entry with the nearest M.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from servelab import atomic
+
+CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
+               "num_stages")
+FORMATS = ("sglang", "vllm")
+_NAME_RE = re.compile(
+    r"^N=(?P<n>\d+),K=(?P<k>\d+),device_name=(?P<dev>[^,]+),dtype=fp8_w8a8,"
+    r"block_shape=\[(?P<bn>\d+),(?P<space> ?)(?P<bk>\d+)\]\.json$"
+)
+
+
+def device_file_name(name: str) -> str:
+    """A GPU name as the engines put it in file names: spaces become underscores."""
+    return name.replace(" ", "_")
+
+
+def config_file_name(fmt: str, n: int, k: int, device_name: str, block: tuple[int, int] = (128, 128)) -> str:
+    """The file name the engine `fmt` ('sglang' or 'vllm') looks for."""
+    sep = {"sglang": ", ", "vllm": ","}.get(fmt)
+    if sep is None:
+        raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
+    dev = device_file_name(device_name)
+    return f"N={n},K={k},device_name={dev},dtype=fp8_w8a8,block_shape=[{block[0]}{sep}{block[1]}].json"
+
+
+def side_file_name(n: int, k: int, device_name: str) -> str:
+    """servelab's metadata beside the engine files (no engine reads it)."""
+    return f"N={n},K={k},device_name={device_file_name(device_name)},dtype=fp8_w8a8.servelab.json"
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedName:
+    """What a config file's name says."""
+
+    fmt: str
+    n: int
+    k: int
+    device: str
+    block: tuple[int, int]
+
+
+def parse_file_name(name: str) -> ParsedName | None:
+    """The (format, N, K, device, block) of an engine config file name; None for other files."""
+    m = _NAME_RE.match(name)
+    if not m:
+        return None
+    fmt = "sglang" if m["space"] else "vllm"
+    return ParsedName(fmt, int(m["n"]), int(m["k"]), m["dev"], (int(m["bn"]), int(m["bk"])))
+
+
+def validate_entry(entry: Mapping[str, Any], where: str) -> dict[str, int]:
+    """An entry's six launch parameters as ints; ValueError naming what is missing or extra."""
+    missing = [k for k in CONFIG_KEYS if k not in entry]
+    extra = [k for k in entry if k not in CONFIG_KEYS]
+    if missing or extra:
+        raise ValueError(f"{where}: missing keys {missing}, unknown keys {extra}")
+    out = {}
+    for key in CONFIG_KEYS:
+        v = entry[key]
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{where}: {key}={v!r} is not a positive integer")
+        out[key] = v
+    return out
+
+
+def read_config_file(path: str | Path) -> dict[int, dict[str, int]]:
+    """A config file's entries by M, in file order; ValueError on a malformed file."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path.name}: not JSON ({exc})") from exc
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{path.name}: expected a non-empty object keyed by batch size")
+    out: dict[int, dict[str, int]] = {}
+    for key, entry in raw.items():
+        if not str(key).isdigit():
+            raise ValueError(f"{path.name}: key {key!r} is not a batch size")
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path.name}: entry {key} is not an object")
+        out[int(key)] = validate_entry(entry, f"{path.name}[{key}]")
+    return out
+
+
+def render_config_file(entries: Mapping[int, Mapping[str, int]]) -> str:
+    """The engines' JSON: keys are M as strings in ascending order, the six keys in fixed order."""
+    body = {str(m): {k: int(entries[m][k]) for k in CONFIG_KEYS} for m in sorted(entries)}
+    return json.dumps(body, indent=4) + "\n"
+
+
+def merge_write_config(path: str | Path, new: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, int]]:
+    """Merge `new` entries into the file at `path` (keeping every batch size already there) and
+    write it atomically; returns the merged entries. A malformed existing file is an error, not
+    something to overwrite."""
+    path = Path(path)
+    merged: dict[int, dict[str, int]] = read_config_file(path) if path.exists() else {}
+    for m, entry in new.items():
+        merged[int(m)] = validate_entry(entry, f"new entry {m}")
+    atomic.write_text(path, render_config_file(merged))
+    return merged
+
+
+def merge_write_side(path: str | Path, meta: Mapping[str, Any], points: Mapping[int, Mapping[str, Any]]) -> None:
+    """Merge per-M tuning records into servelab's side file and write it atomically."""
+    path = Path(path)
+    old: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
+    pts = dict(old.get("points", {}))
+    pts.update({str(m): dict(v) for m, v in points.items()})
+    doc = {**old, **meta, "points": {k: pts[k] for k in sorted(pts, key=int)}}
+    atomic.write_text(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")

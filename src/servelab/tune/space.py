@@ -1,0 +1,143 @@
+"""The block-FP8 GEMM search space as data, and the predicates that prune it.
+
+The full space is SGLang's (and vLLM's) tuning space, 5 x 4 x 2 x 4 x 2 x 4 = 1280 configs.
+Pruning keeps only configs that can compile and can matter for a given (N, K, M):
+shared memory and registers of the device, block sizes against the shape, and GROUP_SIZE_M
+values that give the same program order (they launch identical work).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+DEFAULT_BATCH_SIZES: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024,
+                                        1536, 2048, 3072, 4096)
+
+# Each space: parameter -> values. "full" is the engines' 1280; "tiny" is for Triton's CPU
+# interpreter (tests, CI), where only the pipeline is exercised and timings mean nothing.
+SPACES: dict[str, dict[str, tuple[int, ...]]] = {
+    "full": {
+        "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
+        "BLOCK_SIZE_N": (32, 64, 128, 256),
+        "BLOCK_SIZE_K": (64, 128),
+        "GROUP_SIZE_M": (1, 16, 32, 64),
+        "num_warps": (4, 8),
+        "num_stages": (2, 3, 4, 5),
+    },
+    "tiny": {
+        "BLOCK_SIZE_M": (16, 32),
+        "BLOCK_SIZE_N": (32, 64),
+        "BLOCK_SIZE_K": (64, 128),
+        "GROUP_SIZE_M": (1, 4),
+        "num_warps": (4,),
+        "num_stages": (2,),
+    },
+}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Config:
+    """One launch config of the block-FP8 GEMM (the engines' six keys)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+    def as_engine(self) -> dict[str, int]:
+        """The engines' JSON entry."""
+        return {"BLOCK_SIZE_M": self.block_m, "BLOCK_SIZE_N": self.block_n,
+                "BLOCK_SIZE_K": self.block_k, "GROUP_SIZE_M": self.group_m,
+                "num_warps": self.num_warps, "num_stages": self.num_stages}
+
+    @classmethod
+    def from_engine(cls, d: Mapping[str, int]) -> Config:
+        return cls(int(d["BLOCK_SIZE_M"]), int(d["BLOCK_SIZE_N"]), int(d["BLOCK_SIZE_K"]),
+                   int(d["GROUP_SIZE_M"]), int(d["num_warps"]), int(d["num_stages"]))
+
+    @property
+    def key(self) -> str:
+        """Compact stable id, e.g. 'm64n128k128g32w4s3'."""
+        return (f"m{self.block_m}n{self.block_n}k{self.block_k}g{self.group_m}"
+                f"w{self.num_warps}s{self.num_stages}")
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceLimits:
+    """What a device allows one program: shared memory and registers per thread."""
+
+    smem_bytes: int = 232_448        # H100/H200: 227 KiB opt-in per block
+    regs_per_thread: int = 255
+    # The fp32 accumulator and the dot's fp32 result each hold BM*BN/(32*warps) registers per
+    # thread; keep both within this share of the register file, leaving room for addresses.
+    acc_reg_share: float = 0.5
+
+
+def enumerate_space(name: str = "full") -> list[Config]:
+    """Every config of the named space, in a fixed order."""
+    if name not in SPACES:
+        raise ValueError(f"unknown space {name!r}; known: {', '.join(SPACES)}")
+    s = SPACES[name]
+    return [Config(*vals) for vals in itertools.product(
+        s["BLOCK_SIZE_M"], s["BLOCK_SIZE_N"], s["BLOCK_SIZE_K"], s["GROUP_SIZE_M"],
+        s["num_warps"], s["num_stages"])]
+
+
+def smem_bytes(c: Config) -> int:
+    """Shared memory of the software pipeline: num_stages copies of the fp8 A and B tiles."""
+    return c.num_stages * (c.block_m + c.block_n) * c.block_k
+
+
+def fits_shared_memory(c: Config, lim: DeviceLimits) -> bool:
+    return smem_bytes(c) <= lim.smem_bytes
+
+
+def fits_registers(c: Config, lim: DeviceLimits) -> bool:
+    acc = c.block_m * c.block_n // (32 * c.num_warps)
+    return acc <= lim.regs_per_thread * lim.acc_reg_share
+
+
+def _pow2_at_least(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def fits_shape(c: Config, n: int, k: int, m: int) -> bool:
+    """Tiles no larger than the problem needs: BLOCK_SIZE_M up to max(64, M rounded up to a power
+    of two) (64 rows is one Hopper warpgroup MMA), BLOCK_SIZE_N/K no larger than N/K rounded up."""
+    return (c.block_m <= max(64, _pow2_at_least(m)) and c.block_n <= max(32, _pow2_at_least(n))
+            and c.block_k <= max(64, _pow2_at_least(k)))
+
+
+def canonical_group(c: Config, m: int, group_values: Iterable[int]) -> bool:
+    """True for the one representative of configs that differ only in GROUP_SIZE_M and launch the
+    same program order: the order depends on min(GROUP_SIZE_M, cdiv(M, BLOCK_SIZE_M)) only."""
+    pid_m = -(-m // c.block_m)
+    eff = min(c.group_m, pid_m)
+    return c.group_m == min(g for g in group_values if min(g, pid_m) == eff)
+
+
+def candidates(n: int, k: int, m: int, space: str = "full",
+               limits: DeviceLimits | None = None) -> list[Config]:
+    """The pruned configs worth timing for an (M, N, K) GEMM."""
+    lim = limits or DeviceLimits()
+    groups = SPACES[space]["GROUP_SIZE_M"]
+    return [c for c in enumerate_space(space)
+            if fits_shared_memory(c, lim) and fits_registers(c, lim) and fits_shape(c, n, k, m)
+            and canonical_group(c, m, groups)]
+
+
+def device_limits() -> DeviceLimits:
+    """Limits of the current CUDA device (torch), or the H200's where there is none."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(torch.cuda.current_device())
+            smem = getattr(p, "shared_memory_per_block_optin", None) or DeviceLimits.smem_bytes
+            return DeviceLimits(smem_bytes=int(smem))
+    except ImportError:
+        pass
+    return DeviceLimits()

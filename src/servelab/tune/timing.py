@@ -1,0 +1,132 @@
+"""Timing one (M, N, K) block-FP8 GEMM problem under many configs: written once for every search.
+
+CUDA: each config is timed as the median over `reps` batches of per-call times, each batch
+bracketed by one pair of CUDA events around `calls` launches (calls chosen so a batch lasts
+~100 us, well above the event resolution). Every launch reads a different copy of the inputs,
+rotated over enough copies to exceed twice the L2 (60 MiB on an H200), so decode-sized
+problems are not measured L2-resident. A GPU spin (`torch.cuda._sleep`) is queued first so
+the launches queue up behind it and the events measure the GPU, not Python's launch rate.
+
+CPU (`--device cpu`): Triton's interpreter, host wall clock: the pipeline runs, the numbers
+mean nothing about any GPU, and every record says so.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass
+
+from servelab.tune.space import Config
+
+CUDA_METHOD = ("median over batches of CUDA-event time per call; inputs rotated over copies "
+               "totalling >= 2x L2; launches queued behind a GPU spin")
+CPU_METHOD = "Triton interpreter on the CPU, host wall clock: MEANINGLESS as GPU timings"
+TARGET_BATCH_US = 100.0
+
+
+@dataclass(frozen=True, slots=True)
+class Measurement:
+    """One config timed on one problem; time_us is None when the config failed (error says why)."""
+
+    n: int
+    k: int
+    m: int
+    config: Config
+    time_us: float | None
+    spread_us: float | None      # half the interquartile range of the batch medians
+    reps: int
+    error: str | None = None
+
+
+def _quartile_spread(xs: list[float]) -> float | None:
+    if len(xs) < 2:
+        return None
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return (q[2] - q[0]) / 2
+
+
+class Problem:
+    """Inputs of one (M, N, K) problem on one device, and `time(config, reps)`."""
+
+    def __init__(self, n: int, k: int, m: int, device: str = "cuda", seed: int = 0,
+                 l2_bytes: int | None = None) -> None:
+        import torch
+
+        from servelab.kernels.fp8_gemm import kernel, reference
+        self.n, self.k, self.m, self.device = n, k, m, device
+        self._kernel = kernel
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        x = torch.randn(m, k, generator=gen)
+        w = torch.randn(n, k, generator=gen) * 0.05
+        a_q, a_s = reference.quantize_per_token_group(x)
+        b_q, b_s = reference.quantize_weight_per_block(w)
+        base = [t.to(device) for t in (a_q, a_s, b_q, b_s)]
+        if device == "cuda":
+            if l2_bytes is None:
+                props = torch.cuda.get_device_properties(torch.cuda.current_device())
+                l2_bytes = int(getattr(props, "L2_cache_size", 60 << 20))
+            set_bytes = sum(t.numel() * t.element_size() for t in base)
+            copies = max(2, min(256, math.ceil(2 * l2_bytes / set_bytes)))
+        else:
+            copies = 1
+        self.sets = [base] + [[t.clone() for t in base] for _ in range(copies - 1)]
+        self.out = torch.empty((m, n), dtype=torch.bfloat16, device=device)
+        self._next = 0
+
+    def _launch(self, cfg: dict[str, int]) -> None:
+        a_q, a_s, b_q, b_s = self.sets[self._next]
+        self._next = (self._next + 1) % len(self.sets)
+        self._kernel.w8a8_block_fp8_matmul(a_q, a_s, b_q, b_s, cfg, out=self.out)
+
+    def time(self, config: Config, reps: int) -> Measurement:
+        """Time `config`; any failure (compile, resources, launch) becomes an error record."""
+        try:
+            if self.device == "cuda":
+                times = self._time_cuda(config.as_engine(), reps)
+            else:
+                times = self._time_cpu(config.as_engine(), reps)
+        except Exception as exc:  # noqa: BLE001 - a failing config is noted and skipped
+            msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+            return Measurement(self.n, self.k, self.m, config, None, None, 0, msg[:300])
+        return Measurement(self.n, self.k, self.m, config, statistics.median(times),
+                           _quartile_spread(times), len(times))
+
+    def _time_cpu(self, cfg: dict[str, int], reps: int) -> list[float]:
+        self._launch(cfg)                                   # first call: trace + checks
+        out = []
+        for _ in range(1):                                  # meaningless anyway: one call
+            t0 = time.perf_counter()
+            self._launch(cfg)
+            out.append((time.perf_counter() - t0) * 1e6)
+        return out
+
+    def _time_cuda(self, cfg: dict[str, int], reps: int) -> list[float]:
+        import torch
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        self._launch(cfg)                                   # compile / load, then a timed probe
+        torch.cuda.synchronize()
+        start.record()
+        self._launch(cfg)
+        end.record()
+        end.synchronize()
+        probe_us = start.elapsed_time(end) * 1e3
+        calls = max(1, min(64, math.ceil(TARGET_BATCH_US / max(probe_us, 1.0))))
+        n_batches = max(1, reps)
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(n_batches)]
+        # Queue enough GPU spin to cover Python's launch rate (~25 us/launch), capped at 20 ms.
+        torch.cuda._sleep(int(min(20_000.0, 25.0 * calls * n_batches) * 1_900))
+        for s, e in evs:
+            s.record()
+            for _ in range(calls):
+                self._launch(cfg)
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 / calls for s, e in evs]
+
+
+def method(device: str) -> str:
+    """How timings on `device` are made, for the side file and the checkpoint."""
+    return CUDA_METHOD if device == "cuda" else CPU_METHOD
