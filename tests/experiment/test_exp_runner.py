@@ -167,3 +167,52 @@ def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(tmp_path, sc
     # the first run of each block sees one engine (the other is launched on first use), then two
     assert alive_during == [1, 2, 2, 2, 1, 2, 2, 2]
     assert live_procs(marker) == []
+
+
+def test_external_engine_open_loop_shuffled(tmp_path):
+    from servelab.bench.scripted_harness import serve_in_thread
+    from servelab.bench.scripted_server import Script
+
+    with serve_in_thread(Script(ttft_ms=5, gap_ms=2)) as srv:
+        spec = spec_mod.parse({
+            "name": "ext", "engine": "external", "url": srv.url, "order": "shuffled", "seed": 3,
+            "repetitions": 2, "arms": {"a": {}, "b": {}}, "load": {"request_rate": [50.0]},
+            "workload": {"input_len": 8, "output_len": 5, "num_prompts": 6}})
+        spec_mod.preflight(spec)
+        store = Store(tmp_path / "r.db")
+        res = Runner(spec, store, say=lambda s: None).run()
+        n_server = len(srv.log())
+    assert (res.ok, res.failed) == (4, 0)
+    runs = store.runs("ext")
+    assert {r.load_key for r in runs} == {"rate=50"}
+    assert sum(store.load_point(r.load_point_id).summary["completed"] for r in runs) == 24
+    assert n_server >= 24                                # every request reached the server
+    with pytest.raises(Exception, match="cannot change flags"):
+        spec_mod.preflight(spec_mod.parse({**spec.to_json(), "arms": {"a": {}, "b": {"flags": {"x": 1}}}}))
+
+
+def test_engines_die_with_a_runner_killed_by_sigkill(tmp_path, live_procs):
+    """Even `kill -9` of the runner (no teardown possible) leaves no engine (PR_SET_PDEATHSIG)."""
+    marker = f"k9-{os.getpid()}-{time.monotonic_ns()}"
+    code = (
+        "import sys, time\n"
+        "from servelab import engines\n"
+        "from servelab.engines.base import ProcessConfig\n"
+        "from servelab.experiment.deploy import Deployment\n"
+        "cmd = [sys.executable, '-m', 'servelab.bench.scripted_server', '--host', '{host}',"
+        f" '--port', '{{port}}', '--model', sys.argv[1]]\n"
+        "cfg = ProcessConfig(role='server', flags={}, extra={'command': cmd})\n"
+        f"Deployment(engines.get('command'), '', [cfg], {str(tmp_path / 'logs')!r}).start()\n"
+        "print('up', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    runner = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True)
+    assert runner.stdout.readline().strip() == "up"
+    engines_up = [p for p in live_procs(marker) if p != runner.pid]
+    assert len(engines_up) == 1
+    runner.send_signal(signal.SIGKILL)
+    runner.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while live_procs(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_procs(marker) == []

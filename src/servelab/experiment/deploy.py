@@ -101,11 +101,22 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl, looked up in the parent (a dlopen in the forked child could deadlock)."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _prctl()
+
+
 def _die_with_parent() -> None:
     """In the child before exec: get SIGKILL if the runner dies (Linux), so even a killed runner
     leaves no engine behind."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @dataclass
