@@ -81,3 +81,13 @@ def test_aa_arm_is_reported_as_the_machines_noise():
     e = an.effects[("a2", "c=1", "output_throughput_tok_s")]
     half = max(abs(e.ci_low - 1), abs(e.ci_high - 1)) * 100
     assert f"+-{half:.1f}%" in notes[0]
+
+
+def test_runs_from_different_machines_are_flagged():
+    from servelab.experiment.report import mixed_provenance
+
+    same = [{"host": "a", "gpus": None, "servelab_version": "0.1.0"}] * 3
+    assert mixed_provenance(same) == []
+    mixed = same + [{"host": "b", "gpus": [{"name": "H200"}], "servelab_version": "0.1.0"}]
+    w = mixed_provenance(mixed)
+    assert len(w) == 2 and "2 different hosts ('a', 'b')" in w[0] and "GPU sets" in w[1]

@@ -53,7 +53,21 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
     an = analyze(values, baseline=baseline, arms=arms, load_keys=_load_keys(spec), noise_band=band)
     an.warnings += aa_notes(spec, an, baseline, data_metric=spec.get("primary_metric",
                                                                      "output_throughput_tok_s"))
+    an.warnings += mixed_provenance([lps[r.load_point_id].provenance for r in runs
+                                     if r.status == "ok" and r.load_point_id in lps])
     return ExperimentData(name, spec, runs, lps, an)
+
+
+def mixed_provenance(provs: list[dict[str, Any]]) -> list[str]:
+    """Runs measured on different hosts, GPUs or servelab versions (e.g. a resume elsewhere)
+    should not be pooled: say so."""
+    out = []
+    for key, label in (("host", "hosts"), ("gpus", "GPU sets"), ("servelab_version", "servelab versions")):
+        seen = {repr(p.get(key)) for p in provs}
+        if len(seen) > 1:
+            out.append(f"runs were measured on {len(seen)} different {label} ({', '.join(sorted(seen))}): "
+                       "results from different machines or software should not be pooled")
+    return out
 
 
 def aa_notes(spec: dict[str, Any], an: Analysis, baseline: str, data_metric: str) -> list[str]:
