@@ -216,3 +216,25 @@ def test_engines_die_with_a_runner_killed_by_sigkill(tmp_path, live_procs):
     while live_procs(marker) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live_procs(marker) == []
+
+
+def test_a_second_runner_of_the_same_experiment_is_refused(tmp_path, scripted):
+    from servelab.errors import UserError
+    from servelab.jobs import Job
+
+    text, _ = scripted("twice", reps=1, loads="[1]")
+    f = tmp_path / "twice.toml"
+    f.write_text(text)
+    spec = spec_mod.load(f)
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        job = Job("twice", "experiment", total=2)
+        job.state.pid = sleeper.pid                      # another live process runs it
+        job.update()
+        with pytest.raises(UserError, match=f"already running \\(pid {sleeper.pid}\\)"):
+            Runner(spec, Store(tmp_path / "r.db"), say=lambda s: None).run()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    res = Runner(spec, Store(tmp_path / "r.db"), say=lambda s: None).run()   # its pid is gone: fine
+    assert res.ok == 2

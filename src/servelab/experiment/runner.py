@@ -104,9 +104,17 @@ class Runner:
 
     def run(self, job_log: str | None = None) -> RunnerResult:
         """Run what is missing; re-raises KeyboardInterrupt after a clean teardown."""
+        import os
+
+        from servelab import jobs
+        from servelab.errors import UserError
         from servelab.jobs import Job
 
         spec = self.spec
+        for other in jobs.read_all(spec.name):
+            if other.state == "running" and other.pid != os.getpid():
+                raise UserError(f"experiment '{spec.name}' is already running (pid {other.pid}); "
+                                f"follow it with `servelab status {spec.name}`")
         resumed = self.store.ensure_experiment(spec.name, spec.to_json(), spec.design_hash())
         runs, todo, failed_before = self.todo()
         n_arms, n_loads = len(spec.arms), len(spec.load.keys())
