@@ -44,12 +44,24 @@ def sync(dev: str) -> None:
         torch.cuda.synchronize()
 
 
+CODE: list[bytes] = []  # held-out stdlib files when --code-prompts
+
+
+def make_prompts(n: int, input_len: int, seed: int) -> list[list[int]]:
+    """BOS + input_len - 1 tokens: held-out code (--code-prompts) or random printable ASCII."""
+    if CODE:
+        from servelab.mini.train import heldout_prompts
+
+        return heldout_prompts(CODE, n, input_len - 1, seed)
+    g = torch.Generator().manual_seed(seed)
+    return [[256, *torch.randint(32, 127, (input_len - 1,), generator=g).tolist()]
+            for _ in range(n)]
+
+
 def run_point(eng: Engine, conc: int, n_req: int, input_len: int, output_len: int,
               seed: int) -> dict:
     """Closed loop: keep `conc` requests in flight until n_req have finished."""
-    g = torch.Generator().manual_seed(seed)
-    prompts = [[256, *torch.randint(32, 127, (input_len - 1,), generator=g).tolist()]
-               for _ in range(n_req)]
+    prompts = make_prompts(n_req, input_len, seed)
     params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
     rec: list[dict] = []
     d0, a0 = eng.stats.spec_num_drafts, eng.stats.spec_num_accepted_tokens
@@ -102,8 +114,38 @@ def greedy_ids(eng: Engine, input_len: int, n: int = 4, out_len: int = 64) -> li
     return res
 
 
+def write_dataset(path: str, n: int, input_len: int, output_len: int, seed: int) -> None:
+    """A ShareGPT-format file of code prompts for `servelab bench --dataset`: windows of the
+    held-out split of the training recipe (this machine's Python stdlib, read now; nothing is
+    shipped). Prompt = input_len - 1 bytes (+ BOS = input_len tokens), reply = output_len bytes
+    (the bench derives max_tokens from the reply's /tokenize count)."""
+    from servelab.mini.train import load_corpus
+
+    _, held, _ = load_corpus()
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    while len(items) < n:
+        f = held[int(torch.randint(0, len(held), (1,), generator=g))]
+        if len(f) < 4 * (input_len + output_len):
+            continue
+        at = int(torch.randint(0, len(f) - 2 * (input_len + output_len), (1,), generator=g))
+        at = f.find(b"\n", at) + 1
+        chunk = f[at:at + input_len - 1 + output_len - 1]
+        if not chunk.isascii():
+            continue
+        text = chunk.decode()
+        items.append({"conversations": [{"from": "human", "value": text[:input_len - 1]},
+                                        {"from": "gpt", "value": text[input_len - 1:]}]})
+    with open(path, "w") as fh:
+        json.dump(items, fh)
+    print(f"wrote {n} held-out code prompts to {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write-dataset", default=None,
+                    help="Only write a ShareGPT-format file of held-out code prompts here.")
+    ap.add_argument("--dataset-size", type=int, default=64)
     ap.add_argument("--config", default="tiny")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--random-weights", action="store_true")
@@ -117,7 +159,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--check", action="store_true",
                     help="Compare greedy outputs of every variant with the first one's.")
     ap.add_argument("--out", default=None, help="Append JSON lines here.")
+    ap.add_argument("--code-prompts", action="store_true",
+                    help="Prompts from the held-out split of the training recipe (tiny).")
     a = ap.parse_args(argv)
+    if a.code_prompts:
+        from servelab.mini.train import load_corpus
+
+        CODE.extend(load_corpus()[1])
+    if a.write_dataset:
+        write_dataset(a.write_dataset, a.dataset_size, a.input_len, a.output_len, 0)
+        return
     a.concurrency = [int(c) for c in a.concurrency.split(",")]
     rows, ref = [], None
     for backend in a.attention_backends.split(","):
