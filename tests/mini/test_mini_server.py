@@ -171,6 +171,36 @@ def test_profile_writes_chrome_trace(server, tmp_path):
     assert any(n.startswith("step[") for n in names)
 
 
+def test_client_disconnect_frees_the_slot(server):
+    url, _ = server
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True})
+
+    def generated() -> float:
+        text = call(url, "/metrics")[1]
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+                   if ln.startswith("vllm:generation_tokens_total{"))
+
+    before = generated()
+    for _ in range(3):  # as many streams as slots, each dropped after its first bytes
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+            assert b"data:" in s.recv(4096) + s.recv(4096)
+    deadline = time.time() + 20
+    running = None
+    while time.time() < deadline:
+        _, m = call(url, "/metrics")
+        running = [ln for ln in m.splitlines() if ln.startswith("vllm:num_requests_running")]
+        if running and running[0].endswith(" 0.0"):
+            break
+        time.sleep(0.2)
+    assert running and running[0].endswith(" 0.0"), running
+    assert generated() - before < 3 * 400  # stopped early: the slots were freed, not run out
+    st, ok = call(url, "/v1/completions", {"prompt": "ok", "max_tokens": 2})
+    assert st == 200
+
+
 def test_sigterm_exits_cleanly(server):
     _, proc = server
     proc.send_signal(signal.SIGTERM)

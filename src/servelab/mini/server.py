@@ -17,6 +17,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 
+import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
@@ -45,8 +46,8 @@ async def _body(request: Request) -> dict:
     return body
 
 
-def _sse(obj: object) -> str:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
+def _sse(obj: object) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
 
 
 class _Stream:
@@ -131,7 +132,7 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
             return {"id": rid, "object": chunk_obj, "created": created, "model": model_name,
                     "choices": [ch]}
 
-        async def gen() -> AsyncIterator[str]:
+        async def gen() -> AsyncIterator[bytes]:
             if chat:
                 yield _sse(chunk(None, None, first=True))
             last = None
@@ -142,7 +143,7 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
             if include_usage and last is not None:
                 yield _sse({"id": rid, "object": chunk_obj, "created": created,
                             "model": model_name, "choices": [], "usage": usage(last)})
-            yield "data: [DONE]\n\n"
+            yield b"data: [DONE]\n\n"
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
@@ -178,13 +179,13 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
                 last = ev
             return JSONResponse({"text": "".join(text), "meta_info": meta(last)})
 
-        async def gen() -> AsyncIterator[str]:
+        async def gen() -> AsyncIterator[bytes]:
             text = ""
             async for ev in st.events():
                 text += ev.text
                 if ev.text or ev.finish_reason is not None:
                     yield _sse({"text": text, "meta_info": meta(ev)})
-            yield "data: [DONE]\n\n"
+            yield b"data: [DONE]\n\n"
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
