@@ -20,9 +20,9 @@ from servelab.errors import UserError
 
 
 def test_render_flags():
-    assert render_flags({"tp-size": 8, "trust-remote-code": True, "cuda-graph-bs": [1, 2],
-                         "gone": False, "x": 0.5}) == [
-        "--tp-size", "8", "--trust-remote-code", "--cuda-graph-bs", "1", "2", "--x", "0.5"]
+    assert render_flags(
+        {"tp-size": 8, "trust-remote-code": True, "cuda-graph-bs": [1, 2], "gone": False, "x": 0.5}
+    ) == ["--tp-size", "8", "--trust-remote-code", "--cuda-graph-bs", "1", "2", "--x", "0.5"]
 
 
 def test_sglang_server_and_router_commands():
@@ -30,25 +30,77 @@ def test_sglang_server_and_router_commands():
     cfg = ProcessConfig(role="decode", flags={"tp-size": 4}, port=31000)
     argv = sg.command(cfg, "org/Model", {})
     assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
-    assert argv[3:] == ["--model-path", "org/Model", "--host", "127.0.0.1", "--port", "31000",
-                        "--disaggregation-mode", "decode", "--tp-size", "4"]
+    assert argv[3:] == [
+        "--model-path",
+        "org/Model",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31000",
+        "--disaggregation-mode",
+        "decode",
+        "--tp-size",
+        "4",
+    ]
     pre = ProcessPlan("prefill", [], {}, "127.0.0.1", 31001, "", "http://127.0.0.1:31001")
     dec = ProcessPlan("decode", [], {}, "127.0.0.1", 31000, "", "http://127.0.0.1:31000")
-    router = ProcessConfig(role="router", flags={"policy": "round_robin"}, port=30000,
-                           extra={"bootstrap_port:31001": 8998})
+    router = ProcessConfig(
+        role="router",
+        flags={"policy": "round_robin"},
+        port=30000,
+        extra={"bootstrap_port:31001": 8998},
+    )
     r = sg.command(router, "org/Model", {"prefill0": pre, "decode1": dec})
-    assert r[1:] == ["-m", "sglang_router.launch_router", "--pd-disaggregation",
-                     "--prefill", "http://127.0.0.1:31001", "8998", "--decode", "http://127.0.0.1:31000",
-                     "--host", "127.0.0.1", "--port", "30000", "--policy", "round_robin"]
+    assert r[1:] == [
+        "-m",
+        "sglang_router.launch_router",
+        "--pd-disaggregation",
+        "--prefill",
+        "http://127.0.0.1:31001",
+        "8998",
+        "--decode",
+        "http://127.0.0.1:31000",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "30000",
+        "--policy",
+        "round_robin",
+    ]
     assert sg.check("m", "router", {"tp-size": 2}) == ["unknown sglang flag 'tp-size'"]
 
 
 def test_vllm_and_embedded_commands():
-    v = engines.get("vllm").command(ProcessConfig(role="server", flags={"max-num-seqs": 8}, port=8000), "m", {})
-    assert v == ["vllm", "serve", "m", "--host", "127.0.0.1", "--port", "8000", "--max-num-seqs", "8"]
-    e = engines.get("embedded").command(ProcessConfig(role="server", flags={"device": "cpu"}, port=9), "tiny", {})
-    assert e[1:] == ["-m", "servelab", "serve", "--host", "127.0.0.1", "--port", "9", "--device", "cpu",
-                     "--config", "tiny"]
+    v = engines.get("vllm").command(
+        ProcessConfig(role="server", flags={"max-num-seqs": 8}, port=8000), "m", {}
+    )
+    assert v == [
+        "vllm",
+        "serve",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--max-num-seqs",
+        "8",
+    ]
+    e = engines.get("embedded").command(
+        ProcessConfig(role="server", flags={"device": "cpu"}, port=9), "tiny", {}
+    )
+    assert e[1:] == [
+        "-m",
+        "servelab",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9",
+        "--device",
+        "cpu",
+        "--config",
+        "tiny",
+    ]
     with pytest.raises(UserError, match="unknown engine 'tgi'"):
         engines.get("tgi")
 
@@ -56,9 +108,11 @@ def test_vllm_and_embedded_commands():
 def test_prometheus_parse_and_acceptance_window_vs_prometheus_client():
     def expo(drafts, draft_tokens, accepted):
         reg = CollectorRegistry()
-        for name, v in (("vllm:spec_decode_num_drafts", drafts),
-                        ("vllm:spec_decode_num_draft_tokens", draft_tokens),
-                        ("vllm:spec_decode_num_accepted_tokens", accepted)):
+        for name, v in (
+            ("vllm:spec_decode_num_drafts", drafts),
+            ("vllm:spec_decode_num_draft_tokens", draft_tokens),
+            ("vllm:spec_decode_num_accepted_tokens", accepted),
+        ):
             Counter(name, "x", registry=reg).inc(v)
         Gauge("sglang:spec_accept_length", "x", ["model"], registry=reg).labels(model="m").set(1.7)
         return parse_prometheus(generate_latest(reg).decode())
@@ -66,22 +120,33 @@ def test_prometheus_parse_and_acceptance_window_vs_prometheus_client():
     before, after = expo(10, 30, 12), expo(110, 330, 192)
     assert after['sglang:spec_accept_length{model="m"}'] == 1.7
     w = spec_window(before, after)
-    assert w["accept_length"] == pytest.approx(1 + 180 / 100)      # tau = 1 + d(acc)/d(drafts)
+    assert w["accept_length"] == pytest.approx(1 + 180 / 100)  # tau = 1 + d(acc)/d(drafts)
     assert w["accept_rate"] == pytest.approx(180 / 300)
     assert spec_window(None, after) == {"accept_length": None, "accept_rate": None}
 
 
 def test_recipes_are_data_with_constraints():
     names = set(recipe.all_recipes())
-    assert {"mtp-conservative", "mtp-engine-test", "nccl-ll", "cuda-graph-off", "cuda-graph-on"} <= names
+    assert {
+        "mtp-conservative",
+        "mtp-engine-test",
+        "nccl-ll",
+        "cuda-graph-off",
+        "cuda-graph-on",
+    } <= names
     test = recipe.get("mtp-engine-test").flags_for("sglang")
-    assert (test["speculative-num-steps"], test["speculative-eagle-topk"],
-            test["speculative-num-draft-tokens"]) == (3, 1, 4)
+    assert (
+        test["speculative-num-steps"],
+        test["speculative-eagle-topk"],
+        test["speculative-num-draft-tokens"],
+    ) == (3, 1, 4)
     assert recipe.get("nccl-ll").env == {"NCCL_PROTO": "LL"}
     ok = {"speculative-algorithm": "EAGLE", "speculative-eagle-topk": 1}
     assert recipe.constraint_problems("deepseek-ai/DeepSeek-V4-Flash", ok) == []
-    assert recipe.constraint_problems("deepseek-ai/DeepSeek-V4-Flash", {}) == []     # no MTP: n/a
-    assert recipe.constraint_problems("meta-llama/Llama-3", {**ok, "speculative-eagle-topk": 4}) == []
+    assert recipe.constraint_problems("deepseek-ai/DeepSeek-V4-Flash", {}) == []  # no MTP: n/a
+    assert (
+        recipe.constraint_problems("meta-llama/Llama-3", {**ok, "speculative-eagle-topk": 4}) == []
+    )
     bad = recipe.constraint_problems("DeepSeek-V4-Pro", {**ok, "speculative-algorithm": "NGRAM"})
     assert len(bad) == 1 and "speculative-algorithm='NGRAM'" in bad[0]
     with pytest.raises(UserError, match="no settings for engine 'vllm'"):

@@ -9,17 +9,29 @@ from pathlib import Path
 import pytest
 
 
-def scripted_toml(name: str, *, marker: str | None = None, reps: int = 2, loads: str = "[1, 4]",
-                  prompts: int = 8, gap_ms: float = 4.0, extra: str = "", arms: str | None = None,
-                  restart: str = "arm") -> tuple[str, str]:
+def scripted_toml(
+    name: str,
+    *,
+    marker: str | None = None,
+    reps: int = 2,
+    loads: str = "[1, 4]",
+    prompts: int = 8,
+    gap_ms: float = 4.0,
+    extra: str = "",
+    arms: str | None = None,
+    restart: str = "arm",
+) -> tuple[str, str]:
     """An experiment over the bench's scripted server: arm 'fast' streams 2 tokens per chunk.
     Returns (toml text, marker string found in every engine process's command line)."""
     marker = marker or f"marker-{uuid.uuid4().hex[:10]}"
-    arms = arms or """
+    arms = (
+        arms
+        or """
 [arms.slow]
 [arms.fast]
 flags = { tokens-per-chunk = 2 }
 """
+    )
     text = f"""
 name = "{name}"
 hypothesis = "two tokens per chunk halve TPOT"

@@ -16,8 +16,10 @@ from servelab.store import Store
 
 def _bench(store, gap_ms, output_len=9):
     with serve_in_thread(Script(ttft_ms=5, gap_ms=gap_ms)) as srv:
-        cfg = BenchConfig(base_url=srv.url, workload=WorkloadConfig(input_len=8, output_len=output_len,
-                                                                    num_prompts=12))
+        cfg = BenchConfig(
+            base_url=srv.url,
+            workload=WorkloadConfig(input_len=8, output_len=output_len, num_prompts=12),
+        )
         load = LoadPoint(concurrency=2)
         res = run_load_point(cfg, load, progress=False)
         lp = save_load_point(store, cfg, load, res, label=f"gap{gap_ms}")
@@ -38,7 +40,9 @@ def test_compare_ids_and_output_files(tmp_path):
     assert 2.4 < float(tpot[4]) < 3.3 and tpot[6] == "worse" and "[" in tpot[5]
     tput = _row(res, "output throughput (tok/s)")
     assert float(tput[4]) < 0.6 and tput[6] == "worse (1 run, no CI)"
-    assert float(tput[4]) == pytest.approx(sum_b["output_throughput_tok_s"] / sum_a["output_throughput_tok_s"], rel=1e-3)
+    assert float(tput[4]) == pytest.approx(
+        sum_b["output_throughput_tok_s"] / sum_a["output_throughput_tok_s"], rel=1e-3
+    )
     assert res.warnings == []
     fa, fb = tmp_path / "a.json", tmp_path / "b.json"
     fa.write_bytes(orjson.dumps({"provenance": {}, "load_points": [{**sum_a, "store_id": a}]}))
@@ -46,7 +50,7 @@ def test_compare_ids_and_output_files(tmp_path):
     res2 = compare(store, str(fb), str(fa))
     tpot2 = _row(res2, "TPOT median (ms)")
     assert float(tpot2[4]) == pytest.approx(1 / float(tpot[4]), rel=1e-3)
-    assert tpot2[6] == "better (1 run, no CI)"            # no records on one side: no CI
+    assert tpot2[6] == "better (1 run, no CI)"  # no records on one side: no CI
 
 
 def test_compare_flags_a_different_workload(tmp_path):

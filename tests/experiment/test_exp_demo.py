@@ -21,8 +21,13 @@ def test_demo_quick_runs_attributes_and_reports(tmp_path):
     assert len(spec.load.concurrency) == 3 and spec.repetitions >= 3 and spec.order == "interleaved"
     home = tmp_path / "home"
     env = {**os.environ, "SERVELAB_HOME": str(home), "COLUMNS": "250"}
-    p = subprocess.run([sys.executable, "-m", "servelab", "demo", "--quick"], env=env,
-                       capture_output=True, text=True, timeout=240)
+    p = subprocess.run(
+        [sys.executable, "-m", "servelab", "demo", "--quick"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout
     page = re.search(r"report: (\S+report\.html)", out)
@@ -35,11 +40,17 @@ def test_demo_quick_runs_attributes_and_reports(tmp_path):
         assert firsts == ["baseline", "mtp", "baseline"]
         tput = defaultdict(dict)
         for r in runs:
-            tput[(r.arm, r.load_key)][r.block] = st.load_point(r.load_point_id).summary["output_throughput_tok_s"]
+            tput[(r.arm, r.load_key)][r.block] = st.load_point(r.load_point_id).summary[
+                "output_throughput_tok_s"
+            ]
     # the printed effect at c=1 is the geometric mean of the per-block ratios (recomputed here)
     ratios = [tput[("mtp", "c=1")][b] / tput[("baseline", "c=1")][b] for b in range(3)]
     want = (math.exp(np.mean(np.log(ratios))) - 1) * 100
     line = next(x for x in out.splitlines() if x.startswith("mtp vs baseline, output throughput"))
-    got = float(re.search(r"([+-]\d+\.\d)% (?:\[[^\]]*\] )?at c=1|at c=1 \(([+-]\d+\.\d)%", line)
-                .group(0).split("%")[0].split("(")[-1])
+    got = float(
+        re.search(r"([+-]\d+\.\d)% (?:\[[^\]]*\] )?at c=1|at c=1 \(([+-]\d+\.\d)%", line)
+        .group(0)
+        .split("%")[0]
+        .split("(")[-1]
+    )
     assert abs(got - want) < 0.051, (line, want)

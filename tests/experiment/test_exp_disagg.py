@@ -1,4 +1,4 @@
-"""A disaggregated deployment (prefill + decode + router) started in order and torn down together."""
+"""A disaggregated deployment (prefill + decode + router): started in order, torn down together."""
 
 from __future__ import annotations
 
@@ -15,8 +15,18 @@ ROUTER = Path(__file__).with_name("tiny_router.py")
 
 def test_prefill_decode_router_deployment(tmp_path, live_procs):
     marker = f"pd-{uuid.uuid4().hex[:8]}"
-    srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}", "--port", "{port}",
-           "--model", marker, "--no-log"]
+    srv = [
+        sys.executable,
+        "-m",
+        "servelab.bench.scripted_server",
+        "--host",
+        "{host}",
+        "--port",
+        "{port}",
+        "--model",
+        marker,
+        "--no-log",
+    ]
     text = f"""
 name = "pd"
 engine = "command"
@@ -32,7 +42,8 @@ command = {srv!r}
 flags = {{ ttft-ms = 5, gap-ms = 4 }}
 [[base.processes]]
 role = "router"
-command = ["{sys.executable}", "{ROUTER}", "{{port}}", "{{prefill_url}}", "{{decode_url}}", "{marker}"]
+command = ["{sys.executable}", "{ROUTER}", "{{port}}", "{{prefill_url}}", "{{decode_url}}",
+           "{marker}"]
 [arms.base]
 [arms.fast-decode]
 roles = ["decode"]
@@ -64,10 +75,19 @@ teardown_s = 5
     argv = runs["base"].provenance["processes"]
     assert [p["role"] for p in argv] == ["prefill", "decode", "router"]
     router_argv = argv[2]["argv"]
-    assert router_argv[3:5] == [f"http://127.0.0.1:{argv[0]['argv'][6]}", f"http://127.0.0.1:{argv[1]['argv'][6]}"]
+    assert router_argv[3:5] == [
+        f"http://127.0.0.1:{argv[0]['argv'][6]}",
+        f"http://127.0.0.1:{argv[1]['argv'][6]}",
+    ]
     from servelab import paths
 
     logs = sorted(p.name for p in (paths.home() / "experiments" / "pd" / "logs").glob("*/*.log"))
-    assert logs == ["0-prefill.log", "0-prefill.log", "1-decode.log", "1-decode.log",
-                    "2-router.log", "2-router.log"]                # one log per process per deployment
-    assert live_procs(marker) == []                            # all three gone
+    assert logs == [
+        "0-prefill.log",
+        "0-prefill.log",
+        "1-decode.log",
+        "1-decode.log",
+        "2-router.log",
+        "2-router.log",
+    ]  # one log per process per deployment
+    assert live_procs(marker) == []  # all three gone

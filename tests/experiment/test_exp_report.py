@@ -35,7 +35,7 @@ def test_markdown_and_html_contents(finished, tmp_path):
     assert "Decision: (to fill in" in text
     doc = page.read_text()
     imgs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', doc)
-    assert len(imgs) >= 4                                   # throughput, TTFT, TPOT, effects (+acc)
+    assert len(imgs) >= 4  # throughput, TTFT, TPOT, effects (+acc)
     assert all(base64.b64decode(i)[:8] == b"\x89PNG\r\n\x1a\n" for i in imgs)
     assert not re.search(r'(src|href)="(https?:)?//', doc)  # self-contained: nothing fetched
     # provenance of every run: each run's seq and its command line appear
@@ -43,26 +43,40 @@ def test_markdown_and_html_contents(finished, tmp_path):
     assert "scripted_server" in doc
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="Debian chromium is not installed (scripts/ensure-chromium)")
+@pytest.mark.skipif(
+    CHROMIUM is None, reason="Debian chromium is not installed (scripts/ensure-chromium)"
+)
 def test_html_renders_in_headless_chromium(finished, tmp_path):
     _, page, _ = write(finished, "rep", tmp_path / "out")
     n_imgs = page.read_text().count('class="plot"')
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'chr'}",
-             "--virtual-time-budget=5000"]
-    dom = subprocess.run([*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True,
-                         timeout=120).stdout
+    flags = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'chr'}",
+        "--virtual-time-budget=5000",
+    ]
+    dom = subprocess.run(
+        [*flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120
+    ).stdout
     # the page's own script counted images that decoded with a non-zero natural width
     assert f'data-plots-loaded="{n_imgs}/{n_imgs}"' in dom, dom[:500]
     assert "Attribution" in dom and "Decision record" in dom
     shot = tmp_path / "shot.png"
-    subprocess.run([*flags, "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [*flags, "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
     import matplotlib.image as mpimg
 
     px = mpimg.imread(shot)
     assert px.shape[0] == 1400 and px.shape[1] == 1000
-    assert px[..., :3].std() > 0.05                         # not a blank page
+    assert px[..., :3].std() > 0.05  # not a blank page
 
 
 def test_aa_arm_is_reported_as_the_machines_noise():
@@ -72,8 +86,11 @@ def test_aa_arm_is_reported_as_the_machines_noise():
     from servelab.experiment.stats import RunValue, analyze
 
     rng = np.random.default_rng(0)
-    runs = [RunValue(arm, "c=1", b, b, {"output_throughput_tok_s": 100 * rng.lognormal(0, 0.01)})
-            for b in range(6) for arm in ("a", "a2", "b")]
+    runs = [
+        RunValue(arm, "c=1", b, b, {"output_throughput_tok_s": 100 * rng.lognormal(0, 0.01)})
+        for b in range(6)
+        for arm in ("a", "a2", "b")
+    ]
     an = analyze(runs, baseline="a", arms=["a", "a2", "b"], load_keys=["c=1"])
     spec = {"arms": {"a": {}, "a2": {"description": "same"}, "b": {"flags": {"x": 1}}}}
     notes = aa_notes(spec, an, "a", "output_throughput_tok_s")

@@ -33,8 +33,15 @@ def test_ab_interleaved_attributes_the_faster_arm(tmp_path, scripted, live_procs
     runs = store.runs("ab")
     # ABBA: block 0 slow then fast, block 1 fast then slow; each arm's loads back to back
     assert [(r.arm, r.load_key, r.block) for r in runs] == [
-        ("slow", "c=1", 0), ("slow", "c=4", 0), ("fast", "c=1", 0), ("fast", "c=4", 0),
-        ("fast", "c=1", 1), ("fast", "c=4", 1), ("slow", "c=1", 1), ("slow", "c=4", 1)]
+        ("slow", "c=1", 0),
+        ("slow", "c=4", 0),
+        ("fast", "c=1", 0),
+        ("fast", "c=4", 0),
+        ("fast", "c=1", 1),
+        ("fast", "c=4", 1),
+        ("slow", "c=1", 1),
+        ("slow", "c=4", 1),
+    ]
     data = collect(store, "ab")
     # scripted truth: TPOT = gap_ms / tokens_per_chunk, so fast/slow TPOT ratio is 0.5
     tpot = data.analysis.effects[("fast", "c=1", "tpot_ms")]
@@ -44,22 +51,29 @@ def test_ab_interleaved_attributes_the_faster_arm(tmp_path, scripted, live_procs
     # each run carries the command that made it and the bench's acceptance (2 tokens per chunk)
     lp = store.load_point(runs[2].load_point_id)
     assert "--tokens-per-chunk" in lp.provenance["processes"][0]["argv"]
-    assert live_procs(marker) == []                       # nothing outlives the runner
+    assert live_procs(marker) == []  # nothing outlives the runner
 
 
-def test_engine_that_never_becomes_ready_is_recorded_and_the_rest_goes_on(tmp_path, scripted, live_procs):
-    text, marker = scripted("broken", reps=1, loads="[2]", arms="""
+def test_engine_that_never_becomes_ready_is_recorded_and_the_rest_goes_on(
+    tmp_path, scripted, live_procs
+):
+    text, marker = scripted(
+        "broken",
+        reps=1,
+        loads="[2]",
+        arms="""
 [arms.slow]
 [arms.fast]
 flags = { no-such-option = 1 }
-""")
+""",
+    )
     spec, store, res, lines = _run(tmp_path, text, "broken")
     runs = {r.arm: r for r in store.runs("broken")}
     assert runs["slow"].status == "ok"
     assert runs["fast"].status == "failed"
     assert "exited with status 2" in runs["fast"].error
     assert "unrecognized arguments: --no-such-option" in runs["fast"].log_tail
-    assert sum("attempt" in x for x in lines) == 2             # retried once, then recorded
+    assert sum("attempt" in x for x in lines) == 2  # retried once, then recorded
     assert live_procs(marker) == []
 
 
@@ -69,24 +83,36 @@ def test_deployment_ready_timeout_kills_the_process_group(tmp_path, live_procs):
     from servelab.experiment.deploy import DeployError, Deployment
 
     marker = f"hang-{os.getpid()}-{time.monotonic_ns()}"
-    script = (f"import subprocess, sys, time; print('booting {marker}', flush=True); "
-              f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}']); "
-              "time.sleep(60)")
-    cfg = ProcessConfig(role="server", flags={}, extra={"command": [sys.executable, "-c", script, marker]})
+    script = (
+        f"import subprocess, sys, time; print('booting {marker}', flush=True); "
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}']); "
+        "time.sleep(60)"
+    )
+    cfg = ProcessConfig(
+        role="server", flags={}, extra={"command": [sys.executable, "-c", script, marker]}
+    )
     dep = Deployment(get("command"), "", [cfg], tmp_path / "logs", ready_timeout_s=1.5, grace_s=2)
     with pytest.raises(DeployError) as ei:
         dep.start()
     assert "not ready after 2 s" in str(ei.value) or "not ready after 1 s" in str(ei.value)
     assert f"booting {marker}" in ei.value.log_tail
-    assert live_procs(marker) == []                       # the child of the child too
+    assert live_procs(marker) == []  # the child of the child too
 
 
 def _servelab(*args, env=None, **kw):
-    return subprocess.Popen([sys.executable, "-m", "servelab", *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "servelab", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
-def test_ctrl_c_leaves_no_engine_and_rerun_completes_only_missing_runs(tmp_path, scripted, live_procs):
+def test_ctrl_c_leaves_no_engine_and_rerun_completes_only_missing_runs(
+    tmp_path, scripted, live_procs
+):
     text, marker = scripted("intr", reps=2, prompts=6, gap_ms=15, restart="run")
     f = tmp_path / "intr.toml"
     f.write_text(text)
@@ -98,8 +124,15 @@ def test_ctrl_c_leaves_no_engine_and_rerun_completes_only_missing_runs(tmp_path,
     while time.monotonic() < deadline:
         if db.exists():
             with Store(db) as st:
-                ok_before = {(r.arm, r.load_key, r.repetition): r.started
-                             for r in st.runs("intr") if r.status == "ok"} if "intr" in st.experiment_names() else {}
+                ok_before = (
+                    {
+                        (r.arm, r.load_key, r.repetition): r.started
+                        for r in st.runs("intr")
+                        if r.status == "ok"
+                    }
+                    if "intr" in st.experiment_names()
+                    else {}
+                )
         if len(ok_before) >= 2 and live_procs(marker):
             break
         time.sleep(0.05)
@@ -109,19 +142,28 @@ def test_ctrl_c_leaves_no_engine_and_rerun_completes_only_missing_runs(tmp_path,
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 130, out
     assert "interrupted" in out
-    assert live_procs(marker) == [] and not any(os.path.exists(f"/proc/{p}") and p in live_procs(marker)
-                                                for p in engines_seen)
+    assert live_procs(marker) == [] and not any(
+        os.path.exists(f"/proc/{p}") and p in live_procs(marker) for p in engines_seen
+    )
     with Store(db) as st:
-        stored = {(r.arm, r.load_key, r.repetition): r.started for r in st.runs("intr") if r.status == "ok"}
+        stored = {
+            (r.arm, r.load_key, r.repetition): r.started
+            for r in st.runs("intr")
+            if r.status == "ok"
+        }
     assert 2 <= len(stored) < 8
     again = _servelab("run", str(f), env=env)
     out2, _ = again.communicate(timeout=120)
     assert again.returncode == 0, out2
     assert f"{len(stored)} of 8 runs already stored, {8 - len(stored)} to run" in out2
     with Store(db) as st:
-        final = {(r.arm, r.load_key, r.repetition): r.started for r in st.runs("intr") if r.status == "ok"}
+        final = {
+            (r.arm, r.load_key, r.repetition): r.started
+            for r in st.runs("intr")
+            if r.status == "ok"
+        }
     assert len(final) == 8
-    assert all(final[k] == v for k, v in stored.items())      # earlier runs were not redone
+    assert all(final[k] == v for k, v in stored.items())  # earlier runs were not redone
     assert live_procs(marker) == []
 
 
@@ -139,7 +181,7 @@ def test_detach_reports_progress_through_status(tmp_path, scripted, live_procs):
             break
         time.sleep(0.5)
     assert "finished" in status and "2/2" in status, status
-    assert "det.log" in status                                  # the job shows its log
+    assert "det.log" in status  # the job shows its log
     with Store(tmp_path / "home" / "results.db") as st:
         assert [r.status for r in st.runs("det")] == ["ok", "ok"]
     assert live_procs(marker) == []
@@ -162,8 +204,15 @@ def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(tmp_path, sc
     res = Runner(spec, store, measure=measure, say=lambda s: None).run()
     assert (res.ok, res.failed) == (8, 0)
     assert [(r.arm, r.load_key, r.block) for r in store.runs("blk")] == [
-        ("slow", "c=1", 0), ("fast", "c=1", 0), ("fast", "c=4", 0), ("slow", "c=4", 0),
-        ("fast", "c=1", 1), ("slow", "c=1", 1), ("slow", "c=4", 1), ("fast", "c=4", 1)]
+        ("slow", "c=1", 0),
+        ("fast", "c=1", 0),
+        ("fast", "c=4", 0),
+        ("slow", "c=4", 0),
+        ("fast", "c=1", 1),
+        ("slow", "c=1", 1),
+        ("slow", "c=4", 1),
+        ("fast", "c=4", 1),
+    ]
     # the first run of each block sees one engine (the other is launched on first use), then two
     assert alive_during == [1, 2, 2, 2, 1, 2, 2, 2]
     assert live_procs(marker) == []
@@ -174,10 +223,19 @@ def test_external_engine_open_loop_shuffled(tmp_path):
     from servelab.bench.scripted_server import Script
 
     with serve_in_thread(Script(ttft_ms=5, gap_ms=2)) as srv:
-        spec = spec_mod.parse({
-            "name": "ext", "engine": "external", "url": srv.url, "order": "shuffled", "seed": 3,
-            "repetitions": 2, "arms": {"a": {}, "b": {}}, "load": {"request_rate": [50.0]},
-            "workload": {"input_len": 8, "output_len": 5, "num_prompts": 6}})
+        spec = spec_mod.parse(
+            {
+                "name": "ext",
+                "engine": "external",
+                "url": srv.url,
+                "order": "shuffled",
+                "seed": 3,
+                "repetitions": 2,
+                "arms": {"a": {}, "b": {}},
+                "load": {"request_rate": [50.0]},
+                "workload": {"input_len": 8, "output_len": 5, "num_prompts": 6},
+            }
+        )
         spec_mod.preflight(spec)
         store = Store(tmp_path / "r.db")
         res = Runner(spec, store, say=lambda s: None).run()
@@ -186,9 +244,11 @@ def test_external_engine_open_loop_shuffled(tmp_path):
     runs = store.runs("ext")
     assert {r.load_key for r in runs} == {"rate=50"}
     assert sum(store.load_point(r.load_point_id).summary["completed"] for r in runs) == 24
-    assert n_server >= 24                                # every request reached the server
+    assert n_server >= 24  # every request reached the server
     with pytest.raises(Exception, match="cannot change flags"):
-        spec_mod.preflight(spec_mod.parse({**spec.to_json(), "arms": {"a": {}, "b": {"flags": {"x": 1}}}}))
+        spec_mod.preflight(
+            spec_mod.parse({**spec.to_json(), "arms": {"a": {}, "b": {"flags": {"x": 1}}}})
+        )
 
 
 def test_engines_die_with_a_runner_killed_by_sigkill(tmp_path, live_procs):
@@ -206,7 +266,9 @@ def test_engines_die_with_a_runner_killed_by_sigkill(tmp_path, live_procs):
         "print('up', flush=True)\n"
         "time.sleep(120)\n"
     )
-    runner = subprocess.Popen([sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True)
+    runner = subprocess.Popen(
+        [sys.executable, "-c", code, marker], stdout=subprocess.PIPE, text=True
+    )
     assert runner.stdout.readline().strip() == "up"
     engines_up = [p for p in live_procs(marker) if p != runner.pid]
     assert len(engines_up) == 1
@@ -229,12 +291,12 @@ def test_a_second_runner_of_the_same_experiment_is_refused(tmp_path, scripted):
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         job = Job("twice", "experiment", total=2)
-        job.state.pid = sleeper.pid                      # another live process runs it
+        job.state.pid = sleeper.pid  # another live process runs it
         job.update()
         with pytest.raises(UserError, match=f"already running \\(pid {sleeper.pid}\\)"):
             Runner(spec, Store(tmp_path / "r.db"), say=lambda s: None).run()
     finally:
         sleeper.kill()
         sleeper.wait()
-    res = Runner(spec, Store(tmp_path / "r.db"), say=lambda s: None).run()   # its pid is gone: fine
+    res = Runner(spec, Store(tmp_path / "r.db"), say=lambda s: None).run()  # its pid is gone: fine
     assert res.ok == 2

@@ -18,10 +18,17 @@ def _geo_mean_ratio(b, a, axis=-1):
 def test_paired_ci_matches_scipy_bootstrap():
     rng = np.random.default_rng(1)
     base = rng.lognormal(np.log(100), 0.05, 12)
-    arm = base * rng.lognormal(np.log(1.3), 0.03, 12)      # true effect x1.3, paired noise
+    arm = base * rng.lognormal(np.log(1.3), 0.03, 12)  # true effect x1.3, paired noise
     ratio, lo, hi = st.bootstrap_ratio(base, arm, paired=True, n_boot=20_000, seed=3, expand=False)
-    ref = sps.bootstrap((base, arm), _geo_mean_ratio, paired=True, vectorized=True,
-                        n_resamples=20_000, method="percentile", random_state=7)
+    ref = sps.bootstrap(
+        (base, arm),
+        _geo_mean_ratio,
+        paired=True,
+        vectorized=True,
+        n_resamples=20_000,
+        method="percentile",
+        random_state=7,
+    )
     assert ratio == pytest.approx(float(np.exp(np.mean(np.log(arm / base)))), rel=1e-12)
     assert lo == pytest.approx(ref.confidence_interval.low, rel=3e-3)
     assert hi == pytest.approx(ref.confidence_interval.high, rel=3e-3)
@@ -38,8 +45,15 @@ def test_unpaired_ratio_of_medians_and_scipy_ci():
     def stat(b, a, axis=-1):
         return np.median(a, axis=axis) / np.median(b, axis=axis)
 
-    ref = sps.bootstrap((base, arm), stat, paired=False, vectorized=True, n_resamples=20_000,
-                        method="percentile", random_state=9)
+    ref = sps.bootstrap(
+        (base, arm),
+        stat,
+        paired=False,
+        vectorized=True,
+        n_resamples=20_000,
+        method="percentile",
+        random_state=9,
+    )
     assert lo == pytest.approx(ref.confidence_interval.low, rel=1e-2)
     assert hi == pytest.approx(ref.confidence_interval.high, rel=1e-2)
 
@@ -61,7 +75,9 @@ def test_paired_ci_coverage_on_known_distribution(n, lowest):
 
 def test_expanded_alpha_matches_hesterberg():
     # z = sqrt(n/(n-1)) * t_{n-1, 0.975}; at n=5: sqrt(5/4) * 2.7764 = 3.1041 -> 2 * sf = 0.00191
-    assert st.expanded_alpha(5) == pytest.approx(2 * sps.norm.sf(np.sqrt(5 / 4) * sps.t.ppf(0.975, 4)))
+    assert st.expanded_alpha(5) == pytest.approx(
+        2 * sps.norm.sf(np.sqrt(5 / 4) * sps.t.ppf(0.975, 4))
+    )
     assert st.expanded_alpha(5) == pytest.approx(0.00191, abs=2e-5)
     assert st.expanded_alpha(10_000) == pytest.approx(0.05, abs=1e-3)
 
@@ -69,7 +85,7 @@ def test_expanded_alpha_matches_hesterberg():
 def test_paired_beats_unpaired_under_block_drift():
     """Drift shared by both arms of a block cancels when paired: the paired CI is narrower."""
     rng = np.random.default_rng(6)
-    drift = rng.lognormal(0, 0.15, 8)                       # machine speed per block
+    drift = rng.lognormal(0, 0.15, 8)  # machine speed per block
     base = 100 * drift * rng.lognormal(0, 0.01, 8)
     arm = 110 * drift * rng.lognormal(0, 0.01, 8)
     _, plo, phi = st.bootstrap_ratio(base, arm, paired=True)
@@ -78,16 +94,19 @@ def test_paired_beats_unpaired_under_block_drift():
     assert plo > 1.02
 
 
-@pytest.mark.parametrize(("ratio", "lo", "hi", "higher", "want"), [
-    (1.47, 1.41, 1.52, True, "better"),      # throughput up
-    (1.47, 1.41, 1.52, False, "worse"),      # latency up
-    (0.70, 0.65, 0.75, False, "better"),     # latency down
-    (0.70, 0.65, 0.75, True, "worse"),
-    (1.01, 0.97, 1.04, True, "within noise"),
-    (1.05, 1.01, 1.09, True, "within noise"),  # CI reaches into the +-2% band: not called
-    (1.05, math.nan, math.nan, True, "too few runs"),
-    (1.05, 1.04, 1.06, None, "n/a"),
-])
+@pytest.mark.parametrize(
+    ("ratio", "lo", "hi", "higher", "want"),
+    [
+        (1.47, 1.41, 1.52, True, "better"),  # throughput up
+        (1.47, 1.41, 1.52, False, "worse"),  # latency up
+        (0.70, 0.65, 0.75, False, "better"),  # latency down
+        (0.70, 0.65, 0.75, True, "worse"),
+        (1.01, 0.97, 1.04, True, "within noise"),
+        (1.05, 1.01, 1.09, True, "within noise"),  # CI reaches into the +-2% band: not called
+        (1.05, math.nan, math.nan, True, "too few runs"),
+        (1.05, 1.04, 1.06, None, "n/a"),
+    ],
+)
 def test_verdict_direction_and_band(ratio, lo, hi, higher, want):
     assert st.verdict(ratio, lo, hi, 0.02, higher) == want
 
@@ -99,32 +118,51 @@ def test_analyze_spreads_effects_and_warnings():
         drift = 1 + 0.01 * b
         for arm, tput, acc in (("base", 100.0, None), ("mtp", 147.0, 1.8), ("mtp2", 150.0, 2.4)):
             for lk, scale, noise in (("c=1", 1.0, 0.005), ("c=16", 8.0, 0.3)):
-                s = {"output_throughput_tok_s": tput * scale * drift * rng.lognormal(0, noise),
-                     "ttft_ms": {"median": 20.0 * drift}, "tpot_ms": None, "accept_length": acc}
+                s = {
+                    "output_throughput_tok_s": tput * scale * drift * rng.lognormal(0, noise),
+                    "ttft_ms": {"median": 20.0 * drift},
+                    "tpot_ms": None,
+                    "accept_length": acc,
+                }
                 runs.append(st.RunValue(arm, lk, b, b, s))
     an = st.analyze(runs, baseline="base", arms=["base", "mtp", "mtp2"], load_keys=["c=1", "c=16"])
-    vals = [r.summary["output_throughput_tok_s"] for r in runs if r.arm == "mtp" and r.load_key == "c=1"]
+    vals = [
+        r.summary["output_throughput_tok_s"] for r in runs if r.arm == "mtp" and r.load_key == "c=1"
+    ]
     sp = an.spreads[("mtp", "c=1", "output_throughput_tok_s")]
     assert sp.median == pytest.approx(float(np.median(vals)))
     assert sp.cv == pytest.approx(float(np.std(vals, ddof=1) / np.mean(vals)))
-    assert math.isnan(an.spreads[("base", "c=1", "tpot_ms")].median)      # missing stays NaN
+    assert math.isnan(an.spreads[("base", "c=1", "tpot_ms")].median)  # missing stays NaN
     e = an.effects[("mtp", "c=1", "output_throughput_tok_s")]
     assert e.paired and e.n == 3 and e.verdict == "better" and 1.40 < e.ratio < 1.55
     assert an.effects[("mtp", "c=1", "ttft_ms")].verdict == "within noise"
     text = "\n".join(an.warnings)
     assert "only 3 repetition(s)" in text
-    assert "CV between runs" in text and "c=16" in text                      # the noisy load point is flagged
+    assert "CV between runs" in text and "c=16" in text  # the noisy load point is flagged
     assert "acceptance length differs" in text and "mtp2" in text
     line = st.headline(an, "output_throughput_tok_s")[0]
     assert line.startswith("mtp vs base") and "at c=1 (better)" in line
 
 
 def test_failed_requests_inside_ok_runs_are_warned():
-    runs = [st.RunValue(arm, "c=2", b, b, {"output_throughput_tok_s": 10.0 + b, "completed": 6,
-                                            "failed": 2 if (arm, b) == ("x", 1) else 0})
-            for b in range(5) for arm in ("base", "x")]
+    runs = [
+        st.RunValue(
+            arm,
+            "c=2",
+            b,
+            b,
+            {
+                "output_throughput_tok_s": 10.0 + b,
+                "completed": 6,
+                "failed": 2 if (arm, b) == ("x", 1) else 0,
+            },
+        )
+        for b in range(5)
+        for arm in ("base", "x")
+    ]
     an = st.analyze(runs, baseline="base", arms=["base", "x"], load_keys=["c=2"])
     assert [w for w in an.warnings if "requests failed" in w] == [
         "arm x at c=2: 2 of 32 requests failed in its ok runs; see the runs' failure_reasons "
-        "(servelab results show ID)"]
-    assert not any("repetition(s)" in w for w in an.warnings)     # 5 repetitions are enough
+        "(servelab results show ID)"
+    ]
+    assert not any("repetition(s)" in w for w in an.warnings)  # 5 repetitions are enough

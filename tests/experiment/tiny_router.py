@@ -24,8 +24,12 @@ class Proxy(BaseHTTPRequestHandler):
                     return
         n = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(n) if n else None
-        req = urllib.request.Request(DECODE + self.path, data=body, method=self.command,
-                                     headers={"Content-Type": self.headers.get("Content-Type", "application/json")})
+        req = urllib.request.Request(
+            DECODE + self.path,
+            data=body,
+            method=self.command,
+            headers={"Content-Type": self.headers.get("Content-Type", "application/json")},
+        )
         try:
             resp = urllib.request.urlopen(req, timeout=600)
         except urllib.error.HTTPError as exc:

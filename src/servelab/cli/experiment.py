@@ -1,4 +1,5 @@
-"""CLI verbs of controlled experiments: `run FILE [--detach]`, `report NAME`, `compare A B`, `demo`."""
+"""CLI verbs of controlled experiments: `run FILE [--detach]`, `report NAME`, `compare A B`,
+`demo`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,9 @@ def _attribution(console, data) -> None:
     from servelab.experiment.stats import headline
 
     rows = attribution_rows(data)
-    table = Table(title=f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)")
+    table = Table(
+        title=f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
+    )
     for h in rows[0]:
         table.add_column(h)
     style = {"better": "green", "worse": "red"}
@@ -43,16 +46,26 @@ def run_file(spec, store_path: Path | None, console, quiet: bool = False) -> Non
     from servelab.store import Store
 
     with Store(store_path) as store:
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), TimeRemainingColumn(), console=console,
-                      disable=quiet) as prog:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=quiet,
+        ) as prog:
             task = prog.add_task(spec.name, total=None)
 
             def on_progress(done: int, total: int, what: str) -> None:
                 prog.update(task, completed=done, total=total, description=f"{spec.name}: {what}")
 
-            Runner(spec, store, say=lambda s: console.print(s, highlight=False),
-                   on_progress=on_progress).run(job_log=_detached_log(spec.name))
+            Runner(
+                spec,
+                store,
+                say=lambda s: console.print(s, highlight=False),
+                on_progress=on_progress,
+            ).run(job_log=_detached_log(spec.name))
 
 
 def _detached_log(name: str) -> str | None:
@@ -73,9 +86,13 @@ def register(app: typer.Typer) -> None:
     @app.command("run")
     def run(
         file: Path = typer.Argument(..., help="Experiment file (TOML); see docs/EXPERIMENTS.md."),
-        detach: bool = typer.Option(False, "--detach", help="Run in the background; follow with `servelab status NAME`."),
+        detach: bool = typer.Option(
+            False, "--detach", help="Run in the background; follow with `servelab status NAME`."
+        ),
         store: Path = typer.Option(None, "--store", help=_STORE_HELP),
-        check: bool = typer.Option(False, "--check", help="Only validate the file and print the plan."),
+        check: bool = typer.Option(
+            False, "--check", help="Only validate the file and print the plan."
+        ),
     ) -> None:
         """Run a controlled experiment (resumes where an interrupted one stopped)."""
         from rich.console import Console
@@ -94,10 +111,15 @@ def register(app: typer.Typer) -> None:
                 console.print(f"{p.seq:3d} block {p.block} deploy {p.group:3d}  {p.describe()}")
             return
         if detach:
-            argv = ["run", str(file.resolve())] + (["--store", str(store.resolve())] if store else [])
+            argv = ["run", str(file.resolve())] + (
+                ["--store", str(store.resolve())] if store else []
+            )
             pid, log = jobs.detach(argv, spec.name)
-            console.print(f"experiment '{spec.name}' runs in the background (pid {pid}); log {log}\n"
-                          f"progress: servelab status {spec.name}", highlight=False)
+            console.print(
+                f"experiment '{spec.name}' runs in the background (pid {pid}); log {log}\n"
+                f"progress: servelab status {spec.name}",
+                highlight=False,
+            )
             return
         run_file(spec, store, console)
         with Store(store) as st:
@@ -124,10 +146,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("compare")
     def compare(
-        a: str = typer.Argument(..., help="Load point id (servelab results) or a bench --output JSON file."),
+        a: str = typer.Argument(
+            ..., help="Load point id (servelab results) or a bench --output JSON file."
+        ),
         b: str = typer.Argument(..., help="The same for the other side (B is compared against A)."),
         store: Path = typer.Option(None, "--store", help=_STORE_HELP),
-        noise_band: float = typer.Option(0.02, "--noise-band", help="Relative band treated as noise."),
+        noise_band: float = typer.Option(
+            0.02, "--noise-band", help="Relative band treated as noise."
+        ),
     ) -> None:
         """Compare two bench results metric by metric (B relative to A)."""
         from rich.console import Console
@@ -151,9 +177,13 @@ def register(app: typer.Typer) -> None:
 
     @app.command("demo")
     def demo(
-        quick: bool = typer.Option(False, "--quick", help="A shortened variant (CI): fewer prompts."),
+        quick: bool = typer.Option(
+            False, "--quick", help="A shortened variant (CI): fewer prompts."
+        ),
         store: Path = typer.Option(None, "--store", help=_STORE_HELP),
-        file: Path = typer.Option(None, "--file", help="Experiment file (default: examples/demo.toml)."),
+        file: Path = typer.Option(
+            None, "--file", help="Experiment file (default: examples/demo.toml)."
+        ),
     ) -> None:
         """The story's MTP A/B in miniature on the embedded engine: run, attribute, report."""
         from rich.console import Console

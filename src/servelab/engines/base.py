@@ -24,13 +24,13 @@ Flags = dict[str, FlagValue]
 class ProcessPlan:
     """One process of a deployment, before it is launched."""
 
-    role: str                      # 'server', 'prefill', 'decode' or 'router'
+    role: str  # 'server', 'prefill', 'decode' or 'router'
     argv: list[str]
     env: dict[str, str]
     host: str
     port: int
     health_url: str
-    url: str                       # base URL of this process (http://host:port)
+    url: str  # base URL of this process (http://host:port)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +42,7 @@ class ProcessConfig:
     env: dict[str, str] = field(default_factory=dict)
     host: str = "127.0.0.1"
     port: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)   # engine-specific, e.g. bootstrap_port
+    extra: dict[str, Any] = field(default_factory=dict)  # engine-specific, e.g. bootstrap_port
 
 
 def render_flags(flags: Mapping[str, FlagValue]) -> list[str]:
@@ -65,7 +65,7 @@ def render_flags(flags: Mapping[str, FlagValue]) -> list[str]:
 def http_get(url: str, timeout_s: float = 2.0) -> tuple[int, bytes] | None:
     """GET `url`; (status, body), or None when nothing answers."""
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (loopback/user URL)
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (user URL)
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, b""
@@ -89,16 +89,18 @@ class Engine:
     """Base adapter. Subclasses set the class attributes and override `command`."""
 
     name: ClassVar[str] = "base"
-    launches: ClassVar[bool] = True                   # False: an existing URL (external)
-    roles: ClassVar[tuple[str, ...]] = ("server",)    # process roles this engine can run
-    known_flags: ClassVar[frozenset[str] | None] = None   # None: flags are not checked
+    launches: ClassVar[bool] = True  # False: an existing URL (external)
+    roles: ClassVar[tuple[str, ...]] = ("server",)  # process roles this engine can run
+    known_flags: ClassVar[frozenset[str] | None] = None  # None: flags are not checked
     health_path: ClassVar[str] = "/health"
     info_path: ClassVar[str | None] = None
     metrics_path: ClassVar[str | None] = "/metrics"
     # (flag a, flag b) pairs that must not be set together
     conflicts: ClassVar[tuple[tuple[str, str], ...]] = ()
 
-    def command(self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]) -> list[str]:
+    def command(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
         """The argv of one process; `peers` are the processes already planned (for a router)."""
         raise NotImplementedError
 
@@ -161,7 +163,9 @@ class Engine:
             return None
 
 
-def spec_window(before: Mapping[str, float] | None, after: Mapping[str, float] | None) -> dict[str, float | None]:
+def spec_window(
+    before: Mapping[str, float] | None, after: Mapping[str, float] | None
+) -> dict[str, float | None]:
     """Acceptance over a window from vLLM-named counters (also served by the embedded engine):
     tau = 1 + d(accepted)/d(drafts), rate = d(accepted)/d(draft_tokens). None when absent."""
     out: dict[str, float | None] = {"accept_length": None, "accept_rate": None}

@@ -15,7 +15,9 @@ class Command(Engine):
     roles = ("server", "prefill", "decode", "router")
     known_flags = None
 
-    def command(self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]) -> list[str]:
+    def command(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
         template: list[str] = proc.extra.get("command") or []
         fill = {"host": proc.host, "port": str(proc.port), "model": model}
         for plan in peers.values():

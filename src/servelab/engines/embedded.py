@@ -9,10 +9,13 @@ from collections.abc import Mapping
 
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
 
-_FLAGS = frozenset("""
+_FLAGS = frozenset(
+    """
 config weights random-weights device max-running-requests context-length cuda-graph
-attention-backend seed num-threads served-model-name log-level speculative-algorithm speculative-num-steps speculative-eagle-topk speculative-num-draft-tokens
-""".split())
+attention-backend seed num-threads served-model-name log-level speculative-algorithm
+speculative-num-steps speculative-eagle-topk speculative-num-draft-tokens
+""".split()
+)
 
 
 class Embedded(Engine):
@@ -23,11 +26,22 @@ class Embedded(Engine):
     known_flags = _FLAGS
     info_path = "/get_server_info"
 
-    def command(self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]) -> list[str]:
+    def command(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
         flags = dict(proc.flags)
         flags.setdefault("config", model)
-        return [sys.executable, "-m", "servelab", "serve", "--host", proc.host,
-                "--port", str(proc.port), *render_flags(flags)]
+        return [
+            sys.executable,
+            "-m",
+            "servelab",
+            "serve",
+            "--host",
+            proc.host,
+            "--port",
+            str(proc.port),
+            *render_flags(flags),
+        ]
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
         problems = []
@@ -37,5 +51,5 @@ class Embedded(Engine):
         if flags.get("speculative-algorithm") and flags.get("speculative-eagle-topk", 1) != 1:
             problems.append("the embedded engine drafts a chain: speculative-eagle-topk must be 1")
         if flags.get("cuda-graph") and flags.get("device", "cpu") != "cuda":
-            problems.append("cuda-graph needs device = \"cuda\"")
+            problems.append('cuda-graph needs device = "cuda"')
         return problems

@@ -23,19 +23,22 @@ RECIPE_DIR = Path(__file__).parent / "recipes"
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
-    model: str                       # regex on the model name
-    when_set: tuple[str, ...]        # applies when any of these flags is set
+    model: str  # regex on the model name
+    when_set: tuple[str, ...]  # applies when any of these flags is set
     require: dict[str, tuple[Any, ...]]
     message: str
 
     def violations(self, model: str, flags: Mapping[str, FlagValue]) -> list[str]:
-        """The problems of `flags` for `model` (empty when the constraint holds or does not apply)."""
+        """Problems of `flags` for `model` (empty when it holds or does not apply)."""
         if not re.search(self.model, model):
             return []
         if self.when_set and not any(flags.get(k) not in (None, False) for k in self.when_set):
             return []
-        bad = [f"{k}={flags.get(k)!r}" for k, allowed in self.require.items()
-               if flags.get(k) not in allowed]
+        bad = [
+            f"{k}={flags.get(k)!r}"
+            for k, allowed in self.require.items()
+            if flags.get(k) not in allowed
+        ]
         return [f"{self.message} (got {', '.join(bad)})"] if bad else []
 
 
@@ -44,9 +47,9 @@ class Recipe:
     name: str
     description: str
     source: str
-    flags: dict[str, dict[str, FlagValue]]        # engine -> flags
+    flags: dict[str, dict[str, FlagValue]]  # engine -> flags
     env: dict[str, str]
-    engines: tuple[str, ...]                      # engines it applies to
+    engines: tuple[str, ...]  # engines it applies to
     constraints: tuple[Constraint, ...] = field(default_factory=tuple)
 
     def flags_for(self, engine: str) -> dict[str, FlagValue]:
@@ -63,16 +66,21 @@ def _parse(path: Path) -> Recipe:
     flags = {eng: dict(v) for eng, v in data.get("flags", {}).items()}
     cons = tuple(
         Constraint(
-            model=c.get("model", ".*"), when_set=tuple(c.get("when_set", ())),
+            model=c.get("model", ".*"),
+            when_set=tuple(c.get("when_set", ())),
             require={k: tuple(v if isinstance(v, list) else [v]) for k, v in c["require"].items()},
             message=c["message"],
         )
         for c in data.get("constraints", [])
     )
     return Recipe(
-        name=data["name"], description=data.get("description", ""), source=data.get("source", ""),
-        flags=flags, env={k: str(v) for k, v in data.get("env", {}).items()},
-        engines=tuple(data.get("engines") or flags.keys()), constraints=cons,
+        name=data["name"],
+        description=data.get("description", ""),
+        source=data.get("source", ""),
+        flags=flags,
+        env={k: str(v) for k, v in data.get("env", {}).items()},
+        engines=tuple(data.get("engines") or flags.keys()),
+        constraints=cons,
     )
 
 

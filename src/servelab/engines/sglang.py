@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
 
-_SERVER_FLAGS = frozenset("""
+_SERVER_FLAGS = frozenset(
+    """
 model-path tokenizer-path tokenizer-mode skip-tokenizer-init load-format trust-remote-code
 context-length is-embedding revision served-model-name chat-template dtype kv-cache-dtype
 quantization quantization-param-path mem-fraction-static max-running-requests max-total-tokens
@@ -30,15 +31,22 @@ speculative-token-map speculative-attention-mode
 disaggregation-mode disaggregation-bootstrap-port disaggregation-transfer-backend
 disaggregation-ib-device max-micro-batch-size watchdog-timeout stream-interval base-gpu-id
 enable-nccl-nvls enable-symm-mem enable-custom-all-reduce disable-custom-all-reduce
-""".split())
+""".split()
+)
 
-_ROUTER_FLAGS = frozenset("""
+_ROUTER_FLAGS = frozenset(
+    """
 policy prefill-policy decode-policy worker-startup-timeout-secs request-timeout-secs
 max-concurrent-requests log-level prometheus-port
-""".split())
+""".split()
+)
 
-_SPEC_FLAGS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens",
-               "speculative-draft-model-path")
+_SPEC_FLAGS = (
+    "speculative-num-steps",
+    "speculative-eagle-topk",
+    "speculative-num-draft-tokens",
+    "speculative-draft-model-path",
+)
 
 
 class SGLang(Engine):
@@ -48,12 +56,17 @@ class SGLang(Engine):
     roles = ("server", "prefill", "decode", "router")
     known_flags = _SERVER_FLAGS
     info_path = "/get_server_info"
-    conflicts = (("disable-cuda-graph", "cuda-graph-max-bs"), ("disable-cuda-graph", "cuda-graph-bs"))
+    conflicts = (
+        ("disable-cuda-graph", "cuda-graph-max-bs"),
+        ("disable-cuda-graph", "cuda-graph-bs"),
+    )
 
     def flags_for(self, role: str) -> frozenset[str] | None:
         return _ROUTER_FLAGS if role == "router" else _SERVER_FLAGS
 
-    def command(self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]) -> list[str]:
+    def command(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
         host_port = ["--host", proc.host, "--port", str(proc.port)]
         if proc.role == "router":
             argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
@@ -76,15 +89,26 @@ class SGLang(Engine):
         if role == "router":
             return problems
         if "model-path" in flags:
-            problems.append("set the model with the top-level 'model' key, not the 'model-path' flag")
+            problems.append(
+                "set the model with the top-level 'model' key, not the 'model-path' flag"
+            )
         if "disaggregation-mode" in flags:
-            problems.append("'disaggregation-mode' comes from the process role (prefill/decode); remove the flag")
+            problems.append(
+                "'disaggregation-mode' comes from the process role (prefill/decode); "
+                "remove the flag"
+            )
         algo = flags.get("speculative-algorithm")
         stray = [f for f in _SPEC_FLAGS if f in flags and flags[f] is not False]
         if stray and not algo:
             problems.append(f"{', '.join(stray)} set without 'speculative-algorithm'")
         steps, topk, draft = (flags.get(k) for k in _SPEC_FLAGS[:3])
-        if algo and topk == 1 and isinstance(steps, int) and isinstance(draft, int) and draft != steps + 1:
+        if (
+            algo
+            and topk == 1
+            and isinstance(steps, int)
+            and isinstance(draft, int)
+            and draft != steps + 1
+        ):
             problems.append(
                 f"with speculative-eagle-topk 1, speculative-num-draft-tokens must be "
                 f"speculative-num-steps + 1 = {steps + 1}, not {draft}"

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
 
-_FLAGS = frozenset("""
+_FLAGS = frozenset(
+    """
 tokenizer tokenizer-mode trust-remote-code revision served-model-name dtype kv-cache-dtype
 quantization load-format download-dir max-model-len gpu-memory-utilization max-num-seqs
 max-num-batched-tokens block-size swap-space seed enforce-eager compilation-config
@@ -20,7 +21,8 @@ enable-prefix-caching no-enable-prefix-caching tensor-parallel-size pipeline-par
 data-parallel-size enable-expert-parallel enable-eplb all2all-backend kv-transfer-config
 disable-log-requests disable-log-stats async-scheduling attention-backend
 distributed-executor-backend max-logprobs generation-config override-generation-config
-""".split())
+""".split()
+)
 
 
 class VLLM(Engine):
@@ -35,9 +37,19 @@ class VLLM(Engine):
         ("enforce-eager", "compilation-config"),
     )
 
-    def command(self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]) -> list[str]:
-        return ["vllm", "serve", model, "--host", proc.host, "--port", str(proc.port),
-                *render_flags(proc.flags)]
+    def command(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
+        return [
+            "vllm",
+            "serve",
+            model,
+            "--host",
+            proc.host,
+            "--port",
+            str(proc.port),
+            *render_flags(proc.flags),
+        ]
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
         raw = flags.get("speculative-config")

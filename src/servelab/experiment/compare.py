@@ -42,7 +42,9 @@ _CHECKED = ("input_len", "output_len", "dataset", "num_prompts", "api", "seed")
 @dataclass
 class Side:
     name: str
-    points: dict[str, tuple[dict[str, Any], list[dict[str, Any]] | None]]   # load key -> (summary, records)
+    points: dict[
+        str, tuple[dict[str, Any], list[dict[str, Any]] | None]
+    ]  # load key -> (summary, records)
 
 
 @dataclass
@@ -57,11 +59,16 @@ class CompareResult:
 def _side(store: Store, ref: str) -> Side:
     if ref.isdigit():
         lp = store.load_point(int(ref))
-        return Side(f"#{lp.id} {lp.label or lp.source}", {lp.load_key: (lp.summary, list(store.requests(lp)))})
+        return Side(
+            f"#{lp.id} {lp.label or lp.source}",
+            {lp.load_key: (lp.summary, list(store.requests(lp)))},
+        )
     path = Path(ref)
     if not path.is_file():
-        raise UserError(f"'{ref}' is neither a load point id nor a file; give an id from "
-                        "`servelab results list` or a `servelab bench --output` JSON file")
+        raise UserError(
+            f"'{ref}' is neither a load point id nor a file; give an id from "
+            "`servelab results list` or a `servelab bench --output` JSON file"
+        )
     try:
         doc = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError as exc:
@@ -109,13 +116,17 @@ def compare(store: Store, a: str, b: str, *, noise_band: float = 0.02) -> Compar
         warnings.append(f"different load points: A is {ka}, B is {kb}")
         pairs = [(f"{ka} vs {kb}", pa, pb)]
     if not pairs:
-        raise UserError(f"A and B share no load point (A: {', '.join(sa.points)}; B: {', '.join(sb.points)})")
+        raise UserError(
+            f"A and B share no load point (A: {', '.join(sa.points)}; B: {', '.join(sb.points)})"
+        )
     rows = [["load", "metric", "A", "B", "B/A", "change [95% CI over requests]", "verdict"]]
     for key, (sum_a, rec_a), (sum_b, rec_b) in pairs:
         for f in _CHECKED:
             if sum_a.get(f) != sum_b.get(f):
-                warnings.append(f"{key}: workload differs: {f} is {sum_a.get(f)!r} in A, "
-                                f"{sum_b.get(f)!r} in B; these results do not compare")
+                warnings.append(
+                    f"{key}: workload differs: {f} is {sum_a.get(f)!r} in A, "
+                    f"{sum_b.get(f)!r} in B; these results do not compare"
+                )
         for skey, sub, label, higher, field_ in _ROWS:
             va, vb = _get(sum_a, skey, sub), _get(sum_b, skey, sub)
             ratio = vb / va if math.isfinite(va) and math.isfinite(vb) and va else math.nan
@@ -127,11 +138,16 @@ def compare(store: Store, a: str, b: str, *, noise_band: float = 0.02) -> Compar
                 if math.isfinite(lo):
                     change += f" [{(lo - 1) * 100:+.1f}%, {(hi - 1) * 100:+.1f}%]"
                     up, down = lo > 1 + noise_band, hi < 1 - noise_band
-                    verdict = ("better" if up == higher else "worse") if up or down else "within noise"
+                    verdict = (
+                        ("better" if up == higher else "worse") if up or down else "within noise"
+                    )
             elif higher is not None and math.isfinite(ratio):
                 beyond = abs(ratio - 1) > noise_band
-                verdict = (("better" if (ratio > 1) == higher else "worse") + " (1 run, no CI)") \
-                    if beyond else "within noise"
+                verdict = (
+                    (("better" if (ratio > 1) == higher else "worse") + " (1 run, no CI)")
+                    if beyond
+                    else "within noise"
+                )
             rows.append([key, label, _fmt(va), _fmt(vb), _fmt(ratio), change, verdict])
     if sa.points and sb.points and len(pairs) < max(len(sa.points), len(sb.points)):
         warnings.append("load points present on one side only were left out")

@@ -31,7 +31,9 @@ def load_demo(file: Path | None, quick: bool) -> spec_mod.ExperimentSpec:
 
     path = Path(file) if file else DEMO_FILE
     if not path.is_file():
-        raise UserError(f"demo file {path} not found; pass --file examples/demo.toml from a checkout")
+        raise UserError(
+            f"demo file {path} not found; pass --file examples/demo.toml from a checkout"
+        )
     data = tomllib.loads(path.read_text())
     if quick:
         data = quick_variant(data)
@@ -40,8 +42,9 @@ def load_demo(file: Path | None, quick: bool) -> spec_mod.ExperimentSpec:
     return spec
 
 
-def run_demo(console: Any, *, quick: bool = False, store_path: Path | None = None,
-             file: Path | None = None) -> Path:
+def run_demo(
+    console: Any, *, quick: bool = False, store_path: Path | None = None, file: Path | None = None
+) -> Path:
     """Run the demo (fresh unless an interrupted one can be resumed); returns the HTML path."""
     from servelab.cli.experiment import _attribution, run_file
     from servelab.experiment.report import write
@@ -54,17 +57,21 @@ def run_demo(console: Any, *, quick: bool = False, store_path: Path | None = Non
         if spec.name in st.experiment_names():
             ok = sum(r.status == "ok" for r in st.runs(spec.name))
             try:
-                same = spec_mod.ExperimentSpec.model_validate(
-                    st.experiment(spec.name)).design_hash() == spec.design_hash()
+                same = (
+                    spec_mod.ExperimentSpec.model_validate(st.experiment(spec.name)).design_hash()
+                    == spec.design_hash()
+                )
             except ValueError:
                 same = False
             if ok >= len(plan(spec)) or not same:
-                # a finished (or since redesigned) demo is measured afresh; an interrupted one resumes
+                # a finished (or redesigned) demo is measured afresh; an interrupted one resumes
                 st.forget_experiment(spec.name)
     run_file(spec, store_path, console)
     with Store(store_path) as st:
         md, page, data = write(st, spec.name)
     _attribution(console, data)
-    console.print(f"demo finished in {time.monotonic() - t0:.0f} s\nreport: {page}\nmarkdown: {md}",
-                  highlight=False)
+    console.print(
+        f"demo finished in {time.monotonic() - t0:.0f} s\nreport: {page}\nmarkdown: {md}",
+        highlight=False,
+    )
     return page

@@ -65,8 +65,12 @@ def gpu_memory_used_mib() -> list[int] | None:
     if not shutil.which("nvidia-smi"):
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
         return [int(x) for x in out.split()]
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
@@ -125,15 +129,25 @@ class _Running:
     proc: subprocess.Popen[bytes]
     log_path: Path
     log_file: IO[bytes]
-    known: set[int] = field(default_factory=set)     # descendants seen while it ran
+    known: set[int] = field(default_factory=set)  # descendants seen while it ran
 
 
 class Deployment:
-    """Processes of one arm, launched by `start()` and removed by `stop()` (also a context manager)."""
+    """Processes of one arm, launched by `start()` and removed by `stop()` (context manager)."""
 
-    def __init__(self, engine: Engine, model: str, procs: list[ProcessConfig], log_dir: Path, *,
-                 ready_timeout_s: float = 900.0, grace_s: float = 30.0, port_free_s: float = 60.0,
-                 gpu_free_s: float = 120.0, base_env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        model: str,
+        procs: list[ProcessConfig],
+        log_dir: Path,
+        *,
+        ready_timeout_s: float = 900.0,
+        grace_s: float = 30.0,
+        port_free_s: float = 60.0,
+        gpu_free_s: float = 120.0,
+        base_env: dict[str, str] | None = None,
+    ) -> None:
         self.engine, self.model, self.procs = engine, model, procs
         self.log_dir = Path(log_dir)
         self.ready_timeout_s, self.grace_s = ready_timeout_s, grace_s
@@ -165,12 +179,20 @@ class Deployment:
                     boot = pc.flags.get("disaggregation-bootstrap-port")
                     if p.role == "prefill" and boot:
                         extra[f"bootstrap_port:{p.port}"] = boot
-            resolved = ProcessConfig(role=cfg.role, flags=cfg.flags, env=cfg.env, host=cfg.host,
-                                     port=port, extra=extra)
+            resolved = ProcessConfig(
+                role=cfg.role, flags=cfg.flags, env=cfg.env, host=cfg.host, port=port, extra=extra
+            )
             argv = self.engine.command(resolved, self.model, plans)
             url = f"http://{cfg.host}:{port}"
-            plan = ProcessPlan(role=cfg.role, argv=argv, env=dict(cfg.env), host=cfg.host, port=port,
-                               health_url=url + self.engine.health_path, url=url)
+            plan = ProcessPlan(
+                role=cfg.role,
+                argv=argv,
+                env=dict(cfg.env),
+                host=cfg.host,
+                port=port,
+                health_url=url + self.engine.health_path,
+                url=url,
+            )
             plans[f"{cfg.role}{i}"] = plan
             out.append(plan)
         self.plans = out
@@ -186,22 +208,29 @@ class Deployment:
         try:
             for i, plan in enumerate(self.plans):
                 if not wait_port_free(plan.host, plan.port, self.port_free_s):
-                    raise DeployError(f"port {plan.port} of the {plan.role} process is still in use "
-                                      f"after {self.port_free_s:.0f} s")
+                    raise DeployError(
+                        f"port {plan.port} of the {plan.role} process is still in use "
+                        f"after {self.port_free_s:.0f} s"
+                    )
                 log_path = self.log_dir / f"{i}-{plan.role}.log"
                 log_file = open(log_path, "ab")  # noqa: SIM115 (closed in stop)
                 log_file.write(f"$ {' '.join(plan.argv)}\n".encode())
                 log_file.flush()
                 try:
                     proc = subprocess.Popen(
-                        plan.argv, env={**self.base_env, **plan.env}, stdout=log_file,
-                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                        plan.argv,
+                        env={**self.base_env, **plan.env},
+                        stdout=log_file,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        start_new_session=True,
                         preexec_fn=_die_with_parent,  # noqa: PLW1509
                     )
                 except OSError as exc:
                     log_file.close()
-                    raise DeployError(f"cannot start the {plan.role} process ({plan.argv[0]}): "
-                                      f"{exc.strerror}") from None
+                    raise DeployError(
+                        f"cannot start the {plan.role} process ({plan.argv[0]}): {exc.strerror}"
+                    ) from None
                 self.running.append(_Running(plan, proc, log_path, log_file))
                 self._wait_ready(self.running[-1], stop_check)
         except BaseException:
@@ -217,13 +246,19 @@ class Deployment:
                 stop_check()
             code = r.proc.poll()
             if code is not None:
-                raise DeployError(f"the {r.plan.role} process exited with status {code} before it was "
-                                  f"ready (log: {r.log_path})", tail(r.log_path))
+                raise DeployError(
+                    f"the {r.plan.role} process exited with status {code} before it was "
+                    f"ready (log: {r.log_path})",
+                    tail(r.log_path),
+                )
             if self.engine.ready(r.plan.url):
                 return
             if time.monotonic() > deadline:
-                raise DeployError(f"the {r.plan.role} process was not ready after "
-                                  f"{self.ready_timeout_s:.0f} s (log: {r.log_path})", tail(r.log_path))
+                raise DeployError(
+                    f"the {r.plan.role} process was not ready after "
+                    f"{self.ready_timeout_s:.0f} s (log: {r.log_path})",
+                    tail(r.log_path),
+                )
             r.known.update(descendants(r.proc.pid))
             time.sleep(delay)
             delay = min(delay * 1.5, 1.0)
@@ -232,8 +267,9 @@ class Deployment:
         return bool(self.running) and all(r.proc.poll() is None for r in self.running)
 
     def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(f"--- {r.plan.role} ({r.log_path}) ---\n{tail(r.log_path, lines)}"
-                         for r in self.running)
+        return "\n".join(
+            f"--- {r.plan.role} ({r.log_path}) ---\n{tail(r.log_path, lines)}" for r in self.running
+        )
 
     def pids(self) -> list[int]:
         """Pids of every process and descendant of this deployment (for tests and checks)."""
@@ -248,7 +284,11 @@ class Deployment:
         SIGKILL after the grace period; then wait for ports (and GPU memory) to be free."""
         # Ctrl-C during teardown must not leave it half done: it is held and re-raised after.
         held: list[int] = []
-        old = signal.signal(signal.SIGINT, lambda sig, frame: held.append(sig)) if _main_thread() else None
+        old = (
+            signal.signal(signal.SIGINT, lambda sig, frame: held.append(sig))
+            if _main_thread()
+            else None
+        )
         try:
             for r in reversed(self.running):
                 self._terminate(r)
@@ -284,7 +324,9 @@ class Deployment:
         deadline = time.monotonic() + self.gpu_free_s
         while time.monotonic() < deadline:
             now = gpu_memory_used_mib()
-            if now is None or all(n <= b + 512 for n, b in zip(now, self._gpu_before, strict=False)):
+            if now is None or all(
+                n <= b + 512 for n, b in zip(now, self._gpu_before, strict=False)
+            ):
                 return
             time.sleep(1.0)
 

@@ -49,8 +49,12 @@ def throughput(an: Analysis, metric: str = "output_throughput_tok_s") -> bytes:
     return _png(fig)
 
 
-def distributions(values: Mapping[tuple[str, str], Sequence[float]], arms: Sequence[str],
-                  load_keys: Sequence[str], label: str) -> bytes:
+def distributions(
+    values: Mapping[tuple[str, str], Sequence[float]],
+    arms: Sequence[str],
+    load_keys: Sequence[str],
+    label: str,
+) -> bytes:
     """Box plots of per-request values (all runs pooled) per load point, arms side by side."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 3.8))
@@ -59,7 +63,9 @@ def distributions(values: Mapping[tuple[str, str], Sequence[float]], arms: Seque
     for i, arm in enumerate(arms):
         data = [list(values.get((arm, lk), [])) or [math.nan] for lk in load_keys]
         pos = [j + (i - (len(arms) - 1) / 2) * width for j in range(len(load_keys))]
-        bp = ax.boxplot(data, positions=pos, widths=width * 0.9, patch_artist=True, showfliers=False)
+        bp = ax.boxplot(
+            data, positions=pos, widths=width * 0.9, patch_artist=True, showfliers=False
+        )
         for box in bp["boxes"]:
             box.set_facecolor(colors[i % len(colors)])
             box.set_alpha(0.6)
@@ -74,7 +80,10 @@ def distributions(values: Mapping[tuple[str, str], Sequence[float]], arms: Seque
 
 def acceptance(an: Analysis) -> bytes | None:
     """Median acceptance length per arm and load point; None when no arm reports one."""
-    rows = {arm: [an.spreads[(arm, lk, "accept_length")].median for lk in an.load_keys] for arm in an.arms}
+    rows = {
+        arm: [an.spreads[(arm, lk, "accept_length")].median for lk in an.load_keys]
+        for arm in an.arms
+    }
     rows = {a: v for a, v in rows.items() if any(math.isfinite(x) for x in v)}
     if not rows:
         return None
@@ -103,9 +112,17 @@ def effects(an: Analysis, metrics: Sequence[str]) -> bytes:
     for y, e in enumerate(items):
         lo = e.pct(e.ci_low) if math.isfinite(e.ci_low) else e.pct()
         hi = e.pct(e.ci_high) if math.isfinite(e.ci_high) else e.pct()
-        ax.errorbar([e.pct()], [y], xerr=[[e.pct() - lo], [hi - e.pct()]], fmt="o", capsize=3,
-                    color=color.get(e.verdict, "tab:blue"))
-    ax.set_yticks(range(len(items)), [f"{e.arm} {e.load_key} {METRICS[e.metric].label}" for e in items])
+        ax.errorbar(
+            [e.pct()],
+            [y],
+            xerr=[[e.pct() - lo], [hi - e.pct()]],
+            fmt="o",
+            capsize=3,
+            color=color.get(e.verdict, "tab:blue"),
+        )
+    ax.set_yticks(
+        range(len(items)), [f"{e.arm} {e.load_key} {METRICS[e.metric].label}" for e in items]
+    )
     ax.invert_yaxis()
     ax.set_xlabel("change vs baseline (%), 95% CI")
     ax.set_title("effects (green: better, red: worse, blue: within noise)")

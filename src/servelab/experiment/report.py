@@ -34,8 +34,9 @@ class ExperimentData:
 
 def _load_keys(spec: dict[str, Any]) -> list[str]:
     load = spec["load"]
-    return [f"c={c}" for c in load.get("concurrency", [])] + \
-        [f"rate={r:g}" for r in load.get("request_rate", [])]
+    return [f"c={c}" for c in load.get("concurrency", [])] + [
+        f"rate={r:g}" for r in load.get("request_rate", [])
+    ]
 
 
 def collect(store: Store, name: str, noise_band: float | None = None) -> ExperimentData:
@@ -47,14 +48,23 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
     baseline = spec.get("baseline") or arms[0]
     arms.remove(baseline)
     arms.insert(0, baseline)
-    values = [RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary)
-              for r in runs if r.status == "ok" and r.load_point_id in lps]
+    values = [
+        RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary)
+        for r in runs
+        if r.status == "ok" and r.load_point_id in lps
+    ]
     band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
     an = analyze(values, baseline=baseline, arms=arms, load_keys=_load_keys(spec), noise_band=band)
-    an.warnings += aa_notes(spec, an, baseline, data_metric=spec.get("primary_metric",
-                                                                     "output_throughput_tok_s"))
-    an.warnings += mixed_provenance([lps[r.load_point_id].provenance for r in runs
-                                     if r.status == "ok" and r.load_point_id in lps])
+    an.warnings += aa_notes(
+        spec, an, baseline, data_metric=spec.get("primary_metric", "output_throughput_tok_s")
+    )
+    an.warnings += mixed_provenance(
+        [
+            lps[r.load_point_id].provenance
+            for r in runs
+            if r.status == "ok" and r.load_point_id in lps
+        ]
+    )
     return ExperimentData(name, spec, runs, lps, an)
 
 
@@ -62,11 +72,17 @@ def mixed_provenance(provs: list[dict[str, Any]]) -> list[str]:
     """Runs measured on different hosts, GPUs or servelab versions (e.g. a resume elsewhere)
     should not be pooled: say so."""
     out = []
-    for key, label in (("host", "hosts"), ("gpus", "GPU sets"), ("servelab_version", "servelab versions")):
+    for key, label in (
+        ("host", "hosts"),
+        ("gpus", "GPU sets"),
+        ("servelab_version", "servelab versions"),
+    ):
         seen = {repr(p.get(key)) for p in provs}
         if len(seen) > 1:
-            out.append(f"runs were measured on {len(seen)} different {label} ({', '.join(sorted(seen))}): "
-                       "results from different machines or software should not be pooled")
+            out.append(
+                f"runs were measured on {len(seen)} different {label} ({', '.join(sorted(seen))}): "
+                "results from different machines or software should not be pooled"
+            )
     return out
 
 
@@ -81,8 +97,10 @@ def aa_notes(spec: dict[str, Any], an: Analysis, baseline: str, data_metric: str
             e = an.effects.get((arm, lk, data_metric))
             if e is not None and math.isfinite(e.ci_low):
                 half = max(abs(e.pct(e.ci_low)), abs(e.pct(e.ci_high)))
-                out.append(f"A/A arm {arm} (identical to {baseline}) at {lk}: {e.text()}; this is the "
-                           f"machine's own noise, a noise band of about +-{half:.1f}% fits it")
+                out.append(
+                    f"A/A arm {arm} (identical to {baseline}) at {lk}: {e.text()}; this is the "
+                    f"machine's own noise, a noise band of about +-{half:.1f}% fits it"
+                )
     return out
 
 
@@ -93,8 +111,17 @@ def _num(x: float, digits: int = 4) -> str:
 def attribution_rows(data: ExperimentData) -> list[list[str]]:
     """Header + one row per arm x load point: medians, the effect with CI and verdict."""
     an, pm = data.analysis, data.primary
-    head = ["arm", "load", "runs", f"{METRICS[pm].label} ({METRICS[pm].unit})", "vs baseline [95% CI]",
-            "verdict", "TTFT change", "TPOT change", "accept len"]
+    head = [
+        "arm",
+        "load",
+        "runs",
+        f"{METRICS[pm].label} ({METRICS[pm].unit})",
+        "vs baseline [95% CI]",
+        "verdict",
+        "TTFT change",
+        "TPOT change",
+        "accept len",
+    ]
     rows = [head]
     for arm in an.arms:
         for lk in an.load_keys:
@@ -108,7 +135,11 @@ def attribution_rows(data: ExperimentData) -> list[list[str]]:
                 et, ep = an.effects[(arm, lk, "ttft_ms")], an.effects[(arm, lk, "tpot_ms")]
                 ttft = f"{et.text()} {et.verdict}"
                 tpot = f"{ep.text()} {ep.verdict}"
-            spread = f"{_num(s.median)} (CV {s.cv * 100:.1f}%)" if math.isfinite(s.cv) else _num(s.median)
+            spread = (
+                f"{_num(s.median)} (CV {s.cv * 100:.1f}%)"
+                if math.isfinite(s.cv)
+                else _num(s.median)
+            )
             rows.append([arm, lk, str(s.n), spread, eff, verdict, ttft, tpot, _num(acc, 3)])
     return rows
 
@@ -125,17 +156,28 @@ def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
         lp = data.load_points.get(r.load_point_id) if r.load_point_id else None
         prov = lp.provenance if lp else {}
         procs = prov.get("processes") or []
-        out.append({
-            "seq": r.seq, "arm": r.arm, "load": r.load_key, "rep": r.repetition + 1, "block": r.block,
-            "status": r.status,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started)) if r.started else "",
-            "duration_s": f"{r.finished - r.started:.1f}" if r.started and r.finished else "",
-            "git": prov.get("git_sha") or "", "host": prov.get("host") or "",
-            "gpus": ", ".join(g.get("name", "") for g in prov.get("gpus") or []) or "none",
-            "command": " ; ".join(" ".join(map(str, p.get("argv", []))) for p in procs),
-            "server_info": prov.get("server_info"), "error": r.error or "", "log_tail": r.log_tail or "",
-            "load_point_id": r.load_point_id,
-        })
+        out.append(
+            {
+                "seq": r.seq,
+                "arm": r.arm,
+                "load": r.load_key,
+                "rep": r.repetition + 1,
+                "block": r.block,
+                "status": r.status,
+                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(r.started))
+                if r.started
+                else "",
+                "duration_s": f"{r.finished - r.started:.1f}" if r.started and r.finished else "",
+                "git": prov.get("git_sha") or "",
+                "host": prov.get("host") or "",
+                "gpus": ", ".join(g.get("name", "") for g in prov.get("gpus") or []) or "none",
+                "command": " ; ".join(" ".join(map(str, p.get("argv", []))) for p in procs),
+                "server_info": prov.get("server_info"),
+                "error": r.error or "",
+                "log_tail": r.log_tail or "",
+                "load_point_id": r.load_point_id,
+            }
+        )
     return out
 
 
@@ -147,21 +189,66 @@ def markdown(data: ExperimentData) -> str:
     """The report as markdown (tables and text; the plots are in the HTML)."""
     hyp, result = _decision(data)
     spec = data.spec
-    lines = [f"# Experiment {data.name}", "",
-             f"engine `{spec['engine']}`, model `{spec.get('model') or '-'}`, order {spec['order']}, "
-             f"noise band +-{data.analysis.noise_band * 100:g}%, "
-             f"{sum(r.status == 'ok' for r in data.runs)} ok / {len(data.runs)} stored runs", "",
-             "## Attribution", "", _md_table(attribution_rows(data)), ""]
+    lines = [
+        f"# Experiment {data.name}",
+        "",
+        f"engine `{spec['engine']}`, model `{spec.get('model') or '-'}`, order {spec['order']}, "
+        f"noise band +-{data.analysis.noise_band * 100:g}%, "
+        f"{sum(r.status == 'ok' for r in data.runs)} ok / {len(data.runs)} stored runs",
+        "",
+        "## Attribution",
+        "",
+        _md_table(attribution_rows(data)),
+        "",
+    ]
     if data.analysis.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in data.analysis.warnings] + [""]
-    lines += ["## Decision record", "", f"- Hypothesis: {hyp}"] + \
-        [f"- Result: {r}" for r in result] + ["- Decision: (to fill in: adopt / reject / measure more)", ""]
-    lines += ["## Runs (provenance)", "",
-              _md_table([["seq", "arm", "load", "rep", "block", "status", "started (UTC)", "s",
-                          "git", "host", "error"]] +
-                        [[str(p[k]) for k in ("seq", "arm", "load", "rep", "block", "status",
-                                              "started", "duration_s", "git", "host")]
-                         + [p["error"][:80]] for p in _provenance_rows(data)]), ""]
+    lines += (
+        ["## Decision record", "", f"- Hypothesis: {hyp}"]
+        + [f"- Result: {r}" for r in result]
+        + ["- Decision: (to fill in: adopt / reject / measure more)", ""]
+    )
+    lines += [
+        "## Runs (provenance)",
+        "",
+        _md_table(
+            [
+                [
+                    "seq",
+                    "arm",
+                    "load",
+                    "rep",
+                    "block",
+                    "status",
+                    "started (UTC)",
+                    "s",
+                    "git",
+                    "host",
+                    "error",
+                ]
+            ]
+            + [
+                [
+                    str(p[k])
+                    for k in (
+                        "seq",
+                        "arm",
+                        "load",
+                        "rep",
+                        "block",
+                        "status",
+                        "started",
+                        "duration_s",
+                        "git",
+                        "host",
+                    )
+                ]
+                + [p["error"][:80]]
+                for p in _provenance_rows(data)
+            ]
+        ),
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -184,8 +271,10 @@ window.addEventListener('load', function () {
 
 
 def _img(png: bytes, alt: str) -> str:
-    return (f'<img class="plot" alt="{html.escape(alt)}" '
-            f'src="data:image/png;base64,{base64.b64encode(png).decode()}">')
+    return (
+        f'<img class="plot" alt="{html.escape(alt)}" '
+        f'src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+    )
 
 
 def _html_table(rows: list[list[str]], verdict_col: int | None = None) -> str:
@@ -199,7 +288,9 @@ def _html_table(rows: list[list[str]], verdict_col: int | None = None) -> str:
     return "\n".join(out) + "</table>"
 
 
-def per_request(data: ExperimentData, store: Store, field: str) -> dict[tuple[str, str], list[float]]:
+def per_request(
+    data: ExperimentData, store: Store, field: str
+) -> dict[tuple[str, str], list[float]]:
     """Per-request values of `field` pooled over the ok runs of each arm x load point."""
     out: dict[tuple[str, str], list[float]] = {}
     for r in data.runs:
@@ -219,49 +310,105 @@ def render_html(data: ExperimentData, store: Store) -> str:
     an, hyp_result = data.analysis, _decision(data)
     imgs = [_img(plots.throughput(an, data.primary), "throughput vs load")]
     for field, label in (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)")):
-        imgs.append(_img(plots.distributions(per_request(data, store, field), an.arms, an.load_keys,
-                                             label), f"{field} distribution"))
+        imgs.append(
+            _img(
+                plots.distributions(per_request(data, store, field), an.arms, an.load_keys, label),
+                f"{field} distribution",
+            )
+        )
     acc = plots.acceptance(an)
     if acc is not None:
         imgs.append(_img(acc, "acceptance length"))
     imgs.append(_img(plots.effects(an, EFFECT_METRICS), "effects with CIs"))
     spec = data.spec
     parts = [
-        f"<!doctype html><html><head><meta charset='utf-8'><title>servelab: {html.escape(data.name)}"
+        "<!doctype html><html><head><meta charset='utf-8'>"
+        f"<title>servelab: {html.escape(data.name)}"
         f"</title><style>{_CSS}</style></head><body>",
         f"<h1>Experiment {html.escape(data.name)}</h1>",
         f"<p>engine <code>{html.escape(spec['engine'])}</code>, model "
-        f"<code>{html.escape(spec.get('model') or '-')}</code>, order {html.escape(spec['order'])}, "
+        f"<code>{html.escape(spec.get('model') or '-')}</code>, "
+        f"order {html.escape(spec['order'])}, "
         f"noise band &plusmn;{an.noise_band * 100:g}%, generated "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
-        "<h2>Attribution</h2>", _html_table(attribution_rows(data), verdict_col=5),
+        "<h2>Attribution</h2>",
+        _html_table(attribution_rows(data), verdict_col=5),
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
     ]
     if an.warnings:
-        parts.append("<div class='warn'><b>Warnings</b><ul>" +
-                     "".join(f"<li>{html.escape(w)}</li>" for w in an.warnings) + "</ul></div>")
-    parts += ["<h2>Plots</h2><div class='plots'>", *imgs, "</div>",
-              "<h2>Decision record</h2><table>",
-              f"<tr><th>hypothesis</th><td>{html.escape(hyp_result[0])}</td></tr>",
-              "<tr><th>result</th><td>" + "<br>".join(html.escape(x) for x in hyp_result[1]) + "</td></tr>",
-              "<tr><th>decision</th><td>(to fill in: adopt / reject / measure more)</td></tr></table>",
-              "<h2>Runs and their provenance</h2><table><tr>" +
-              "".join(f"<th>{h}</th>" for h in ("seq", "arm", "load", "rep", "block", "status",
-                                                "started (UTC)", "s", "git", "host", "GPUs",
-                                                "command, server info, log")) + "</tr>"]
+        parts.append(
+            "<div class='warn'><b>Warnings</b><ul>"
+            + "".join(f"<li>{html.escape(w)}</li>" for w in an.warnings)
+            + "</ul></div>"
+        )
+    parts += [
+        "<h2>Plots</h2><div class='plots'>",
+        *imgs,
+        "</div>",
+        "<h2>Decision record</h2><table>",
+        f"<tr><th>hypothesis</th><td>{html.escape(hyp_result[0])}</td></tr>",
+        "<tr><th>result</th><td>"
+        + "<br>".join(html.escape(x) for x in hyp_result[1])
+        + "</td></tr>",
+        "<tr><th>decision</th><td>(to fill in: adopt / reject / measure more)</td></tr></table>",
+        "<h2>Runs and their provenance</h2><table><tr>"
+        + "".join(
+            f"<th>{h}</th>"
+            for h in (
+                "seq",
+                "arm",
+                "load",
+                "rep",
+                "block",
+                "status",
+                "started (UTC)",
+                "s",
+                "git",
+                "host",
+                "GPUs",
+                "command, server info, log",
+            )
+        )
+        + "</tr>",
+    ]
     for p in _provenance_rows(data):
-        detail = (f"<details><summary>details</summary><pre>{html.escape(p['command'])}</pre>"
-                  f"<pre>{html.escape(str(p['server_info'] or ''))[:4000]}</pre>"
-                  + (f"<pre>{html.escape(p['error'])}\n{html.escape(p['log_tail'])}</pre>"
-                     if p["error"] or p["log_tail"] else "") + "</details>")
-        parts.append("<tr>" + "".join(f"<td>{html.escape(str(p[k]))}</td>" for k in
-                     ("seq", "arm", "load", "rep", "block", "status", "started", "duration_s",
-                      "git", "host", "gpus")) + f"<td>{detail}</td></tr>")
+        detail = (
+            f"<details><summary>details</summary><pre>{html.escape(p['command'])}</pre>"
+            f"<pre>{html.escape(str(p['server_info'] or ''))[:4000]}</pre>"
+            + (
+                f"<pre>{html.escape(p['error'])}\n{html.escape(p['log_tail'])}</pre>"
+                if p["error"] or p["log_tail"]
+                else ""
+            )
+            + "</details>"
+        )
+        parts.append(
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(str(p[k]))}</td>"
+                for k in (
+                    "seq",
+                    "arm",
+                    "load",
+                    "rep",
+                    "block",
+                    "status",
+                    "started",
+                    "duration_s",
+                    "git",
+                    "host",
+                    "gpus",
+                )
+            )
+            + f"<td>{detail}</td></tr>"
+        )
     parts += ["</table>", f"<script>{_SCRIPT}</script></body></html>"]
     return "\n".join(parts)
 
 
-def write(store: Store, name: str, out_dir: Path | None = None) -> tuple[Path, Path, ExperimentData]:
+def write(
+    store: Store, name: str, out_dir: Path | None = None
+) -> tuple[Path, Path, ExperimentData]:
     """Write report.md and report.html; returns their paths and the data."""
     data = collect(store, name)
     out = Path(out_dir) if out_dir else paths.home() / "reports" / name

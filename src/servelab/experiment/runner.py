@@ -31,7 +31,7 @@ class Measurement:
     summary: dict[str, Any]
     records: list[dict[str, Any]]
     server_info: dict[str, Any] = field(default_factory=dict)
-    bench: dict[str, Any] = field(default_factory=dict)      # the bench configuration used
+    bench: dict[str, Any] = field(default_factory=dict)  # the bench configuration used
 
 
 MeasureFn = Callable[[str, ExperimentSpec, PlannedRun], Measurement]
@@ -54,17 +54,31 @@ def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measuremen
     w = spec.workload
     cfg = BenchConfig(
         base_url=url,
-        workload=WorkloadConfig(input_len=w.input_len, output_len=w.output_len,
-                                num_prompts=w.num_prompts, dataset=w.dataset, seed=w.seed,
-                                tokenizer=w.tokenizer),
-        model=_served_model(spec), api=w.api, warmup=w.warmup, max_duration_s=w.max_duration_s,
-        request_timeout_s=w.request_timeout_s, goodput=dict(w.goodput),
+        workload=WorkloadConfig(
+            input_len=w.input_len,
+            output_len=w.output_len,
+            num_prompts=w.num_prompts,
+            dataset=w.dataset,
+            seed=w.seed,
+            tokenizer=w.tokenizer,
+        ),
+        model=_served_model(spec),
+        api=w.api,
+        warmup=w.warmup,
+        max_duration_s=w.max_duration_s,
+        request_timeout_s=w.request_timeout_s,
+        goodput=dict(w.goodput),
     )
-    load = LoadPoint(concurrency=run.concurrency, request_rate=run.request_rate,
-                     burstiness=spec.load.burstiness)
+    load = LoadPoint(
+        concurrency=run.concurrency, request_rate=run.request_rate, burstiness=spec.load.burstiness
+    )
     res = run_load_point(cfg, load, progress=False)
-    return Measurement(summary=dict(res.summary), records=list(res.records),
-                       server_info=dict(res.server_info or {}), bench=asdict(cfg))
+    return Measurement(
+        summary=dict(res.summary),
+        records=list(res.records),
+        server_info=dict(res.server_info or {}),
+        bench=asdict(cfg),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,21 +97,30 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
 class Runner:
     """Runs one experiment into a store; `say` prints progress lines (rich markup allowed)."""
 
-    def __init__(self, spec: ExperimentSpec, store: Store, *, measure: MeasureFn | None = None,
-                 say: Callable[[str], None] = print, log_root: Path | None = None,
-                 on_progress: Callable[[int, int, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        spec: ExperimentSpec,
+        store: Store,
+        *,
+        measure: MeasureFn | None = None,
+        say: Callable[[str], None] = print,
+        log_root: Path | None = None,
+        on_progress: Callable[[int, int, str], None] | None = None,
+    ) -> None:
         self.spec, self.store = spec, store
         self.measure = measure or bench_measure
         self.say = say
         self.engine: Engine = engines.get(spec.engine)
         self.log_root = log_root or paths.home() / "experiments" / spec.name / "logs"
         self.on_progress = on_progress
-        self._active: list[Deployment] = []    # torn down on any exit, whatever happens
+        self._active: list[Deployment] = []  # torn down on any exit, whatever happens
 
     def todo(self) -> tuple[list[PlannedRun], list[PlannedRun], int]:
         """(all planned runs, those still to run, failed runs among them)."""
         runs = plan(self.spec)
-        status = {(r.arm, r.load_key, r.repetition): r.status for r in self.store.runs(self.spec.name)}
+        status = {
+            (r.arm, r.load_key, r.repetition): r.status for r in self.store.runs(self.spec.name)
+        }
         todo = [p for p in runs if status.get(p.key) != "ok"]
         failed = sum(1 for p in todo if status.get(p.key) == "failed")
         return runs, todo, failed
@@ -113,18 +136,24 @@ class Runner:
         spec = self.spec
         for other in jobs.read_all(spec.name):
             if other.state == "running" and other.pid != os.getpid():
-                raise UserError(f"experiment '{spec.name}' is already running (pid {other.pid}); "
-                                f"follow it with `servelab status {spec.name}`")
+                raise UserError(
+                    f"experiment '{spec.name}' is already running (pid {other.pid}); "
+                    f"follow it with `servelab status {spec.name}`"
+                )
         resumed = self.store.ensure_experiment(spec.name, spec.to_json(), spec.design_hash())
         runs, todo, failed_before = self.todo()
         n_arms, n_loads = len(spec.arms), len(spec.load.keys())
         if resumed:
-            self.say(f"resuming experiment '{spec.name}': {len(runs) - len(todo)} of {len(runs)} runs "
-                     f"already stored, {len(todo)} to run"
-                     + (f" ({failed_before} failed earlier, retried)" if failed_before else ""))
+            self.say(
+                f"resuming experiment '{spec.name}': {len(runs) - len(todo)} of {len(runs)} runs "
+                f"already stored, {len(todo)} to run"
+                + (f" ({failed_before} failed earlier, retried)" if failed_before else "")
+            )
         else:
-            self.say(f"experiment '{spec.name}': {len(runs)} runs = {n_arms} arms x {n_loads} load "
-                     f"points x {spec.repetitions} repetitions, {spec.order}")
+            self.say(
+                f"experiment '{spec.name}': {len(runs)} runs = {n_arms} arms x {n_loads} load "
+                f"points x {spec.repetitions} repetitions, {spec.order}"
+            )
         job = Job(spec.name, "experiment", total=len(todo), log=job_log)
         job.update(already_done=len(runs) - len(todo), planned=len(runs))
         ok = failed = 0
@@ -139,8 +168,10 @@ class Runner:
                         self.on_progress(ok + failed, len(todo), p.describe())
         except KeyboardInterrupt:
             job.finish("interrupted")
-            self.say(f"interrupted: {ok + failed} runs of this session stored, no engine left running; "
-                     f"run the same command again to resume")
+            self.say(
+                f"interrupted: {ok + failed} runs of this session stored, no engine left running; "
+                f"run the same command again to resume"
+            )
             raise
         finally:
             while self._active:
@@ -148,14 +179,22 @@ class Runner:
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
         job.finish("finished" if ok or not todo else "failed")
-        self.say(f"done: {ok} runs ok, {failed} failed, {len(runs) - len(todo)} were already stored")
-        return RunnerResult(planned=len(runs), already_done=len(runs) - len(todo), ok=ok,
-                            failed=failed, interrupted=False)
+        self.say(
+            f"done: {ok} runs ok, {failed} failed, {len(runs) - len(todo)} were already stored"
+        )
+        return RunnerResult(
+            planned=len(runs),
+            already_done=len(runs) - len(todo),
+            ok=ok,
+            failed=failed,
+            interrupted=False,
+        )
 
     # ---- one deployment ------------------------------------------------------------------------
 
-    def _run_group(self, group: list[PlannedRun], job: Any, done_so_far: int
-                   ) -> Iterator[tuple[PlannedRun, str]]:
+    def _run_group(
+        self, group: list[PlannedRun], job: Any, done_so_far: int
+    ) -> Iterator[tuple[PlannedRun, str]]:
         """The runs of one group; each arm's deployment is launched at its first run in the group
         (restart 'block': every arm of the block is up at once) and all are stopped at the end."""
         spec = self.spec
@@ -188,9 +227,18 @@ class Runner:
                         self._active.remove(d)
 
     def _failed(self, p: PlannedRun, error: str, log_tail: str) -> None:
-        self.store.add_run(experiment=self.spec.name, arm=p.arm, load_key=p.load_key,
-                           repetition=p.repetition, block=p.block, seq=p.seq, status="failed",
-                           error=error, log_tail=log_tail, started=time.time())
+        self.store.add_run(
+            experiment=self.spec.name,
+            arm=p.arm,
+            load_key=p.load_key,
+            repetition=p.repetition,
+            block=p.block,
+            seq=p.seq,
+            status="failed",
+            error=error,
+            log_tail=log_tail,
+            started=time.time(),
+        )
         self.say(f"[red]failed[/red] {p.describe()}: {error}")
 
     def _launch(self, p: PlannedRun) -> tuple[Deployment | None, DeployError | None]:
@@ -200,9 +248,16 @@ class Runner:
         last: DeployError | None = None
         for attempt in range(spec.retries + 1):
             log_dir = self.log_root / f"{p.seq:04d}-{p.arm}-try{attempt}"
-            dep = Deployment(self.engine, spec.model, resolve(spec, p.arm), log_dir,
-                             ready_timeout_s=t["ready_s"], grace_s=t["teardown_s"],
-                             port_free_s=t["port_free_s"], gpu_free_s=t["gpu_free_s"])
+            dep = Deployment(
+                self.engine,
+                spec.model,
+                resolve(spec, p.arm),
+                log_dir,
+                ready_timeout_s=t["ready_s"],
+                grace_s=t["teardown_s"],
+                port_free_s=t["port_free_s"],
+                gpu_free_s=t["gpu_free_s"],
+            )
             t0 = time.monotonic()
             self._active.append(dep)
             try:
@@ -212,8 +267,10 @@ class Runner:
             except DeployError as exc:
                 self._active.remove(dep)
                 last = exc
-                self.say(f"[yellow]launch of arm {p.arm} failed (attempt {attempt + 1} of "
-                         f"{spec.retries + 1})[/yellow]: {exc}")
+                self.say(
+                    f"[yellow]launch of arm {p.arm} failed (attempt {attempt + 1} of "
+                    f"{spec.retries + 1})[/yellow]: {exc}"
+                )
         return None, last
 
     def _measure_one(self, p: PlannedRun, url: str, dep: Deployment | None, job: Any) -> str:
@@ -227,9 +284,18 @@ class Runner:
             raise
         except Exception as exc:  # a broken run is recorded, the experiment goes on
             tail = dep.log_tail() if dep else ""
-            self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
-                               repetition=p.repetition, block=p.block, seq=p.seq, status="failed",
-                               error=f"{type(exc).__name__}: {exc}", log_tail=tail, started=started)
+            self.store.add_run(
+                experiment=spec.name,
+                arm=p.arm,
+                load_key=p.load_key,
+                repetition=p.repetition,
+                block=p.block,
+                seq=p.seq,
+                status="failed",
+                error=f"{type(exc).__name__}: {exc}",
+                log_tail=tail,
+                started=started,
+            )
             self.say(f"[red]failed[/red] {p.describe()}: {type(exc).__name__}: {exc}")
             return "failed"
         window = spec_window(before, self.engine.scrape(url))
@@ -239,28 +305,55 @@ class Runner:
             summary["accept_length_source"] = "metrics-window"
         info = self.engine.info(url) or m.server_info or None
         prov = provenance.collect(
-            experiment=spec.name, arm=p.arm, repetition=p.repetition, block=p.block, seq=p.seq,
-            engine=spec.engine, model=spec.model, processes=dep.argvs if dep else None,
-            server_info=info, bench=m.bench, workload=spec.workload.model_dump(mode="json"),
+            experiment=spec.name,
+            arm=p.arm,
+            repetition=p.repetition,
+            block=p.block,
+            seq=p.seq,
+            engine=spec.engine,
+            model=spec.model,
+            processes=dep.argvs if dep else None,
+            server_info=info,
+            bench=m.bench,
+            workload=spec.workload.model_dump(mode="json"),
             spec_window=window,
         )
         lp = self.store.add_load_point(
-            summary=summary, provenance=prov, load_key=p.load_key, source="experiment",
-            label=f"{spec.name}/{p.arm}", base_url=url, model=spec.model or None,
-            concurrency=p.concurrency, request_rate=p.request_rate, requests=m.records,
+            summary=summary,
+            provenance=prov,
+            load_key=p.load_key,
+            source="experiment",
+            label=f"{spec.name}/{p.arm}",
+            base_url=url,
+            model=spec.model or None,
+            concurrency=p.concurrency,
+            request_rate=p.request_rate,
+            requests=m.records,
         )
         completed = summary.get("completed") or 0
         status = "ok" if completed > 0 else "failed"
-        error = None if status == "ok" else f"no request completed ({summary.get('failure_reasons')})"
-        self.store.add_run(experiment=spec.name, arm=p.arm, load_key=p.load_key,
-                           repetition=p.repetition, block=p.block, seq=p.seq, status=status,
-                           load_point_id=lp, error=error,
-                           log_tail=(dep.log_tail() if dep else None) if error else None,
-                           started=started)
+        error = (
+            None if status == "ok" else f"no request completed ({summary.get('failure_reasons')})"
+        )
+        self.store.add_run(
+            experiment=spec.name,
+            arm=p.arm,
+            load_key=p.load_key,
+            repetition=p.repetition,
+            block=p.block,
+            seq=p.seq,
+            status=status,
+            load_point_id=lp,
+            error=error,
+            log_tail=(dep.log_tail() if dep else None) if error else None,
+            started=started,
+        )
         tput = summary.get(spec.primary_metric)
-        self.say(f"{'ok' if status == 'ok' else '[red]failed[/red]'} {p.describe()}: "
-                 f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
-                 f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s)")
+        self.say(
+            f"{'ok' if status == 'ok' else '[red]failed[/red]'} {p.describe()}: "
+            f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
+            f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s)"
+        )
         return status
 
 
@@ -276,5 +369,3 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-

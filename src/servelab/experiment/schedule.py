@@ -73,9 +73,19 @@ def plan(spec: ExperimentSpec) -> list[PlannedRun]:
         # seconds apart), the arm order alternating between load points (ABBA within the block)
         for b, block in enumerate(orders):
             for j, (key, c, r) in enumerate(loads):
-                for arm in (block if j % 2 == 0 else list(reversed(block))):
-                    runs.append(PlannedRun(seq=len(runs), arm=arm, load_key=key, concurrency=c,
-                                           request_rate=r, repetition=b, block=b, group=b))
+                for arm in block if j % 2 == 0 else list(reversed(block)):
+                    runs.append(
+                        PlannedRun(
+                            seq=len(runs),
+                            arm=arm,
+                            load_key=key,
+                            concurrency=c,
+                            request_rate=r,
+                            repetition=b,
+                            block=b,
+                            group=b,
+                        )
+                    )
         return runs
     for b, block in enumerate(orders):
         for arm in block:
@@ -86,8 +96,16 @@ def plan(spec: ExperimentSpec) -> list[PlannedRun]:
             for key, c, r in loads:
                 if spec.restart == "run":
                     group += 1
-                runs.append(PlannedRun(
-                    seq=len(runs), arm=arm, load_key=key, concurrency=c, request_rate=r,
-                    repetition=rep, block=None if spec.order == "sequential" else rep, group=group,
-                ))
+                runs.append(
+                    PlannedRun(
+                        seq=len(runs),
+                        arm=arm,
+                        load_key=key,
+                        concurrency=c,
+                        request_rate=r,
+                        repetition=rep,
+                        block=None if spec.order == "sequential" else rep,
+                        group=group,
+                    )
+                )
     return runs

@@ -35,14 +35,14 @@ class ProcessSpec(_Strict):
     flags: dict[str, FlagValue] = {}
     env: dict[str, str] = {}
     port: int | None = Field(None, ge=1, le=65535)
-    command: list[str] | None = None          # engine 'command' only
+    command: list[str] | None = None  # engine 'command' only
 
 
 class BaseSpec(_Strict):
     flags: dict[str, FlagValue] = {}
     env: dict[str, str] = {}
     processes: list[ProcessSpec] | None = None
-    check_flags: bool = True                  # false: pass unknown flags through unchecked
+    check_flags: bool = True  # false: pass unknown flags through unchecked
 
 
 class ArmSpec(_Strict):
@@ -84,12 +84,16 @@ class LoadSpec(_Strict):
     @model_validator(mode="after")
     def _some(self) -> LoadSpec:
         if not self.concurrency and not self.request_rate:
-            raise ValueError("give at least one load point: concurrency = [...] or request_rate = [...]")
+            raise ValueError(
+                "give at least one load point: concurrency = [...] or request_rate = [...]"
+            )
         return self
 
     def keys(self) -> list[tuple[str, int | None, float | None]]:
         """(load key, concurrency, rate) in file order; keys match bench's LoadPoint.key."""
-        out: list[tuple[str, int | None, float | None]] = [(f"c={c}", c, None) for c in self.concurrency]
+        out: list[tuple[str, int | None, float | None]] = [
+            (f"c={c}", c, None) for c in self.concurrency
+        ]
         out += [(f"rate={r:g}", None, r) for r in self.request_rate]
         return out
 
@@ -111,8 +115,8 @@ class WorkloadSpec(_Strict):
 
 
 class Timeouts(_Strict):
-    ready_s: float = Field(900.0, gt=0)       # launch -> health 200
-    teardown_s: float = Field(30.0, gt=0)     # SIGTERM -> SIGKILL grace
+    ready_s: float = Field(900.0, gt=0)  # launch -> health 200
+    teardown_s: float = Field(30.0, gt=0)  # SIGTERM -> SIGKILL grace
     port_free_s: float = Field(60.0, gt=0)
     gpu_free_s: float = Field(120.0, gt=0)
 
@@ -122,8 +126,8 @@ class ExperimentSpec(_Strict):
     hypothesis: str = ""
     engine: str
     model: str = ""
-    url: str | None = None                    # engine 'external'
-    command: list[str] | None = None          # engine 'command': argv with {host} {port}
+    url: str | None = None  # engine 'external'
+    command: list[str] | None = None  # engine 'command': argv with {host} {port}
     host: str = "127.0.0.1"
     base: BaseSpec = BaseSpec()
     arms: dict[str, ArmSpec]
@@ -135,7 +139,7 @@ class ExperimentSpec(_Strict):
     seed: int = 0
     # fresh deployment per run; per arm per block; or all arms of a block up together
     restart: Literal["run", "arm", "block"] = "run"
-    retries: int = Field(1, ge=0)             # extra launch attempts after a failed launch
+    retries: int = Field(1, ge=0)  # extra launch attempts after a failed launch
     noise_band: float = Field(0.02, ge=0, lt=1)
     primary_metric: str = "output_throughput_tok_s"
     timeouts: Timeouts = Timeouts()
@@ -160,11 +164,13 @@ class ExperimentSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> ExperimentSpec:
         if self.baseline is not None and self.baseline not in self.arms:
-            raise ValueError(f"baseline '{self.baseline}' is not an arm (arms: {', '.join(self.arms)})")
+            raise ValueError(
+                f"baseline '{self.baseline}' is not an arm (arms: {', '.join(self.arms)})"
+            )
         if self.engine == "external" and not self.url:
             raise ValueError("engine 'external' needs url = \"http://host:port\"")
         if self.engine == "command" and not self.command and not self.base.processes:
-            raise ValueError("engine 'command' needs command = [\"prog\", \"--port\", \"{port}\", ...]")
+            raise ValueError('engine \'command\' needs command = ["prog", "--port", "{port}", ...]')
         if self.engine not in ("external",) and not self.model and self.engine != "command":
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
         return self
@@ -203,7 +209,11 @@ def parse(data: dict[str, Any], source: str = "<experiment>") -> ExperimentSpec:
             msg = "unknown key (check the spelling; docs/EXPERIMENTS.md lists the keys)"
         elif e["type"] == "missing":
             msg = "required key is missing"
-        more = f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})" if len(errs) > 1 else ""
+        more = (
+            f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})"
+            if len(errs) > 1
+            else ""
+        )
         raise UserError(f"{source}: {key}: {msg}{more}") from None
 
 
@@ -224,6 +234,7 @@ def load(path: str | Path) -> ExperimentSpec:
 
 
 # ---- resolving arms into processes --------------------------------------------------------------
+
 
 def _layout(spec: ExperimentSpec) -> list[ProcessSpec]:
     if spec.base.processes:
@@ -254,8 +265,16 @@ def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
             env.update(arm.env)
         flags = {k: v for k, v in flags.items() if v is not False}
         extra: dict[str, Any] = {"command": proc.command or spec.command}
-        out.append(ProcessConfig(role=proc.role, flags=flags, env=env, host=spec.host,
-                                 port=proc.port or 0, extra=extra))
+        out.append(
+            ProcessConfig(
+                role=proc.role,
+                flags=flags,
+                env=env,
+                host=spec.host,
+                port=proc.port or 0,
+                extra=extra,
+            )
+        )
     return out
 
 
@@ -266,16 +285,22 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
     roles = [p.role for p in layout]
     for r in roles:
         if r not in eng.roles:
-            raise UserError(f"{source}: base.processes: engine '{spec.engine}' cannot run a '{r}' "
-                            f"process (roles: {', '.join(eng.roles)})")
+            raise UserError(
+                f"{source}: base.processes: engine '{spec.engine}' cannot run a '{r}' "
+                f"process (roles: {', '.join(eng.roles)})"
+            )
     if len(layout) > 1 and roles.count("router") != 1:
-        raise UserError(f"{source}: base.processes: a deployment of several processes needs "
-                        "exactly one 'router' process (the endpoint the benchmark talks to)")
+        raise UserError(
+            f"{source}: base.processes: a deployment of several processes needs "
+            "exactly one 'router' process (the endpoint the benchmark talks to)"
+        )
     if not eng.launches:
         for name, arm in spec.arms.items():
             if arm.flags or arm.remove or arm.recipe or arm.env:
-                raise UserError(f"{source}: arms.{name}: engine 'external' is not launched by "
-                                "servelab, so arms cannot change flags or env")
+                raise UserError(
+                    f"{source}: arms.{name}: engine 'external' is not launched by "
+                    "servelab, so arms cannot change flags or env"
+                )
     for name, arm in spec.arms.items():
         for rname in arm.recipes:
             try:
@@ -286,18 +311,28 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
             if all(k not in p.flags for p in resolve_raw_base(spec)):
                 raise UserError(f"{source}: arms.{name}.remove: flag '{k}' is not set in the base")
         for proc in resolve(spec, name):
-            problems = eng.check(spec.model, proc.role, proc.flags) if spec.base.check_flags else \
-                eng.rules(spec.model, proc.role, proc.flags)
+            problems = (
+                eng.check(spec.model, proc.role, proc.flags)
+                if spec.base.check_flags
+                else eng.rules(spec.model, proc.role, proc.flags)
+            )
             if proc.role != "router":
                 problems += recipes.constraint_problems(spec.model, proc.flags)
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                hint = "; set base.check_flags = false to pass unknown flags through" \
-                    if problems[0].startswith("unknown") else ""
+                hint = (
+                    "; set base.check_flags = false to pass unknown flags through"
+                    if problems[0].startswith("unknown")
+                    else ""
+                )
                 raise UserError(f"{source}: arms.{name} ({proc.role}): {problems[0]}{more}{hint}")
 
 
 def resolve_raw_base(spec: ExperimentSpec) -> list[ProcessConfig]:
     """The base processes without any arm delta (for checks of `remove`)."""
-    return [ProcessConfig(role=p.role, flags={**({} if p.role == "router" else spec.base.flags), **p.flags})
-            for p in _layout(spec)]
+    return [
+        ProcessConfig(
+            role=p.role, flags={**({} if p.role == "router" else spec.base.flags), **p.flags}
+        )
+        for p in _layout(spec)
+    ]

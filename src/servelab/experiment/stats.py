@@ -23,20 +23,35 @@ class Metric:
     key: str
     label: str
     unit: str
-    higher_is_better: bool | None        # None: descriptive only (no verdict)
+    higher_is_better: bool | None  # None: descriptive only (no verdict)
     path: tuple[str, ...]
 
 
-METRICS: dict[str, Metric] = {m.key: m for m in (
-    Metric("output_throughput_tok_s", "output throughput", "tok/s", True, ("output_throughput_tok_s",)),
-    Metric("request_throughput_req_s", "request throughput", "req/s", True, ("request_throughput_req_s",)),
-    Metric("ttft_ms", "TTFT median", "ms", False, ("ttft_ms", "median")),
-    Metric("tpot_ms", "TPOT median", "ms", False, ("tpot_ms", "median")),
-    Metric("e2e_ms", "E2E median", "ms", False, ("e2e_ms", "median")),
-    Metric("accept_length", "acceptance length", "tokens/step", None, ("accept_length",)),
-)}
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric(
+            "output_throughput_tok_s",
+            "output throughput",
+            "tok/s",
+            True,
+            ("output_throughput_tok_s",),
+        ),
+        Metric(
+            "request_throughput_req_s",
+            "request throughput",
+            "req/s",
+            True,
+            ("request_throughput_req_s",),
+        ),
+        Metric("ttft_ms", "TTFT median", "ms", False, ("ttft_ms", "median")),
+        Metric("tpot_ms", "TPOT median", "ms", False, ("tpot_ms", "median")),
+        Metric("e2e_ms", "E2E median", "ms", False, ("e2e_ms", "median")),
+        Metric("accept_length", "acceptance length", "tokens/step", None, ("accept_length",)),
+    )
+}
 
-MIN_REPS_TO_DECIDE = 5      # below: the bootstrap CI rests on too few distinct resamples
+MIN_REPS_TO_DECIDE = 5  # below: the bootstrap CI rests on too few distinct resamples
 CV_WARN = 0.10
 ACCEPT_DIFF_WARN = 0.05
 
@@ -63,9 +78,9 @@ class Spread:
     min: float
     max: float
     mean: float
-    std: float            # sample standard deviation (ddof=1); NaN for n < 2
-    cv: float             # std / mean
-    ci_low: float         # bootstrap 95% CI of the median
+    std: float  # sample standard deviation (ddof=1); NaN for n < 2
+    cv: float  # std / mean
+    ci_low: float  # bootstrap 95% CI of the median
     ci_high: float
 
 
@@ -80,9 +95,9 @@ class Effect:
     ratio: float
     ci_low: float
     ci_high: float
-    n: int                # pairs (paired) or min(n_arm, n_base)
+    n: int  # pairs (paired) or min(n_arm, n_base)
     paired: bool
-    verdict: str          # better | worse | within noise | too few runs | n/a
+    verdict: str  # better | worse | within noise | too few runs | n/a
 
     def pct(self, x: float | None = None) -> float:
         return ((self.ratio if x is None else x) - 1.0) * 100.0
@@ -119,9 +134,16 @@ def expanded_alpha(n: int, conf: float = 0.95) -> float:
     return float(2 * sps.norm.sf(math.sqrt(n / (n - 1)) * t))
 
 
-def bootstrap_ratio(base: Sequence[float], arm: Sequence[float], *, paired: bool,
-                    n_boot: int = 10_000, conf: float = 0.95, seed: int = 0, expand: bool = True
-                    ) -> tuple[float, float, float]:
+def bootstrap_ratio(
+    base: Sequence[float],
+    arm: Sequence[float],
+    *,
+    paired: bool,
+    n_boot: int = 10_000,
+    conf: float = 0.95,
+    seed: int = 0,
+    expand: bool = True,
+) -> tuple[float, float, float]:
     """(ratio, CI low, CI high) of arm over base, percentile bootstrap (expanded for small
     samples unless `expand` is False).
 
@@ -151,7 +173,11 @@ def bootstrap_ratio(base: Sequence[float], arm: Sequence[float], *, paired: bool
         if expand and logr.size < MIN_REPS_TO_DECIDE:
             from scipy import stats as sps
 
-            half = sps.t.ppf(1 - (1 - conf) / 2, logr.size - 1) * logr.std(ddof=1) / math.sqrt(logr.size)
+            half = (
+                sps.t.ppf(1 - (1 - conf) / 2, logr.size - 1)
+                * logr.std(ddof=1)
+                / math.sqrt(logr.size)
+            )
             lo, hi = min(lo, math.exp(logr.mean() - half)), max(hi, math.exp(logr.mean() + half))
         return point, float(lo), float(hi)
     else:
@@ -170,8 +196,9 @@ def bootstrap_ratio(base: Sequence[float], arm: Sequence[float], *, paired: bool
     return point, float(lo), float(hi)
 
 
-def bootstrap_median_ci(values: Sequence[float], n_boot: int = 5_000, conf: float = 0.95,
-                        seed: int = 0) -> tuple[float, float]:
+def bootstrap_median_ci(
+    values: Sequence[float], n_boot: int = 5_000, conf: float = 0.95, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap CI of the median (NaN for fewer than 2 values)."""
     v = np.asarray([x for x in values if math.isfinite(x)], float)
     if v.size < 2:
@@ -202,8 +229,20 @@ def spread(arm: str, load_key: str, metric: str, values: Iterable[float]) -> Spr
     std = float(v.std(ddof=1)) if v.size > 1 else math.nan
     mean = float(v.mean())
     lo, hi = bootstrap_median_ci(v)
-    return Spread(arm, load_key, metric, int(v.size), float(np.median(v)), float(v.min()),
-                  float(v.max()), mean, std, std / mean if mean else math.nan, lo, hi)
+    return Spread(
+        arm,
+        load_key,
+        metric,
+        int(v.size),
+        float(np.median(v)),
+        float(v.min()),
+        float(v.max()),
+        mean,
+        std,
+        std / mean if mean else math.nan,
+        lo,
+        hi,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,11 +256,19 @@ class RunValue:
     summary: dict[str, Any]
 
 
-def analyze(runs: Sequence[RunValue], *, baseline: str, arms: Sequence[str],
-            load_keys: Sequence[str], noise_band: float = 0.02,
-            metrics: Sequence[str] = tuple(METRICS)) -> Analysis:
+def analyze(
+    runs: Sequence[RunValue],
+    *,
+    baseline: str,
+    arms: Sequence[str],
+    load_keys: Sequence[str],
+    noise_band: float = 0.02,
+    metrics: Sequence[str] = tuple(METRICS),
+) -> Analysis:
     """Spreads, effects against the baseline and warnings for the ok runs of an experiment."""
-    an = Analysis(baseline=baseline, arms=list(arms), load_keys=list(load_keys), noise_band=noise_band)
+    an = Analysis(
+        baseline=baseline, arms=list(arms), load_keys=list(load_keys), noise_band=noise_band
+    )
     by: dict[tuple[str, str], list[RunValue]] = {}
     for r in runs:
         by.setdefault((r.arm, r.load_key), []).append(r)
@@ -229,7 +276,9 @@ def analyze(runs: Sequence[RunValue], *, baseline: str, arms: Sequence[str],
         for lk in load_keys:
             rs = by.get((arm, lk), [])
             for m in metrics:
-                an.spreads[(arm, lk, m)] = spread(arm, lk, m, (metric_value(r.summary, m) for r in rs))
+                an.spreads[(arm, lk, m)] = spread(
+                    arm, lk, m, (metric_value(r.summary, m) for r in rs)
+                )
     for arm in arms:
         if arm == baseline:
             continue
@@ -261,9 +310,11 @@ def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[s
     if not ns:
         return ["no successful runs: nothing to compare"]
     if min(ns) < MIN_REPS_TO_DECIDE:
-        out.append(f"only {min(ns)} repetition(s) for some arm and load point: a bootstrap over so "
-                   f"few runs has few distinct resamples, and a rank test with 3 vs 3 can never "
-                   f"reach p < 0.05; use >= {MIN_REPS_TO_DECIDE} repetitions before deciding")
+        out.append(
+            f"only {min(ns)} repetition(s) for some arm and load point: a bootstrap over so "
+            f"few runs has few distinct resamples, and a rank test with 3 vs 3 can never "
+            f"reach p < 0.05; use >= {MIN_REPS_TO_DECIDE} repetitions before deciding"
+        )
     for arm in an.arms:
         for lk in an.load_keys:
             if not by.get((arm, lk)):
@@ -272,26 +323,35 @@ def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[s
         bad = sum(int(r.summary.get("failed") or 0) for r in rs)
         if bad:
             total = bad + sum(int(r.summary.get("completed") or 0) for r in rs)
-            out.append(f"arm {arm} at {lk}: {bad} of {total} requests failed in its ok runs; "
-                       "see the runs' failure_reasons (servelab results show ID)")
+            out.append(
+                f"arm {arm} at {lk}: {bad} of {total} requests failed in its ok runs; "
+                "see the runs' failure_reasons (servelab results show ID)"
+            )
     noisy: dict[tuple[str, str], list[str]] = {}
     for (arm, lk, m), s in an.spreads.items():
         if METRICS[m].higher_is_better is not None and s.n >= 2 and s.cv > CV_WARN:
             noisy.setdefault((arm, lk), []).append(f"{METRICS[m].label} {s.cv * 100:.0f}%")
     for (arm, lk), items in noisy.items():
-        out.append(f"arm {arm} at {lk}: CV between runs > {CV_WARN * 100:.0f}% ({', '.join(items)}): "
-                   "the machine is noisy or the runs too short")
+        out.append(
+            f"arm {arm} at {lk}: CV between runs > {CV_WARN * 100:.0f}% ({', '.join(items)}): "
+            "the machine is noisy or the runs too short"
+        )
     for lk in an.load_keys:
         # only arms that speculate (tau > 1): an arm without drafts differs by design
-        acc = {arm: an.spreads[(arm, lk, "accept_length")].median for arm in an.arms
-               if (arm, lk, "accept_length") in an.spreads
-               and an.spreads[(arm, lk, "accept_length")].median > 1.05}
+        acc = {
+            arm: an.spreads[(arm, lk, "accept_length")].median
+            for arm in an.arms
+            if (arm, lk, "accept_length") in an.spreads
+            and an.spreads[(arm, lk, "accept_length")].median > 1.05
+        }
         if len(acc) >= 2:
             lo_arm, hi_arm = min(acc, key=acc.get), max(acc, key=acc.get)  # type: ignore[arg-type]
             if acc[hi_arm] > acc[lo_arm] * (1 + ACCEPT_DIFF_WARN):
-                out.append(f"at {lk}: acceptance length differs between arms ({hi_arm} "
-                           f"{acc[hi_arm]:.2f} vs {lo_arm} {acc[lo_arm]:.2f}) on the same workload: "
-                           f"part of the effect may be the drafts, not the lever")
+                out.append(
+                    f"at {lk}: acceptance length differs between arms ({hi_arm} "
+                    f"{acc[hi_arm]:.2f} vs {lo_arm} {acc[lo_arm]:.2f}) on the same workload: "
+                    f"part of the effect may be the drafts, not the lever"
+                )
     return out
 
 
