@@ -122,7 +122,12 @@ def test_prometheus_parse_and_acceptance_window_vs_prometheus_client():
     w = spec_window(before, after)
     assert w["accept_length"] == pytest.approx(1 + 180 / 100)  # tau = 1 + d(acc)/d(drafts)
     assert w["accept_rate"] == pytest.approx(180 / 300)
-    assert spec_window(None, after) == {"accept_length": None, "accept_rate": None}
+    assert w["source"] == "metrics-window"
+    assert spec_window(None, after) == {"accept_length": None, "accept_rate": None, "source": None}
+    # SGLang serves gauges, not counters: its adapter falls back to the gauge after the window
+    sg = engines.get("sglang").acceptance(before, {'sglang:spec_accept_length{model="m"}': 1.7})
+    assert sg == {"accept_length": 1.7, "accept_rate": None, "source": "sglang-gauge"}
+    assert engines.get("sglang").acceptance(before, after)["accept_length"] == pytest.approx(2.8)
 
 
 def test_recipes_are_data_with_constraints():

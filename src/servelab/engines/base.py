@@ -150,6 +150,13 @@ class Engine:
             return None
         return data if isinstance(data, dict) else {"value": data}
 
+    def acceptance(
+        self, before: Mapping[str, float] | None, after: Mapping[str, float] | None
+    ) -> dict[str, float | str | None]:
+        """Speculative acceptance over a measurement window from two scrapes (vLLM-named
+        counters by default); `source` says where it came from."""
+        return spec_window(before, after)
+
     def scrape(self, url: str) -> dict[str, float] | None:
         """Prometheus samples of the process, or None when it serves no metrics."""
         if not self.metrics_path:
@@ -165,10 +172,14 @@ class Engine:
 
 def spec_window(
     before: Mapping[str, float] | None, after: Mapping[str, float] | None
-) -> dict[str, float | None]:
+) -> dict[str, float | str | None]:
     """Acceptance over a window from vLLM-named counters (also served by the embedded engine):
     tau = 1 + d(accepted)/d(drafts), rate = d(accepted)/d(draft_tokens). None when absent."""
-    out: dict[str, float | None] = {"accept_length": None, "accept_rate": None}
+    out: dict[str, float | str | None] = {
+        "accept_length": None,
+        "accept_rate": None,
+        "source": None,
+    }
     if not before or not after:
         return out
 
@@ -183,6 +194,7 @@ def spec_window(
     accepted = delta("vllm:spec_decode_num_accepted_tokens")
     if drafts and accepted is not None and drafts > 0:
         out["accept_length"] = 1.0 + accepted / drafts
+        out["source"] = "metrics-window"
     if draft_tokens and accepted is not None and draft_tokens > 0:
         out["accept_rate"] = accepted / draft_tokens
     return out

@@ -9,7 +9,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 
-from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
+from servelab.engines.base import (
+    Engine,
+    FlagValue,
+    ProcessConfig,
+    ProcessPlan,
+    render_flags,
+    spec_window,
+)
 
 _SERVER_FLAGS = frozenset(
     """
@@ -83,6 +90,21 @@ class SGLang(Engine):
         if proc.role in ("prefill", "decode"):
             argv += ["--disaggregation-mode", proc.role]
         return argv + render_flags(proc.flags)
+
+    def acceptance(
+        self, before: Mapping[str, float] | None, after: Mapping[str, float] | None
+    ) -> dict[str, float | str | None]:
+        """SGLang exports acceptance as gauges (`sglang:spec_accept_length`, `..._rate`), not
+        counters: the value after the window is the server's recent average, not a window delta."""
+        out = spec_window(before, after)
+        if out["accept_length"] is not None or not after:
+            return out
+        for key, val in after.items():
+            if key.split("{")[0] == "sglang:spec_accept_length" and val > 0:
+                out["accept_length"], out["source"] = val, "sglang-gauge"
+            elif key.split("{")[0] == "sglang:spec_accept_rate" and val > 0:
+                out["accept_rate"] = val
+        return out
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
         problems: list[str] = []

@@ -31,6 +31,7 @@ class VLLM(Engine):
     name = "vllm"
     roles = ("server",)
     known_flags = _FLAGS
+    info_path = "/version"
     conflicts = (
         ("enable-prefix-caching", "no-enable-prefix-caching"),
         ("enable-chunked-prefill", "no-enable-chunked-prefill"),

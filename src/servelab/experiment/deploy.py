@@ -156,6 +156,7 @@ class Deployment:
         self.running: list[_Running] = []
         self.plans: list[ProcessPlan] = []
         self._gpu_before: list[int] | None = None
+        self.warning: str | None = None  # set when teardown could not confirm a clean machine
 
     @property
     def url(self) -> str:
@@ -319,14 +320,22 @@ class Deployment:
         r.log_file.close()
 
     def _wait_gpu(self) -> None:
+        """Wait until every GPU's used memory is within 512 MiB of its level before the launch;
+        after `gpu_free_s` give up and leave the reason in `self.warning`."""
         if self._gpu_before is None:
             return
         deadline = time.monotonic() + self.gpu_free_s
-        while time.monotonic() < deadline:
+        while True:
             now = gpu_memory_used_mib()
             if now is None or all(
                 n <= b + 512 for n, b in zip(now, self._gpu_before, strict=False)
             ):
+                return
+            if time.monotonic() > deadline:
+                self.warning = (
+                    f"GPU memory still in use {self.gpu_free_s:.0f} s after teardown "
+                    f"(MiB now {now}, before launch {self._gpu_before})"
+                )
                 return
             time.sleep(1.0)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab import engines, paths, provenance
-from servelab.engines.base import Engine, spec_window
+from servelab.engines.base import Engine
 from servelab.experiment.deploy import DeployError, Deployment
 from servelab.experiment.schedule import PlannedRun, plan
 from servelab.experiment.spec import ExperimentSpec
@@ -220,9 +220,11 @@ class Runner:
                 else:
                     yield p, self._measure_one(p, d.url, d, job)
         finally:
-            for d in deps.values():
+            for arm, d in deps.items():
                 if isinstance(d, Deployment):
                     d.stop()
+                    if d.warning:
+                        self.say(f"[yellow]warning:[/yellow] arm {arm}: {d.warning}")
                     if d in self._active:
                         self._active.remove(d)
 
@@ -298,11 +300,11 @@ class Runner:
             )
             self.say(f"[red]failed[/red] {p.describe()}: {type(exc).__name__}: {exc}")
             return "failed"
-        window = spec_window(before, self.engine.scrape(url))
+        window = self.engine.acceptance(before, self.engine.scrape(url))
         summary = dict(m.summary)
         if summary.get("accept_length") is None and window["accept_length"] is not None:
             summary["accept_length"] = window["accept_length"]
-            summary["accept_length_source"] = "metrics-window"
+            summary["accept_length_source"] = window["source"]
         info = self.engine.info(url) or m.server_info or None
         prov = provenance.collect(
             experiment=spec.name,

@@ -1,0 +1,62 @@
+"""Teardown waits for GPU memory to come back (via nvidia-smi), tested with a fake nvidia-smi."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+import threading
+import time
+
+from servelab import engines
+from servelab.engines.base import ProcessConfig
+from servelab.experiment import deploy
+from servelab.experiment.deploy import Deployment
+
+
+def test_stop_waits_until_gpu_memory_is_back(tmp_path, monkeypatch):
+    mem = tmp_path / "used_mib"
+    mem.write_text("1000\n2000\n")  # two GPUs before the launch
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\ncat {mem}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    assert deploy.gpu_memory_used_mib() == [1000, 2000]
+
+    cmd = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}"]
+    cfg = ProcessConfig(role="server", flags={}, extra={"command": cmd + ["--port", "{port}"]})
+    dep = Deployment(engines.get("command"), "", [cfg], tmp_path / "logs", gpu_free_s=20)
+    dep.start()
+    mem.write_text("70000\n2100\n")  # the engine holds memory on GPU 0
+    freed_at: list[float] = []
+
+    def release() -> None:  # the driver frees it 1.5 s later
+        time.sleep(1.5)
+        mem.write_text("1300\n2100\n")  # within the 512 MiB slack
+        freed_at.append(time.monotonic())
+
+    threading.Thread(target=release, daemon=True).start()
+    dep.stop()
+    done = time.monotonic()
+    assert freed_at and done >= freed_at[0]  # stop() returned only after the release
+    assert done - freed_at[0] < 3.0  # and soon after it (1 s polling)
+
+
+def test_memory_that_never_comes_back_is_reported(tmp_path, monkeypatch):
+    mem = tmp_path / "used_mib"
+    mem.write_text("1000\n")
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f"#!/bin/sh\ncat {mem}\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    cmd = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}"]
+    cfg = ProcessConfig(role="server", flags={}, extra={"command": cmd + ["--port", "{port}"]})
+    dep = Deployment(engines.get("command"), "", [cfg], tmp_path / "logs", gpu_free_s=1.0)
+    dep.start()
+    mem.write_text("9000\n")  # leaked by something
+    t0 = time.monotonic()
+    dep.stop()
+    assert 1.0 <= time.monotonic() - t0 < 4.0
+    assert dep.warning and "MiB now [9000], before launch [1000]" in dep.warning
