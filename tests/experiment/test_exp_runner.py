@@ -27,12 +27,12 @@ def _run(tmp_path, text, name="t"):
 
 
 def test_ab_interleaved_attributes_the_faster_arm(tmp_path, scripted, live_procs):
-    text, marker = scripted("ab", reps=2)
+    text, marker = scripted("ab", reps=3)
     spec, store, res, lines = _run(tmp_path, text, "ab")
-    assert (res.ok, res.failed, res.planned) == (8, 0, 8)
+    assert (res.ok, res.failed, res.planned) == (12, 0, 12)
     runs = store.runs("ab")
-    # ABBA: block 0 slow then fast, block 1 fast then slow; each arm's loads back to back
-    assert [(r.arm, r.load_key, r.block) for r in runs] == [
+    # ABBA: block 0 slow then fast, block 1 fast then slow, ...; each arm's loads back to back
+    assert [(r.arm, r.load_key, r.block) for r in runs[:8]] == [
         ("slow", "c=1", 0),
         ("slow", "c=4", 0),
         ("fast", "c=1", 0),
@@ -42,10 +42,11 @@ def test_ab_interleaved_attributes_the_faster_arm(tmp_path, scripted, live_procs
         ("slow", "c=1", 1),
         ("slow", "c=4", 1),
     ]
+    assert [r.arm for r in runs[8:]] == ["slow", "slow", "fast", "fast"]
     data = collect(store, "ab")
     # scripted truth: TPOT = gap_ms / tokens_per_chunk, so fast/slow TPOT ratio is 0.5
     tpot = data.analysis.effects[("fast", "c=1", "tpot_ms")]
-    assert 0.35 < tpot.ratio < 0.7 and tpot.verdict == "better"
+    assert 0.35 < tpot.ratio < 0.75 and tpot.verdict == "better"
     tput = data.analysis.effects[("fast", "c=1", "output_throughput_tok_s")]
     assert tput.ratio > 1.2 and tput.paired
     # each run carries the command that made it and the bench's acceptance (2 tokens per chunk)
