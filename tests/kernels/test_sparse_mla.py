@@ -67,8 +67,12 @@ def _gamma(n: int) -> float:
     return n * U32 / (1 - n * U32)
 
 
-def _bounds(q, kv, idx, sm_scale, d_v, dtype):
-    """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above."""
+def _bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False):
+    """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above.
+
+    kv_rounded: the kernel rounds each KV value to `dtype` once first (the FP8 path
+    dequantises to the query dtype): adds u_in sum|q||k| to Delta and u_in to the weights'
+    relative error."""
     out_ex, lse_ex = sparse_mla_decode_reference(
         q, kv, idx, sm_scale, d_v, compute_dtype=torch.float64, out_dtype=torch.float64
     )
@@ -79,15 +83,17 @@ def _bounds(q, kv, idx, sm_scale, d_v, dtype):
     abs_dot = abs_dot.masked_fill(~valid[:, None, :], 0.0)
     d_qk, topk = q.shape[-1], idx.shape[-1]
     delta = _gamma(d_qk + 8) * abs_dot.amax(dim=-1)  # [B, H]
+    u_in = UNIT_ROUNDOFF[dtype]
+    if kv_rounded:
+        delta = delta + u_in * abs_dot.amax(dim=-1)
     scores = torch.einsum("bhd,btd->bht", qd, rows) * sm_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     lse = lse_ex.double()
     probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
     m = torch.einsum("bht,btd->bhd", probs, rows[..., :d_v].abs())  # sum_j p_j |v_j|
-    u_in = UNIT_ROUNDOFF[dtype]
     u_p = 0.0 if dtype == torch.float32 else u_in
     g = _gamma(topk + 16)
-    rel = torch.expm1(2 * delta)[..., None] + u_p + g
+    rel = torch.expm1(2 * delta)[..., None] + u_p + g + (u_in if kv_rounded else 0.0)
     out_tol = 2 * (rel * m + u_in * out_ex.abs())
     lse_tol = 2 * (delta + g * (1 + lse.abs().nan_to_num(posinf=0.0)))
     return out_ex.cpu(), lse.cpu(), out_tol.cpu(), lse_tol.cpu()
@@ -268,7 +274,55 @@ def test_bad_inputs_are_named():
         sparse_mla_decode(q, kv, torch.zeros(1, 4, dtype=torch.int32), 1.0, 64)
     with pytest.raises(ValueError, match="variant"):
         sparse_mla_decode(q, kv, torch.zeros(1, 4, dtype=torch.int32), 1.0, 32, variant="x")
-    assert sparse_mla.VARIANTS == ("reference", "naive", "splitkv")
+    assert sparse_mla.VARIANTS == ("reference", "naive", "splitkv", "fp8")
+    with pytest.raises(ValueError, match="Fp8KVCache"):
+        sparse_mla_decode(q, kv, torch.zeros(1, 4, dtype=torch.int32), 1.0, 32, variant="fp8")
+
+
+# (D_qk, d_v, d_fp8, tile): V3.2-like (e4m3 = values, 16-bit score-only tail) and V4-like
+# (e4m3 covers part of the values, the 16-bit rope part is the last value columns).
+FP8_CASES = {"v32_like": (48, 32, 32, 16), "v4_like": (64, 64, 48, 16)}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", list(FP8_CASES))
+def test_fp8_cache_matches_its_dequantized_values(device, case):
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+
+    d_qk, d_v, d_fp8, tile = FP8_CASES[case]
+    dtypes = [torch.float16] if device == "cpu" else [torch.float16, torch.bfloat16]
+    for dtype in dtypes:
+        q, kv, idx = _make(device, dtype, 2, 5, d_qk, 45, seed=9)
+        idx[1] = -1  # all padding
+        cache = quantize_kv(kv, d_fp8, tile)
+        exact_kv = dequantize_kv(cache)  # fp32, exact products of e4m3 and fp32 scales
+        b, h = q.shape[:2]
+        out, lse = _poisoned(b, h, d_v, dtype, device)
+        o, lg = sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8", out=out, lse=lse)
+        out_ex, lse_ex, out_tol, lse_tol = _bounds(
+            q, exact_kv, idx, d_qk**-0.5, d_v, dtype, kv_rounded=True
+        )
+        _assert_close(f"fp8 {case} {dtype} out", o, out_ex, out_tol)
+        _assert_close(f"fp8 {case} {dtype} lse", lg, lse_ex, lse_tol)
+        assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
+
+
+def test_fp8_quantizer_error_and_layout_bytes():
+    """e4m3 keeps 3 mantissa bits: |x - dq(x)| <= 2^-4 |x| (normal range) + 2^-10 * scale
+    (half the subnormal spacing, in units of the tile's scale)."""
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+
+    kv = torch.randn(64, 576, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    kv[3, :128] *= 1e-3  # one tile with a tiny range: its own scale must keep it accurate
+    cache = quantize_kv(kv, 512, 128)
+    err = (dequantize_kv(cache) - kv.float())[:, :512].abs()
+    scale = cache.scale.repeat_interleave(128, dim=1)
+    assert torch.all(err <= 2.0**-4 * kv[:, :512].float().abs() + 2.0**-10 * scale)
+    assert torch.equal(dequantize_kv(cache)[:, 512:], kv[:, 512:].float())
+    # V3.2 layout: 512 e4m3 + 4 fp32 scales + 64 bf16 = 512 + 16 + 128 = 656 bytes.
+    assert cache.bytes_per_token == 656
+    # V4 layout: 448 e4m3 + 7 fp32 scales + 64 bf16 = 448 + 28 + 128 = 604 bytes.
+    assert quantize_kv(kv[:, :512], 448, 64).bytes_per_token == 604
 
 
 @pytest.mark.gpu
@@ -279,9 +333,21 @@ def test_bad_inputs_are_named():
      (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
     ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64"],
 )  # fmt: skip
-@pytest.mark.parametrize("variant", ["naive", "splitkv"])
+@pytest.mark.parametrize("variant", ["naive", "splitkv", "fp8"])
 def test_real_shapes_on_gpu(shape, variant):
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
-        _run_and_check(variant, q, kv, idx, d_v)
+        if variant != "fp8":
+            _run_and_check(variant, q, kv, idx, d_v)
+            continue
+        # V3.2: 512 e4m3 columns in 128-wide tiles; V4 (D_qk 512): 448 in 64-wide tiles.
+        cache = quantize_kv(kv, 512, 128) if d_qk == 576 else quantize_kv(kv, 448, 64)
+        o, lg = sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8")
+        out_ex, lse_ex, out_tol, lse_tol = _bounds(
+            q, dequantize_kv(cache), idx, d_qk**-0.5, d_v, dtype, kv_rounded=True
+        )
+        _assert_close(f"fp8 {shape} out", o, out_ex, out_tol)
+        _assert_close(f"fp8 {shape} lse", lg, lse_ex, lse_tol)

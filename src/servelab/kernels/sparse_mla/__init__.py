@@ -10,16 +10,21 @@ counters work without it, and TRITON_INTERPRET=1 set before that first call take
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from .reference import sparse_mla_decode_reference
 
-VARIANTS = ("reference", "naive", "splitkv")
+if TYPE_CHECKING:
+    from .fp8 import Fp8KVCache
+
+VARIANTS = ("reference", "naive", "splitkv", "fp8")
 
 
 def sparse_mla_decode(
     q: torch.Tensor,  # [B, H, D_qk]
-    kv_cache: torch.Tensor,  # [T, D_qk]
+    kv_cache: torch.Tensor | Fp8KVCache,  # [T, D_qk]
     indices: torch.Tensor,  # [B, topk] int32, -1 = padding
     sm_scale: float,
     d_v: int,
@@ -35,9 +40,24 @@ def sparse_mla_decode(
     lse [B, H] fp32, the natural-log log-sum-exp of ``sm_scale * q . k`` over valid slots.
     Padding slots (-1) are ignored; duplicate indices count once per slot; a request with
     only padding gets out = 0 and lse = -inf. ``num_splits`` (splitkv only) overrides the
-    split count chosen from B, H, topk and the SM count. ``out``/``lse`` may be preallocated
+    split count chosen from B, H, topk and the SM count. ``variant="fp8"`` takes an
+    ``fp8.Fp8KVCache`` as kv_cache (e4m3 + per-tile scales, read by the split kernel).
+    ``out``/``lse`` may be preallocated
     (e.g. inside a CUDA graph); indices must lie in [-1, T).
     """
+    if variant == "fp8" or not isinstance(kv_cache, torch.Tensor):
+        from .fp8 import Fp8KVCache
+
+        if not isinstance(kv_cache, Fp8KVCache):
+            raise ValueError("variant 'fp8' needs an Fp8KVCache (fp8.quantize_kv)")
+        if variant not in ("fp8", "splitkv", "reference"):
+            raise ValueError(f"variant {variant!r} does not read an FP8 cache; use 'fp8'")
+        if variant == "reference":
+            from .fp8 import dequantize_kv
+
+            kv_cache = dequantize_kv(kv_cache).to(q.dtype)
+        else:
+            variant = "splitkv"  # the split kernel reads the FP8 layout itself
     if variant == "reference":
         o, lse_ref = sparse_mla_decode_reference(q, kv_cache, indices, sm_scale, d_v)
     elif variant == "naive":

@@ -18,12 +18,16 @@ lse_s = -inf, which the merge weighs with exp(-inf) = 0).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
 from .reference import check_inputs
+
+if TYPE_CHECKING:
+    from .fp8 import Fp8KVCache
 
 LOG2E = 1.4426950408889634
 
@@ -57,20 +61,23 @@ class SplitConfig:
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
 
 
-# Measured on the H200 (docs/perf-notes/sparse_mla.md, sweep of 2026-11-29): 64-head tiles win
-# once the grid has >= 8 programs' worth of head blocks x requests (B*H >= 512); below that
-# 16-head tiles with more splits win (B=1 V4-Flash: 11.0 us vs 14.6 us), and TP slices
-# (H < 64) always use 16-head tiles with 64-token tiles (bn64: 1.3-1.4x bn32 at B=64).
-WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1)
+# Chosen from the sweep on the H200 (docs/perf-notes/sparse_mla.md, 2026-11-29):
+# - H >= 64 and B*H >= 1024: 64-head tiles, 64-token tiles, no index prefetch (V3.2 B=64:
+#   163 us vs 246 us with prefetch; bn64 beats bn32 by 1.1-1.5x at B=64).
+# - H >= 64, smaller B: 16-head tiles with more splits (V4-Flash B=1: 8.4 us vs 13.1 us for
+#   64-head tiles; B=8: 15.0 vs 16.1).
+# - H < 64 (TP slices): 16-head, 32-token tiles, 3 stages (H16 B=64: 53.5 us vs 69.8 us).
+WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
+                   prefetch_idx=False)  # fmt: skip
 NARROW = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2)
-NARROW_LONG = SplitConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1)
+NARROW_TP = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2)
 
 
 def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype) -> SplitConfig:
     """Config by batch and head count (d_qk and dtype kept for future per-shape tables)."""
     if h >= 64:
-        return WIDE if b * h >= 512 else NARROW
-    return NARROW_LONG
+        return WIDE if b * h >= 1024 else NARROW
+    return NARROW_TP
 
 
 def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int) -> int:
@@ -91,9 +98,38 @@ def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int)
 
 
 @triton.jit
+def _load_fp8_tile(
+    kv8_ptr, scale_ptr, rope_ptr, rows8, rows_s, rows_r, valid, offs_dv,
+    D_V: tl.constexpr, D_FP8: tl.constexpr, SCALE_TILE: tl.constexpr, N_SCALES: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_DV: tl.constexpr,
+):  # fmt: skip
+    """Gather and dequantise value columns [0, BLOCK_DV) of BLOCK_N rows to fp32: e4m3 x the
+    row's scale for its SCALE_TILE-column tile below D_FP8, the 16-bit part above."""
+    is8 = offs_dv < D_FP8
+    k8 = tl.load(kv8_ptr + rows8[:, None] + offs_dv[None, :],
+                 mask=valid[:, None] & is8[None, :], other=0.0)  # fmt: skip
+    offs_sc = tl.arange(0, N_SCALES)
+    sc = tl.load(
+        scale_ptr + rows_s[:, None] + offs_sc[None, :],
+        mask=valid[:, None] & (offs_sc < D_FP8 // SCALE_TILE)[None, :],
+        other=0.0,
+    )
+    kv3 = tl.reshape(k8.to(tl.float32), [BLOCK_N, N_SCALES, SCALE_TILE]) * sc[:, :, None]
+    kv = tl.reshape(kv3, [BLOCK_N, BLOCK_DV])
+    if D_FP8 < D_V:  # V4 layout: the last value columns are the 16-bit rope part
+        kr = tl.load(rope_ptr + rows_r[:, None] + (offs_dv - D_FP8)[None, :],
+                     mask=valid[:, None] & ((offs_dv >= D_FP8) & (offs_dv < D_V))[None, :],
+                     other=0.0)  # fmt: skip
+        kv = tl.where(is8[None, :], kv, kr.to(tl.float32))
+    return kv
+
+
+@triton.jit
 def _split_kernel(
     q_ptr,  # [B, H, D_qk]
-    kv_ptr,  # [T, D_qk]
+    kv_ptr,  # [T, D_qk]; FP8: the e4m3 part [T, D_FP8]
+    scale_ptr,  # FP8 only: [T, D_FP8 / SCALE_TILE] fp32 (else unused)
+    rope_ptr,  # FP8 only: [T, D_qk - D_FP8] in q's dtype (else unused)
     idx_ptr,  # [B, topk] int32
     o_ptr,  # final [B, H, d_v] (SINGLE) or partial [B, S, H, d_v] fp32
     lse_ptr,  # final [B, H] or partial [B, S, H] fp32
@@ -103,6 +139,8 @@ def _split_kernel(
     stride_qb,
     stride_qh,
     stride_kvt,
+    stride_st,
+    stride_rt,
     stride_ib,
     stride_ob,
     stride_os,
@@ -121,6 +159,10 @@ def _split_kernel(
     DROP_QK: tl.constexpr,  # diagnostics: skip the score dot (scores = 0)
     DROP_PV: tl.constexpr,  # diagnostics: skip the P V dot
     PREFETCH_IDX: tl.constexpr,
+    FP8: tl.constexpr,  # KV as e4m3 columns [0, D_FP8) x per-tile scales + 16-bit rest
+    D_FP8: tl.constexpr,
+    SCALE_TILE: tl.constexpr,
+    N_SCALES: tl.constexpr,  # BLOCK_DV // SCALE_TILE (scales past D_FP8 are masked)
 ):
     b = tl.program_id(0)
     hb = tl.program_id(1)
@@ -166,14 +208,21 @@ def _split_kernel(
             offs_n = t * BLOCK_N + offs_n0
             idx = tl.load(idx_row + offs_n, mask=offs_n < topk, other=-1)
         valid = idx >= 0  # [BLOCK_N]
-        rows = tl.where(valid, idx, 0).to(tl.int64) * stride_kvt
-        if BLOCK_DV == D_V:  # real shapes: a row-constant mask keeps 16-byte vector loads
-            kv_mask = valid[:, None]
+        rid = tl.where(valid, idx, 0).to(tl.int64)
+        rows = rid * stride_kvt
+        if FP8:
+            kv = _load_fp8_tile(kv_ptr, scale_ptr, rope_ptr, rows, rid * stride_st,
+                                rid * stride_rt, valid, offs_dv, D_V, D_FP8, SCALE_TILE,
+                                N_SCALES, BLOCK_N, BLOCK_DV)  # fmt: skip
+            kv = kv.to(tl.float32) if F32_DOT else kv.to(q_ptr.dtype.element_ty)
         else:
-            kv_mask = valid[:, None] & mask_dv[None, :]
-        kv = tl.load(kv_ptr + rows[:, None] + offs_dv[None, :], mask=kv_mask, other=0.0)
-        if F32_DOT:
-            kv = kv.to(tl.float32)
+            if BLOCK_DV == D_V:  # real shapes: a row-constant mask keeps 16-byte vector loads
+                kv_mask = valid[:, None]
+            else:
+                kv_mask = valid[:, None] & mask_dv[None, :]
+            kv = tl.load(kv_ptr + rows[:, None] + offs_dv[None, :], mask=kv_mask, other=0.0)
+            if F32_DOT:
+                kv = kv.to(tl.float32)
         if DROP_QK:
             s = tl.zeros([BLOCK_H, BLOCK_N], dtype=tl.float32)
         else:
@@ -182,10 +231,12 @@ def _split_kernel(
             else:
                 s = tl.dot(q, tl.trans(kv))
             if D_TAIL > 0:
+                if FP8:  # the score-only tail lies in the 16-bit part
+                    tail_ptrs = rope_ptr + (rid * stride_rt)[:, None] + (D_V - D_FP8)
+                else:
+                    tail_ptrs = kv_ptr + rows[:, None] + D_V
                 kv_tail = tl.load(
-                    kv_ptr + rows[:, None] + D_V + offs_t[None, :],
-                    mask=valid[:, None] & mask_t[None, :],
-                    other=0.0,
+                    tail_ptrs + offs_t[None, :], mask=valid[:, None] & mask_t[None, :], other=0.0
                 )
                 if F32_DOT:
                     s += tl.dot(q_tail, tl.trans(kv_tail.to(tl.float32)), input_precision="ieee")
@@ -279,7 +330,7 @@ def _num_sms(device: torch.device) -> int:
 
 def splitkv_decode(
     q: torch.Tensor,  # [B, H, D_qk]
-    kv_cache: torch.Tensor,  # [T, D_qk]
+    kv_cache: torch.Tensor | Fp8KVCache,  # [T, D_qk], or the FP8 layout of fp8.py
     indices: torch.Tensor,  # [B, topk] int32
     sm_scale: float,
     d_v: int,
@@ -292,8 +343,20 @@ def splitkv_decode(
     drop: str = "",  # diagnostics only: "qk" or "pv" skips that dot (wrong results)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the split kernel (and the combine when num_splits > 1); returns (out, lse)."""
-    b, h, d_qk, topk = check_inputs(q, kv_cache, indices, d_v)
-    if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or indices.stride(-1) != 1:
+    fp8 = not isinstance(kv_cache, torch.Tensor)
+    if fp8:
+        kv_main, scale, rope = kv_cache.data, kv_cache.scale, kv_cache.rope
+        if rope.dtype != q.dtype:
+            raise ValueError(f"FP8 cache's 16-bit part is {rope.dtype}, q is {q.dtype}")
+        # Shape checks on a stand-in with the logical [T, D_qk] shape (no copy).
+        b, h, d_qk, topk = check_inputs(q, rope.new_empty(1, 1).expand(rope.shape[0],
+                                        kv_cache.d_qk), indices, d_v)  # fmt: skip
+        if kv_cache.d_fp8 > d_v:
+            raise ValueError(f"FP8 part ({kv_cache.d_fp8} columns) must lie within d_v={d_v}")
+    else:
+        b, h, d_qk, topk = check_inputs(q, kv_cache, indices, d_v)
+        kv_main = scale = rope = kv_cache
+    if q.stride(-1) != 1 or kv_main.stride(-1) != 1 or indices.stride(-1) != 1:
         raise ValueError("q, kv_cache and indices need a contiguous last dimension")
     cfg = config or default_config(b, h, d_qk, q.dtype)
     n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
@@ -329,23 +392,30 @@ def splitkv_decode(
         so = (o_dst.stride(0), o_dst.stride(1), o_dst.stride(2))
         sl = (lse_dst.stride(0), lse_dst.stride(1))
     grid = (b, triton.cdiv(h, cfg.block_h), num_splits)
+    block_dv = max(triton.next_power_of_2(d_v), 16)
+    tile = kv_cache.tile if fp8 else 16
     LAST_COMPILED["split"] = _split_kernel[grid](
-        q, kv_cache, indices, o_dst, lse_dst,
+        q, kv_main, scale, rope, indices, o_dst, lse_dst,
         h, topk, tiles_per_split,
-        q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
+        q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
+        indices.stride(0),
         so[0], so[1], so[2], sl[0], sl[1],
         sm_scale * LOG2E,
         D_V=d_v,
         D_TAIL=d_tail,
         BLOCK_H=cfg.block_h,
         BLOCK_N=cfg.block_n,
-        BLOCK_DV=max(triton.next_power_of_2(d_v), 16),
+        BLOCK_DV=block_dv,
         BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
         SINGLE=single,
         F32_DOT=f32_dot,
         DROP_QK=drop == "qk",
         DROP_PV=drop == "pv",
         PREFETCH_IDX=cfg.prefetch_idx,
+        FP8=fp8,
+        D_FP8=kv_cache.d_fp8 if fp8 else 0,
+        SCALE_TILE=tile,
+        N_SCALES=max(block_dv // tile, 1),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )  # fmt: skip
