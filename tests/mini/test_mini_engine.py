@@ -5,6 +5,7 @@ max_tokens, seed) behave, and the speculative acceptance rule samples the target
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -130,3 +131,25 @@ def test_acceptance_rule_samples_the_target_distribution():
     sd = (n * p * (1 - p)).sqrt()
     assert ((counts - n * p).abs() <= 5 * sd + 1).all(), (counts / n, p)
     assert math.isclose(float(counts.sum()), n)
+
+
+def test_engine_failure_ends_pending_requests():
+    """A crash in the engine thread must not leave clients waiting forever."""
+    eng = engine(max_running_requests=1)
+
+    def boom(*a, **k):
+        raise RuntimeError("injected")
+
+    eng.model.forward_flat = boom
+    events = []
+    eng.start()
+    try:
+        eng.submit(tk.encode("a"), SamplingParams(max_tokens=4), events.append)
+        eng.submit(tk.encode("b"), SamplingParams(max_tokens=4), events.append)  # queued
+        deadline = time.time() + 10
+        while len(events) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+    finally:
+        eng.stop()
+    assert [e.finish_reason for e in events] == ["error", "error"]
+    assert isinstance(eng.error, RuntimeError)

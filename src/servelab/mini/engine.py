@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -129,6 +130,9 @@ class Engine:
         self.cfg = self.model.cfg
         self.k = args.num_drafts
         self.ctx = args.context_length + self.k + 2
+        if self.ctx > self.cfg.max_position:
+            raise UserError(f"--context-length {args.context_length} is too long for config "
+                            f"{self.cfg.name}: at most {self.cfg.max_position - self.k - 2}")
         dtype = self.model.head.weight.dtype
         self.cache = KVCache(self.cfg, args.max_running_requests, self.ctx, args.device, dtype)
         self.device = torch.device(args.device)
@@ -166,6 +170,9 @@ class Engine:
         with self._cond:
             rid = self._next_id
             self._next_id += 1
+            if self.error is not None:  # the engine thread died: answer at once
+                callback(Event("", [], "error", len(prompt), 0, 0))
+                return rid
             self._waiting.append(Request(rid, list(prompt), params, callback, gen))
             self._cond.notify()
         return rid
@@ -235,9 +242,15 @@ class Engine:
                         return
                 self.profiler.poll()
                 self.step()
-        except BaseException as exc:  # surfaced by /health
+        except BaseException as exc:  # surfaced by /health; pending requests end with "error"
             self.error = exc
-            raise
+            with self._cond:
+                pending = [*self._running, *self._waiting]
+                self._running, self._waiting = [], deque()
+            for r in pending:
+                r.finish = "error"
+                r.callback(Event("", [], "error", len(r.prompt), len(r.out), r.spec_verify_ct))
+            traceback.print_exc()
 
     def step(self) -> bool:
         """One scheduler iteration: aborts, admission + prefill, one decode step. True if work."""
@@ -255,7 +268,8 @@ class Engine:
                 r.slot = self._free.pop()
                 budget -= len(r.prompt)
                 new.append(r)
-        if not new and not self._running:
+                self._running.append(r)
+        if not self._running:
             return False
         with torch.inference_mode(), self.profiler.step(self._step_name(new)):
             if new:
@@ -309,8 +323,6 @@ class Engine:
         logits, hidden, fb = self._forward(tokens, slots, positions)
         rows = torch.tensor(last_rows, device=logits.device)
         firsts = self._sample(reqs, logits[rows])
-        with self._cond:
-            self._running.extend(reqs)
         for r, t in zip(reqs, firsts, strict=True):
             self.stats.prompt_tokens += len(r.prompt)
             r.last, r.pos = t, len(r.prompt)

@@ -111,6 +111,8 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
             async for ev in st.events():
                 text.append(ev.text)
                 last = ev
+            if last.finish_reason == "error":
+                return _error(500, f"engine failed: {engine.error!r}", "server_error")
             content = "".join(text)
             choice = ({"index": 0, "message": {"role": "assistant", "content": content},
                        "finish_reason": last.finish_reason} if chat else
