@@ -1,7 +1,122 @@
-"""CLI verbs: tune. (Filled in by the owning module's work.)"""
+"""CLI verbs: `servelab tune fp8-gemm ...` (tune, resumable, multi-GPU/Ray) and `tune verify DIR`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import typer
 
 
+def _parse_shapes(values: list[str]) -> tuple[tuple[int, int], ...]:
+    from servelab.errors import UserError
+    out = []
+    for v in values:
+        parts = v.replace("x", ",").split(",")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+            raise UserError(f"--shape {v!r}: expected N,K, e.g. --shape 4096,512")
+        out.append((int(parts[0]), int(parts[1])))
+    return tuple(dict.fromkeys(out))
+
+
+def _parse_ints(v: str | None, what: str) -> tuple[int, ...] | None:
+    from servelab.errors import UserError
+    if v is None:
+        return None
+    try:
+        xs = tuple(int(x) for x in v.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"{what} {v!r}: expected comma-separated integers, e.g. 1,2,4") from None
+    if not xs or min(xs) <= 0:
+        raise UserError(f"{what} {v!r}: expected positive integers")
+    return xs
+
+
 def register(app: typer.Typer) -> None:
-    """Add this module's verbs to the app."""
+    """Add `tune` and its verbs to the app."""
+    tune = typer.Typer(help="Tune kernels for the GPU at hand and write engine config files.",
+                       no_args_is_help=True)
+    app.add_typer(tune, name="tune")
+
+    @tune.command("fp8-gemm")
+    def fp8_gemm(
+        shape: list[str] = typer.Option(..., "--shape", help="N,K of a weight (repeatable)."),
+        batch_sizes: str = typer.Option(None, "--batch-sizes", help="M values; default the 18 of the engines."),
+        search: str = typer.Option("fast", "--search", help="exhaustive | fast (budgeted)."),
+        gpus: str = typer.Option(None, "--gpus", help="GPU ids, one worker process each, e.g. 0,1."),
+        ray: str = typer.Option(None, "--ray", help="Ray address (or 'local'): one task per unit, num_gpus=1."),
+        out: Path = typer.Option(Path("tuned-configs"), "--out", help="Folder for config files and the checkpoint."),
+        fmt: str = typer.Option("both", "--format", help="sglang | vllm | both."),
+        device: str = typer.Option("cuda", "--device", help="cuda, or cpu (Triton interpreter, tiny space, timings meaningless)."),
+        budget: float = typer.Option(0.2, "--budget", help="fast search: fraction of candidates timed."),
+        space: str = typer.Option(None, "--space", help="full (default on cuda) | tiny (default on cpu)."),
+        name: str = typer.Option(None, "--name", help="Job name shown by `servelab status`."),
+        detach: bool = typer.Option(False, "--detach", help="Run in the background; follow with `servelab status`."),
+    ) -> None:
+        """Tune the block-FP8 GEMM per (N, K, M); resumable; writes SGLang/vLLM config files."""
+        from servelab.errors import UserError
+        from servelab.tune import job
+        from servelab.tune.space import DEFAULT_BATCH_SIZES
+        shapes = _parse_shapes(shape)
+        bs = _parse_ints(batch_sizes, "--batch-sizes") or DEFAULT_BATCH_SIZES
+        if fmt not in ("sglang", "vllm", "both"):
+            raise UserError(f"--format {fmt}: choose sglang, vllm or both")
+        if gpus and ray:
+            raise UserError("give --gpus or --ray, not both")
+        gpu_ids = tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None
+        if device == "cpu" and not gpu_ids:
+            gpu_ids = ("cpu",)
+        job_name = name or f"tune-{out.resolve().name}"
+        spec = job.TuneSpec(
+            shapes=shapes, out_dir=out, batch_sizes=bs, search=search, gpus=gpu_ids or ("0",),
+            ray=ray, formats=("sglang", "vllm") if fmt == "both" else (fmt,), device=device,
+            space=space, budget_frac=budget, name=job_name)
+        if detach:
+            from servelab import jobs
+            pid, log = jobs.detach(sys.argv[1:], job_name)
+            typer.echo(f"started job '{job_name}' (pid {pid}); log {log}; follow with: servelab status {job_name}")
+            return
+        rep = job.run(spec, echo=typer.echo, argv=sys.argv)
+        n_ok = len(rep.units)
+        typer.echo(f"done: {n_ok} points tuned ({rep.resumed_units} from the checkpoint), "
+                   f"{len(rep.failed)} failed, {rep.seconds:.1f} s on {rep.device_name}")
+        for p in rep.files:
+            typer.echo(f"  {p}")
+        if rep.failed:
+            raise typer.Exit(1)
+
+    @tune.command("verify")
+    def verify_cmd(
+        directory: Path = typer.Argument(..., help="Folder with tuned config files."),
+        device: str = typer.Option("cuda", "--device", help="cuda, or cpu (interpreter; timings meaningless)."),
+        batch_sizes: str = typer.Option(None, "--batch-sizes", help="Re-time only these M."),
+    ) -> None:
+        """Re-time tuned vs default configs per (N, K, M) and print the speedups."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from servelab.tune import verify as V
+        checks, rows, here = V.verify(directory, device, _parse_ints(batch_sizes, "--batch-sizes"))
+        con = Console()
+        for c in checks:
+            notes = []
+            if c.device != here:
+                notes.append(f"WARNING: tuned on {c.device}, this device is {here}")
+            if c.missing_default:
+                notes.append(f"missing default batch sizes {list(c.missing_default)}")
+            con.print(f"{c.path.name}: {len(c.batch_sizes)} batch sizes ({c.fmt}) " + "; ".join(notes))
+        if device == "cpu":
+            con.print("note: Triton interpreter on the CPU: timings are MEANINGLESS for any GPU")
+        t = Table(title=f"tuned vs default ({here})")
+        for col in ("N", "K", "M", "tuned config", "tuned_us", "default_us", "speedup", "TFLOP/s"):
+            t.add_column(col, justify="right")
+        for r in rows:
+            t.add_row(str(r.n), str(r.k), str(r.m), r.tuned, _f(r.tuned_us), _f(r.default_us),
+                      _f(r.speedup, 3), _f(r.tflops))
+        con.print(t)
+        gm = V.geomean([r.speedup for r in rows if r.speedup])
+        con.print(f"geometric-mean speedup over {len(rows)} points: {_f(gm, 3)}x")
+
+
+def _f(x: float | None, nd: int = 1) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"

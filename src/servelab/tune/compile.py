@@ -63,6 +63,7 @@ class Precompiler:
         self.done: dict[Config, str | None] = {}
         self.seconds = 0.0
         self._pool: cf.ProcessPoolExecutor | None = None
+        self.status = f"on: {workers} processes" if device == "cuda" and workers > 0 else "off"
         if device == "cuda" and workers > 0:
             self._pool = cf.ProcessPoolExecutor(
                 max_workers=workers, mp_context=mp.get_context("spawn"),
@@ -78,8 +79,10 @@ class Precompiler:
                 for c, err in zip(todo, self._pool.map(_compile_one, [c.as_engine() for c in todo]),
                                   strict=True):
                     self.done[c] = err
-            except cf.process.BrokenProcessPool:
-                self._pool = None            # compile on first launch from now on
+            except Exception as exc:         # noqa: BLE001 - compile on first launch from now on
+                self.status = f"off: {type(exc).__name__}: {exc}"[:200]
+                self._pool.shutdown(wait=False, cancel_futures=True)
+                self._pool = None
             self.seconds += time.perf_counter() - t0
         else:
             for c in todo:

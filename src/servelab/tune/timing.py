@@ -103,28 +103,35 @@ class Problem:
         return out
 
     def _time_cuda(self, cfg: dict[str, int], reps: int) -> list[float]:
-        import torch
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        self._launch(cfg)                                   # compile / load, then a timed probe
-        torch.cuda.synchronize()
-        start.record()
-        self._launch(cfg)
-        end.record()
-        end.synchronize()
-        probe_us = start.elapsed_time(end) * 1e3
-        calls = max(1, min(64, math.ceil(TARGET_BATCH_US / max(probe_us, 1.0))))
-        n_batches = max(1, reps)
-        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-               for _ in range(n_batches)]
-        # Queue enough GPU spin to cover Python's launch rate (~25 us/launch), capped at 20 ms.
-        torch.cuda._sleep(int(min(20_000.0, 25.0 * calls * n_batches) * 1_900))
-        for s, e in evs:
-            s.record()
-            for _ in range(calls):
-                self._launch(cfg)
-            e.record()
-        torch.cuda.synchronize()
-        return [s.elapsed_time(e) * 1e3 / calls for s, e in evs]
+        return cuda_time_us(lambda: self._launch(cfg), reps)
+
+
+def cuda_time_us(launch, reps: int) -> list[float]:
+    """Per-call GPU times (us) of `launch()`, one value per batch of calls; `launch` rotates its
+    own inputs. A probe call sizes the batch to ~TARGET_BATCH_US; a GPU spin queued first keeps
+    the launches ahead of the GPU so the events measure kernel time, not Python's launch rate."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    launch()                                             # compile / load
+    torch.cuda.synchronize()
+    start.record()
+    launch()
+    end.record()
+    end.synchronize()
+    probe_us = start.elapsed_time(end) * 1e3
+    calls = max(1, min(64, math.ceil(TARGET_BATCH_US / max(probe_us, 1.0))))
+    n_batches = max(1, reps)
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+           for _ in range(n_batches)]
+    # Queue enough GPU spin to cover Python's launch rate (~25 us/launch), capped at 20 ms.
+    torch.cuda._sleep(int(min(20_000.0, 25.0 * calls * n_batches) * 1_900))
+    for s, e in evs:
+        s.record()
+        for _ in range(calls):
+            launch()
+        e.record()
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) * 1e3 / calls for s, e in evs]
 
 
 def method(device: str) -> str:

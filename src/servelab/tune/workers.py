@@ -106,16 +106,15 @@ def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
     def measure(configs: list[Config], reps: int) -> list[Measurement]:
         nonlocal reused
         need = [c for c in configs if not (c in cache and (cache[c].time_us is None or cache[c].reps >= reps))]
-        errors = pc.ensure(need)
-        out = []
+        pc.ensure(need)          # compile ahead in parallel; a failure here is re-tried below,
+        out = []                 # so the launch itself reports the real error
         for c in configs:
             old = cache.get(c)
             if old is not None and (old.time_us is None or old.reps >= reps):
                 reused += 1
                 out.append(old)
                 continue
-            x = (Measurement(a.n, a.k, a.m, c, None, None, 0, f"compile: {errors[c]}")
-                 if c in errors else problem.time(c, reps))
+            x = problem.time(c, reps)
             cache[c] = x
             emit(measurement_record(spec.ctx, x))
             if x.error and spec.device == "cuda":
@@ -134,7 +133,7 @@ def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
             "default_us": base.time_us, "timed": res.timed, "candidates": res.candidates,
             "failed": res.failed, "reused": reused, "fail_examples": fails,
             "seconds": time.perf_counter() - t0, "pid": os.getpid(),
-            "compile_s": round(pc.seconds, 2)}
+            "compile_s": round(pc.seconds, 2), "compile_ahead": pc.status}
 
 
 def _check_context() -> None:
@@ -155,8 +154,14 @@ def _worker_main(slot: int, gpu: str, ngpus: int, spec: WorkSpec, inbox, outbox)
     _PROC["ngpus"] = ngpus
     try:
         outbox.put({"t": "hello", "slot": slot, **probe(spec)})
+        parent = os.getppid()
         while True:
-            a = inbox.get()
+            try:
+                a = inbox.get(timeout=2.0)
+            except queue.Empty:
+                if os.getppid() != parent:   # the parent was killed: do not linger on the GPU
+                    break
+                continue
             if a is None:
                 break
             rec = run_unit(a, spec, outbox.put)
@@ -185,7 +190,8 @@ class LocalPool:
 
     def _start(self, slot: int) -> None:
         self.inboxes[slot] = self.ctx.Queue()
-        p = self.ctx.Process(target=_worker_main, daemon=True, args=(
+        # not a daemon: daemonic processes may not start the compile pool's processes
+        p = self.ctx.Process(target=_worker_main, daemon=False, args=(
             slot, self.gpus[slot], len(self.gpus), self.spec, self.inboxes[slot], self.outbox))
         p.start()
         self.procs[slot] = p
