@@ -176,7 +176,7 @@ def compiled_info(name: str) -> dict:
     }
 
 
-def variant_calls(variant, shape, sets, kv, cfg=None, num_splits=None, drop=""):
+def variant_calls(variant, shape, sets, kv, cfg=None, num_splits=None, drop="", cache=None):
     from servelab.kernels.sparse_mla.naive import naive_decode
     from servelab.kernels.sparse_mla.splitkv import splitkv_decode
 
@@ -197,28 +197,51 @@ def variant_calls(variant, shape, sets, kv, cfg=None, num_splits=None, drop=""):
                 naive_decode(q, kv, idx, scale, shape.d_v, out=out, lse=lse)
 
         else:
+            src = cache if variant == "fp8" else kv
 
-            def c(q=q, idx=idx):
-                splitkv_decode(q, kv, idx, scale, shape.d_v, config=cfg, num_splits=num_splits,
+            def c(q=q, idx=idx, src=src):
+                splitkv_decode(q, src, idx, scale, shape.d_v, config=cfg, num_splits=num_splits,
                                out=out, lse=lse, drop=drop)  # fmt: skip
 
         calls.append(c)
     return calls
 
 
-def check_correct(log: Log, shape: Shape, kv: torch.Tensor) -> dict:
+def fp8_cache(shape: Shape, kv: torch.Tensor):
+    """V3.2 (D_qk 576): 512 e4m3 columns in 128-wide tiles (656 B/token); V4 (D_qk 512): 448
+    in 64-wide tiles (604 B/token)."""
+    from servelab.kernels.sparse_mla.fp8 import quantize_kv
+
+    if shape.d_qk == 576:
+        return quantize_kv(kv, 512, 128)
+    if shape.d_qk == 512:
+        return quantize_kv(kv, 448, 64)
+    # smoke toys: e4m3 up to d_v (or 16 short of it when there is no tail), 16-wide tiles
+    return quantize_kv(kv, shape.d_v if shape.d_v < shape.d_qk else shape.d_v - 16, 16)
+
+
+def check_correct(log: Log, shape: Shape, kv: torch.Tensor, cache) -> dict:
     from servelab.kernels.sparse_mla import sparse_mla_decode
 
-    (q, idx), = make_inputs(shape, 3, kv, 1, seed=123)  # fmt: skip
-    idx[1, ::7] = -1
-    scale = shape.d_qk**-0.5
-    ref_o, ref_l = sparse_mla_decode_reference(q, kv, idx, scale, shape.d_v)
     rec = {"shape": shape.name}
-    for v in ("naive", "splitkv"):
-        o, lg = sparse_mla_decode(q, kv, idx, scale, shape.d_v, variant=v)
-        rel = ((o.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
-        rec[f"{v}_rel_err"] = rel
-        rec[f"{v}_lse_max_err"] = (lg - ref_l).abs().max().item()
+    for b in (3, 16):  # B=16 takes the 64-head config for H >= 64, B=3 the 16-head one
+        (q, idx), = make_inputs(shape, b, kv, 1, seed=123)  # fmt: skip
+        idx[1, ::7] = -1
+        idx[2, :] = -1  # all padding: out 0, lse -inf
+        scale = shape.d_qk**-0.5
+        ref_o, ref_l = sparse_mla_decode_reference(q, kv, idx, scale, shape.d_v)
+        ref8_o, ref8_l = sparse_mla_decode(q, cache, idx, scale, shape.d_v, variant="reference")
+        for v in ("naive", "splitkv", "fp8"):
+            src = cache if v == "fp8" else kv
+            o, lg = sparse_mla_decode(q, src, idx, scale, shape.d_v, variant=v)
+            if v == "fp8":  # against the reference on the dequantised cache
+                ref_o, ref_l = ref8_o, ref8_l
+            rel = ((o.float() - ref_o.float()).norm() / ref_o.float().norm()).item()
+            rec[f"B{b}_{v}_rel_err"] = rel
+            fin = torch.isfinite(ref_l)
+            ok_pad = bool(torch.all(o[2] == 0)) and bool(torch.all(torch.isneginf(lg[2])))
+            rec[f"B{b}_{v}_lse_max_err"] = (lg[fin] - ref_l[fin]).abs().max().item()
+            rec[f"B{b}_{v}_pad_ok"] = float(ok_pad)
     log.say(f"check {shape.name}: " + " ".join(f"{k}={v:.2e}" for k, v in rec.items()
                                                if k != "shape"))  # fmt: skip
     return rec
@@ -262,21 +285,23 @@ def ir_report(log: Log, out: Path, tag: str) -> None:
         (out / "split_kernel.ttgir").write_text(ttgir)
 
 
-def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_splits=None):
+def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_splits=None,
+             cache=None):  # fmt: skip
     from servelab.kernels.sparse_mla.splitkv import _num_sms, choose_num_splits, default_config
 
     r = rotations(shape, b, cap if variant != "eager" else min(cap, 8))
     sets = make_inputs(shape, b, kv, r, seed=b)
     rec = {"shape": shape.name, "B": b, "variant": variant + (f"-drop{drop}" if drop else ""),
            "R": r}  # fmt: skip
-    if variant == "splitkv":
+    if variant in ("splitkv", "fp8"):
         cfg = cfg or default_config(b, shape.heads, shape.d_qk, kv.dtype)
         ns = num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, _num_sms(kv.device))
         rec.update(config=asdict(cfg), num_splits=ns)
     else:
         ns = None
     try:
-        calls = variant_calls(variant, shape, sets, kv, cfg=cfg, num_splits=ns, drop=drop)
+        calls = variant_calls(variant, shape, sets, kv, cfg=cfg, num_splits=ns, drop=drop,
+                              cache=cache)  # fmt: skip
         ts = (time_eager if variant == "eager" else time_graph)(calls, reps)
     except Exception as e:  # noqa: BLE001 - a config that does not compile is a result too
         rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
@@ -284,11 +309,12 @@ def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_split
         return rec
     rec.update(summarize(ts))
     fl = mla_flops(b, shape.heads, shape.topk, shape.d_qk, shape.d_v)
-    by = mla_bytes(b, shape.heads, shape.topk, shape.d_qk, shape.d_v)
+    per_tok = cache.bytes_per_token if variant == "fp8" else None
+    by = mla_bytes(b, shape.heads, shape.topk, shape.d_qk, shape.d_v, kv_bytes_per_token=per_tok)
     floor_us = max(by / PEAK_BW, fl / PEAK_FLOPS) * 1e6
     rec.update(tflops=fl / rec["us"] / 1e6, tbs=by / rec["us"] / 1e6, floor_us=floor_us,
                pct_floor=100 * floor_us / rec["us"])  # fmt: skip
-    if variant == "splitkv":
+    if variant in ("splitkv", "fp8"):
         rec.update(compiled_info("split"))
         if ns > 1:
             rec.update(compiled_info("combine"))
@@ -341,7 +367,8 @@ def main(argv: list[str]) -> int:
         # (bf16 dots are wrong in the interpreter).
         dtype = torch.float16 if DEVICE == "cpu" else torch.bfloat16
         kv = torch.randn(pool, shape.d_qk, device=DEVICE).to(dtype)
-        log.row({"check": check_correct(log, shape, kv)})
+        cache = fp8_cache(shape, kv)
+        log.row({"check": check_correct(log, shape, kv, cache)})
         if args.sweep:
             for b in (1, 8, 64):
                 best = None
@@ -362,38 +389,50 @@ def main(argv: list[str]) -> int:
             continue
         for b in batches:
             cells = {}
-            for v in ("eager", "naive", "splitkv"):
+            for v in ("eager", "naive", "splitkv", "fp8"):
                 if v == "eager" and args.no_eager:
                     continue
-                cells[v] = run_cell(log, shape, b, kv, v, reps if v == "splitkv" else 10, 128)
+                slow = v in ("eager", "naive")
+                cells[v] = run_cell(log, shape, b, kv, v, 6 if slow else reps, 128, cache=cache)
+                if v == "splitkv" and b in (1, 64):
+                    ir_report(log, args.out, f"{shape.name} B={b}")
             if b in (1, 64):
-                ir_report(log, args.out, f"{shape.name} B={b}")
                 for drop in ("qk", "pv"):
                     cells[f"drop{drop}"] = run_cell(log, shape, b, kv, "splitkv", reps, 128,
                                                     drop=drop)  # fmt: skip
+            if b == 64 and shape.heads >= 64:
+                # Candidate for large B: two 32-head programs per SM instead of one 64-head.
+                from servelab.kernels.sparse_mla.splitkv import SplitConfig
+
+                for pf in (False, True):
+                    c = SplitConfig(32, 32, 4, 2, 2, prefetch_idx=pf)
+                    cells[f"bh32c2pf{int(pf)}"] = run_cell(log, shape, b, kv, "splitkv", reps,
+                                                           128, cfg=c)  # fmt: skip
             table.append((shape, b, cells))
             s = cells["splitkv"]
             log.say(f"{shape.name} B={b}: " + " ".join(
                 f"{k}={c.get('us', float('nan')):.1f}us" for k, c in cells.items()))  # fmt: skip
             if "error" in s:
                 log.say(f"  splitkv error: {s['error']}")
-        del kv
+        del kv, cache
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     log.say(f"\nelapsed {time.time() - t0:.0f} s\n")
-    hdr = (f"{'shape':17} {'B':>4} {'eager us':>9} {'naive us':>9} {'split us':>9} {'splits':>6} "
-           f"{'TFLOP/s':>8} {'TB/s':>6} {'%floor':>6} {'x naive':>7} {'x eager':>7} {'regs/spill':>10}")  # fmt: skip
+    hdr = (f"{'shape':17} {'B':>4} {'eager':>8} {'naive':>8} {'split':>7} {'S':>3} "
+           f"{'TFLOP/s':>7} {'TB/s':>5} {'%floor':>6} {'x naive':>7} {'x eager':>7} "
+           f"{'fp8':>7} {'fp8 %fl':>7} {'x bf16':>6} {'regs':>4}")  # fmt: skip
+    log.say("us per call (median); splitkv = bf16 split-KV; fp8 = same kernel, FP8 KV cache")
     log.say(hdr)
+    nan = float("nan")
     for shape, b, cells in table:
-        e, n, s = (cells.get(k, {}) for k in ("eager", "naive", "splitkv"))
-        su = s.get("us", float("nan"))
+        e, n, s, f = (cells.get(k, {}) for k in ("eager", "naive", "splitkv", "fp8"))
+        su, fu = s.get("us", nan), f.get("us", nan)
         log.say(
-            f"{shape.name:17} {b:>4} {e.get('us', float('nan')):>9.1f} "
-            f"{n.get('us', float('nan')):>9.1f} {su:>9.2f} {s.get('num_splits', 0):>6} "
-            f"{s.get('tflops', float('nan')):>8.1f} {s.get('tbs', float('nan')):>6.2f} "
-            f"{s.get('pct_floor', float('nan')):>6.1f} {n.get('us', float('nan')) / su:>7.1f} "
-            f"{e.get('us', float('nan')) / su:>7.1f} "
-            f"{s.get('split_regs')}/{s.get('split_spills')}"
+            f"{shape.name:17} {b:>4} {e.get('us', nan):>8.1f} {n.get('us', nan):>8.1f} "
+            f"{su:>7.2f} {s.get('num_splits', 0):>3} {s.get('tflops', nan):>7.1f} "
+            f"{s.get('tbs', nan):>5.2f} {s.get('pct_floor', nan):>6.1f} "
+            f"{n.get('us', nan) / su:>7.1f} {e.get('us', nan) / su:>7.1f} {fu:>7.2f} "
+            f"{f.get('pct_floor', nan):>7.1f} {su / fu:>6.2f} {s.get('split_regs')}"
         )
     return 0
 
