@@ -11,6 +11,7 @@ of `q` per token, so an A/B of backends covers the whole engine.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
@@ -39,12 +40,15 @@ def torch_sparse_mla(
     return out, lse
 
 
-def get_backend(name: str) -> AttentionFn:
-    """The attention function for `--attention-backend NAME`."""
+def get_backend(name: str, device: str = "cuda") -> AttentionFn:
+    """The attention function for `--attention-backend NAME` on `device`."""
     if name == "torch":
         return torch_sparse_mla
     if name not in BACKENDS:
         raise UserError(f"unknown attention backend {name!r}; choose one of {list(BACKENDS)}")
+    if not device.startswith("cuda") and os.environ.get("TRITON_INTERPRET") != "1":
+        raise UserError(f"--attention-backend {name} runs Triton kernels: use --device cuda "
+                        "(or set TRITON_INTERPRET=1 to run them, slowly, on the CPU)")
     try:
         from servelab.kernels.sparse_mla import sparse_mla_decode
     except ImportError as exc:

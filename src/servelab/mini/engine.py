@@ -124,7 +124,7 @@ class Engine:
         if args.device == "cpu" and args.num_threads:
             torch.set_num_threads(args.num_threads)
         self.args = args
-        self.attn_fn = get_backend(args.attention_backend)
+        self.attn_fn = get_backend(args.attention_backend, args.device)
         self.model, self.weights_meta = load_model(args.config, args.weights, args.device,
                                                    args.seed, args.random_weights)
         self.cfg = self.model.cfg
