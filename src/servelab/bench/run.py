@@ -137,6 +137,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
                 wl = await build_workload(cfg.workload, cfg.warmup, None)
                 info["tokenize_error"] = str(exc)
             _WORKLOADS[key] = wl
+            while len(_WORKLOADS) > 8:  # an experiment restarts servers on new ports: stay small
+                _WORKLOADS.pop(next(iter(_WORKLOADS)))
         count = local_counter(cfg.workload.tokenizer) if cfg.workload.tokenizer else None
         client = Client(session, root, cfg.api, model, cfg.request_timeout_s)
 
