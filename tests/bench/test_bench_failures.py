@@ -16,7 +16,7 @@ from servelab.bench.scripted_server import Script
 
 EXPECTED = {"http500": "http_500", "http429": "http_429", "http404": "http_404",
             "malformed": "malformed_sse", "cut": "connection_lost", "no_done": "no_end_marker",
-            "stall": "timeout"}
+            "stall": "timeout", "error_event": "server_error"}
 
 
 def cfg_for(url: str, n: int, **kw) -> BenchConfig:
@@ -25,12 +25,12 @@ def cfg_for(url: str, n: int, **kw) -> BenchConfig:
 
 
 def test_each_failure_mode_is_recorded_with_its_reason():
-    modes = ("http500", "http429", "http404", "malformed", "cut", "no_done")
+    modes = ("http500", "http429", "http404", "malformed", "cut", "no_done", "error_event")
     with serve_in_thread(Script(ttft_ms=2, gap_ms=1, fail_rate=1.0, fail_modes=modes)) as h:
-        res = run_load_point(cfg_for(h.url, 12), LoadPoint(concurrency=3), progress=False)
+        res = run_load_point(cfg_for(h.url, 14), LoadPoint(concurrency=3), progress=False)
         log = {r["id"]: r for r in h.log()}
     s = res.summary
-    assert s["completed"] == 0 and s["failed"] == 12
+    assert s["completed"] == 0 and s["failed"] == 14
     want: dict[str, int] = {}
     for r in log.values():
         want[EXPECTED[r["fail"]]] = want.get(EXPECTED[r["fail"]], 0) + 1

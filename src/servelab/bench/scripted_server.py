@@ -27,7 +27,8 @@ An idle request (no `ignore_eos`/`min_tokens`) stops at `natural_len` tokens whe
 Failure modes (`--fail-rate R --fail-modes m1,m2`, seeded; or per request by putting
 `[[fail:MODE]]` in the prompt): `http<code>` (e.g. `http500`, `http429`: an error status, JSON
 body), `malformed` (a broken `data:` line mid-stream), `cut` (connection dropped mid-stream),
-`stall` (stops sending mid-stream for `stall_s`), `no_done` (stream ends without `[DONE]`).
+`stall` (stops sending mid-stream for `stall_s`), `no_done` (stream ends without `[DONE]`),
+`error_event` (an error object in the stream, then `[DONE]`, as vLLM reports engine errors).
 
 Command line (stable; the experiment runner uses it as a fake engine)::
 
@@ -58,7 +59,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-FAIL_MODES = ("malformed", "cut", "stall", "no_done")  # plus "http<code>"
+FAIL_MODES = ("malformed", "cut", "stall", "no_done", "error_event")  # plus "http<code>"
 _FAIL_RE = re.compile(r"\[\[fail:([a-z_0-9]+)\]\]")
 
 
@@ -387,6 +388,12 @@ class ScriptedServer:
                 if fail is not None and i == cut_at:
                     if fail == "malformed":
                         await resp.write(b"data: {\"choices\": [ {broken json\n\n")
+                    elif fail == "error_event":  # as vLLM reports an engine error mid-stream
+                        await resp.write(b'data: {"error": {"message": "scripted engine error", '
+                                         b'"type": "InternalServerError", "code": 500}}\n\n')
+                        await resp.write(b"data: [DONE]\n\n")
+                        await resp.write_eof()
+                        return resp
                     elif fail == "cut":
                         assert request.transport is not None
                         request.transport.abort()
