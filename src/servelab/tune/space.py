@@ -73,8 +73,8 @@ class DeviceLimits:
     smem_bytes: int = 232_448        # H100/H200: 227 KiB opt-in per block
     regs_per_thread: int = 255
     # The fp32 accumulator and the dot's fp32 result each hold BM*BN/(32*warps) registers per
-    # thread; keep both within this share of the register file, leaving room for addresses.
-    acc_reg_share: float = 0.5
+    # thread; at most 128 each keeps both within the 255 with little room to spare.
+    acc_regs_max: int = 128
 
 
 def enumerate_space(name: str = "full") -> list[Config]:
@@ -98,7 +98,7 @@ def fits_shared_memory(c: Config, lim: DeviceLimits) -> bool:
 
 def fits_registers(c: Config, lim: DeviceLimits) -> bool:
     acc = c.block_m * c.block_n // (32 * c.num_warps)
-    return acc <= lim.regs_per_thread * lim.acc_reg_share
+    return acc <= min(lim.acc_regs_max, lim.regs_per_thread)
 
 
 def _pow2_at_least(x: int) -> int:

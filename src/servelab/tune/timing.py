@@ -57,12 +57,12 @@ class Problem:
         from servelab.kernels.fp8_gemm import kernel, reference
         self.n, self.k, self.m, self.device = n, k, m, device
         self._kernel = kernel
-        gen = torch.Generator(device="cpu").manual_seed(seed)
-        x = torch.randn(m, k, generator=gen)
-        w = torch.randn(n, k, generator=gen) * 0.05
+        gen = torch.Generator(device=device).manual_seed(seed)
+        x = torch.randn(m, k, generator=gen, device=device)
+        w = torch.randn(n, k, generator=gen, device=device) * 0.05
         a_q, a_s = reference.quantize_per_token_group(x)
         b_q, b_s = reference.quantize_weight_per_block(w)
-        base = [t.to(device) for t in (a_q, a_s, b_q, b_s)]
+        base = [a_q, a_s, b_q, b_s]
         if device == "cuda":
             if l2_bytes is None:
                 props = torch.cuda.get_device_properties(torch.cuda.current_device())
