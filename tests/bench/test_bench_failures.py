@@ -88,7 +88,7 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     (["--concurrency", "2", "--request-rate", "3"], "exactly one"),
     (["--request-rate", "-1"], "--request-rate"),
     (["--concurrency", "1", "--num-prompts", "ten"], "--num-prompts"),
-    (["--concurrency", "1", "--goodput", "ttft=5"], "--goodput"),
+    (["--concurrency", "1", "--goodput", "latency_ms=5"], "--goodput"),
     (["--concurrency", "1", "--goodput", "ttft_ms=fast"], "--goodput"),
     (["--concurrency", "1", "--api", "grpc"], "--api"),
     (["--concurrency", "1", "--dataset", "/nonexistent.json"], "--dataset"),

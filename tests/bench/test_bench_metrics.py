@@ -96,3 +96,11 @@ def test_summary_throughput_goodput_and_missing_values():
     assert meets_slo(recs[0], {"tpot_ms": 1000}) and not meets_slo(recs[1], {"ttft_ms": 20})
     empty = summarize([], 0.0, None)
     assert empty["output_throughput_tok_s"] is None and empty["ttft_ms"]["p99"] is None
+
+
+def test_goodput_parsing_accepts_vllm_names():
+    from servelab.bench.config import parse_goodput
+
+    assert parse_goodput("ttft=500, tpot_ms=50,e2el=9000") == {"ttft_ms": 500.0, "tpot_ms": 50.0,
+                                                               "e2e_ms": 9000.0}
+    assert parse_goodput(None) == {}

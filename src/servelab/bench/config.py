@@ -17,6 +17,9 @@ from servelab.errors import UserError
 APIS = ("completions", "chat", "sglang")
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
 _KIND = {int: "an integer", float: "a number"}
+# vLLM's --goodput keys (ttft, tpot, e2el) are accepted too
+_GOODPUT_ALIASES = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2e": "e2e_ms",
+                    "e2el_ms": "e2e_ms"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +120,8 @@ class BenchConfig:
 
 
 def parse_goodput(text: str | None) -> dict[str, float]:
-    """`ttft_ms=500,tpot_ms=50` -> {"ttft_ms": 500.0, "tpot_ms": 50.0}."""
+    """`ttft_ms=500,tpot_ms=50` -> {"ttft_ms": 500.0, "tpot_ms": 50.0} (vLLM's `ttft`, `tpot`,
+    `e2el` names are accepted)."""
     out: dict[str, float] = {}
     if not text:
         return out
@@ -128,8 +132,9 @@ def parse_goodput(text: str | None) -> dict[str, float]:
         k, sep, v = part.partition("=")
         if not sep:
             raise UserError(f"--goodput {part!r}: write KEY=MS, e.g. ttft_ms=500,tpot_ms=50")
+        key = _GOODPUT_ALIASES.get(k.strip(), k.strip())
         try:
-            out[k.strip()] = float(v)
+            out[key] = float(v)
         except ValueError:
             raise UserError(f"--goodput {part!r}: {v!r} is not a number of milliseconds") from None
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -124,19 +125,21 @@ async def _remote_counter(session: aiohttp.ClientSession, root: str, model: str 
 async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointResult:
     root = cfg.root_url
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(connector=conn) as session:
+    key = os.environ.get("SERVELAB_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else None  # vLLM/SGLang --api-key
+    async with aiohttp.ClientSession(connector=conn, headers=headers) as session:
         info = await _server_info(session, root)
         model = cfg.model or _model_from(info)
         remote = await _remote_counter(session, root, model)
-        key = (root, cfg.workload, cfg.warmup, remote is not None, model)
-        wl = _WORKLOADS.get(key)
+        wl_key = (root, cfg.workload, cfg.warmup, remote is not None, model)
+        wl = _WORKLOADS.get(wl_key)
         if wl is None:
             try:
                 wl = await build_workload(cfg.workload, cfg.warmup, remote)
             except RuntimeError as exc:  # /tokenize died half way: count locally or approximate
                 wl = await build_workload(cfg.workload, cfg.warmup, None)
                 info["tokenize_error"] = str(exc)
-            _WORKLOADS[key] = wl
+            _WORKLOADS[wl_key] = wl
             while len(_WORKLOADS) > 8:  # an experiment restarts servers on new ports: stay small
                 _WORKLOADS.pop(next(iter(_WORKLOADS)))
         count = local_counter(cfg.workload.tokenizer) if cfg.workload.tokenizer else None

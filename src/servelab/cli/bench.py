@@ -39,7 +39,10 @@ def register(app: typer.Typer) -> None:
         no_store: bool = typer.Option(False, "--no-store", help="Do not write to the results store."),
         quiet: bool = typer.Option(False, "--quiet", help="No live progress."),
     ) -> None:
-        """Measure a running OpenAI-compatible or SGLang server under load."""
+        """Measure a running OpenAI-compatible or SGLang server under load.
+
+        Sends `Authorization: Bearer $SERVELAB_API_KEY` (or $OPENAI_API_KEY) when set.
+        """
         import orjson
         from rich.console import Console
 
