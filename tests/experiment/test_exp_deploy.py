@@ -1,4 +1,4 @@
-"""Teardown waits for GPU memory to come back (via nvidia-smi), tested with a fake nvidia-smi."""
+"""Deployment hygiene: GPU memory back (a fake nvidia-smi) and ports free around launches."""
 
 from __future__ import annotations
 
@@ -60,3 +60,25 @@ def test_memory_that_never_comes_back_is_reported(tmp_path, monkeypatch):
     dep.stop()
     assert 1.0 <= time.monotonic() - t0 < 4.0
     assert dep.warning and "MiB now [9000], before launch [1000]" in dep.warning
+
+
+def test_a_busy_fixed_port_blocks_the_launch(tmp_path, live_procs):
+    import socket
+
+    import pytest
+
+    from servelab.experiment.deploy import DeployError
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        marker = f"busy-{port}-{time.monotonic_ns()}"
+        cmd = [sys.executable, "-m", "servelab.bench.scripted_server", "--model", marker]
+        cfg = ProcessConfig(
+            role="server", flags={}, port=port, extra={"command": cmd + ["--port", "{port}"]}
+        )
+        dep = Deployment(engines.get("command"), "", [cfg], tmp_path / "logs", port_free_s=0.5)
+        with pytest.raises(DeployError, match=f"port {port} of the server process is still in use"):
+            dep.start()
+        assert live_procs(marker) == []  # nothing was launched onto the busy port
