@@ -119,3 +119,14 @@ def test_cli_unreachable_completes_and_reports(monkeypatch, capsys, free_port, t
 
     doc = orjson.loads(out_file.read_bytes())
     assert doc["load_points"][0]["failure_reasons"] == {"connect_error": 2}
+
+
+def test_api_key_from_the_environment(monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("SERVELAB_API_KEY", raising=False)
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=0.5, api_key="s3cret")) as h:
+        res = run_load_point(cfg_for(h.url, 2), LoadPoint(concurrency=2), progress=False)
+        assert res.summary["failure_reasons"] == {"http_401": 2}
+        monkeypatch.setenv("SERVELAB_API_KEY", "s3cret")
+        res = run_load_point(cfg_for(h.url, 2), LoadPoint(concurrency=2), progress=False)
+        assert res.summary["completed"] == 2

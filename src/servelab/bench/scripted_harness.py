@@ -88,6 +88,8 @@ def script_argv(script: Script, host: str = "127.0.0.1", port: int = 0) -> list[
         a.append("--no-metrics")
     if not script.record_log:
         a.append("--no-log")
+    if script.api_key:
+        a += ["--api-key", script.api_key]
     return a
 
 

@@ -36,7 +36,7 @@ Command line (stable; the experiment runner uses it as a fake engine)::
         [--ttft-ms 50] [--gap-ms 10] [--tokens-per-chunk 1] [--natural-len N] \
         [--fail-rate 0] [--fail-modes http500] [--stall-s 3600] [--seed 0] \
         [--model scripted-model] [--flavor vllm|sglang] [--no-tokenize] [--no-metrics] \
-        [--no-log] [--default-max-tokens 16]
+        [--no-log] [--default-max-tokens 16] [--api-key KEY]
 
 It prints one line `scripted-server ready http://HOST:PORT` on stdout when it accepts
 connections (port 0 picks a free one) and serves until SIGTERM/SIGINT.
@@ -81,6 +81,7 @@ class Script:
     tokenize: bool = True
     metrics: bool = True  # False: /metrics answers 404 (tests the client-side estimate)
     record_log: bool = True
+    api_key: str | None = None  # when set, generation endpoints need `Authorization: Bearer KEY`
 
     def __post_init__(self) -> None:
         if self.ttft_ms < 0 or self.gap_ms < 0:
@@ -141,7 +142,16 @@ class ScriptedServer:
         self.running = 0
 
     def app(self) -> web.Application:
-        app = web.Application()
+        key = self.script.api_key
+
+        @web.middleware
+        async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+            if key and request.path in ("/v1/completions", "/v1/chat/completions", "/generate") \
+                    and request.headers.get("Authorization") != f"Bearer {key}":
+                return web.json_response({"error": "invalid API key"}, status=401)
+            return await handler(request)
+
+        app = web.Application(middlewares=[auth])
         r = app.router
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat)
@@ -453,6 +463,7 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
     p.add_argument("--no-tokenize", action="store_true")
     p.add_argument("--no-metrics", action="store_true")
     p.add_argument("--no-log", action="store_true")
+    p.add_argument("--api-key", default=None)
     a = p.parse_args(argv)
     try:
         script = Script(ttft_ms=a.ttft_ms, gap_ms=a.gap_ms, tokens_per_chunk=a.tokens_per_chunk,
@@ -460,7 +471,7 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
                         fail_rate=a.fail_rate, fail_modes=tuple(m for m in a.fail_modes.split(",") if m),
                         stall_s=a.stall_s, seed=a.seed, model=a.model, flavor=a.flavor,
                         tokenize=not a.no_tokenize, metrics=not a.no_metrics,
-                        record_log=not a.no_log)
+                        record_log=not a.no_log, api_key=a.api_key)
     except ValueError as exc:
         p.error(str(exc))
     return script, a.host, a.port
