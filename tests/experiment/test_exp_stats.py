@@ -166,3 +166,9 @@ def test_failed_requests_inside_ok_runs_are_warned():
         "(servelab results show ID)"
     ]
     assert not any("repetition(s)" in w for w in an.warnings)  # 5 repetitions are enough
+
+
+def test_spread_keeps_every_run_value_and_drops_nan():
+    s = st.spread("a", "c=1", "ttft_ms", [3.0, float("nan"), 1.0, 2.0])
+    assert s.values == (3.0, 1.0, 2.0) and s.n == 3 and s.median == 2.0
+    assert (s.min, s.max) == (1.0, 3.0) and s.std == pytest.approx(1.0)

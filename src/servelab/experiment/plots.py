@@ -39,11 +39,18 @@ def throughput(an: Analysis, metric: str = "output_throughput_tok_s") -> bytes:
             lo.append(s.median - (s.ci_low if math.isfinite(s.ci_low) else s.median))
             hi.append((s.ci_high if math.isfinite(s.ci_high) else s.median) - s.median)
         off = (i - (len(an.arms) - 1) / 2) * 0.06
-        ax.errorbar([x + off for x in xs], med, yerr=[lo, hi], marker="o", capsize=4, label=arm)
+        bars = ax.errorbar(
+            [x + off for x in xs], med, yerr=[lo, hi], marker="o", capsize=4, label=arm
+        )
+        for x, lk in zip(xs, an.load_keys, strict=True):  # every run, so the spread is visible
+            vals = an.spreads[(arm, lk, metric)].values
+            ax.scatter(
+                [x + off + 0.03] * len(vals), vals, s=9, alpha=0.5, color=bars[0].get_color()
+            )
     ax.set_xticks(xs, an.load_keys)
     ax.set_xlabel("load point")
     ax.set_ylabel(f"{METRICS[metric].label} ({METRICS[metric].unit})")
-    ax.set_title(f"{METRICS[metric].label} per arm (median, 95% CI)")
+    ax.set_title(f"{METRICS[metric].label} per arm (median, 95% CI, dots: runs)")
     ax.grid(alpha=0.3)
     ax.legend()
     return _png(fig)

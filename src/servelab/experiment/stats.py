@@ -82,6 +82,7 @@ class Spread:
     cv: float  # std / mean
     ci_low: float  # bootstrap 95% CI of the median
     ci_high: float
+    values: tuple[float, ...] = ()  # every run's value, in run order
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +243,7 @@ def spread(arm: str, load_key: str, metric: str, values: Iterable[float]) -> Spr
         std / mean if mean else math.nan,
         lo,
         hi,
+        tuple(float(x) for x in v),
     )
 
 
