@@ -130,3 +130,34 @@ def test_api_key_from_the_environment(monkeypatch):
         monkeypatch.setenv("SERVELAB_API_KEY", "s3cret")
         res = run_load_point(cfg_for(h.url, 2), LoadPoint(concurrency=2), progress=False)
         assert res.summary["completed"] == 2
+
+
+def test_payload_of_unexpected_shape_fails_that_request_only(free_port):
+    """`choices` holding a string instead of an object: recorded, not raised."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    async def handler(request):
+        r = web.StreamResponse()
+        await r.prepare(request)
+        await r.write(b'data: {"choices": ["oops"]}\n\ndata: [DONE]\n\n')
+        return r
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handler)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", free_port).start())
+    th = threading.Thread(target=loop.run_forever, daemon=True)
+    th.start()
+    try:
+        res = run_load_point(cfg_for(f"http://127.0.0.1:{free_port}", 2), LoadPoint(concurrency=1),
+                             progress=False)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        th.join(10)
+    assert res.summary["failure_reasons"] == {"malformed_sse": 2}

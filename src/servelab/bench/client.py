@@ -167,6 +167,10 @@ class Client:
             res.error, res.error_detail = "connection_lost", f"{type(exc).__name__}: {exc}"[:300]
         except aiohttp.ClientError as exc:
             res.error, res.error_detail = "client_error", f"{type(exc).__name__}: {exc}"[:300]
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as exc:
+            # a payload of an unexpected shape (e.g. choices[0] not an object): this request
+            # failed, the run goes on
+            res.error, res.error_detail = "malformed_sse", f"{type(exc).__name__}: {exc}"[:300]
         if not res.end_marker or res.error is not None:
             res.t_end_ns = time.perf_counter_ns()  # else: when [DONE] arrived
         if res.error is None:
