@@ -31,7 +31,7 @@ def _w8a8_block_fp8_matmul(
     stride_asm, stride_ask, stride_bsn, stride_bsk,
     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
-    GROUP_SIZE_M: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, ROUND_BF16_IN_FP32: tl.constexpr = False,
 ):
     # Grouped ordering: GROUP_SIZE_M row-blocks share each column-block while it is in L2.
     pid = tl.program_id(axis=0)
@@ -65,6 +65,11 @@ def _w8a8_block_fp8_matmul(
         a_ptrs += BLOCK_SIZE_K * stride_ak
         b_ptrs += BLOCK_SIZE_K * stride_bk
 
+    if ROUND_BF16_IN_FP32:
+        # Triton's interpreter truncates fp32->bf16; round to nearest even here so its cast is
+        # exact and the interpreter matches the GPU's rounding (only set when interpreting).
+        bits = acc.to(tl.int32, bitcast=True)
+        acc = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000).to(tl.float32, bitcast=True)
     c = acc.to(c_ptr.dtype.element_ty)
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
@@ -171,6 +176,7 @@ def w8a8_block_fp8_matmul(
         GROUP_N=GROUP, GROUP_K=GROUP,
         BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=int(config["BLOCK_SIZE_K"]),
         GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
+        ROUND_BF16_IN_FP32=_interpreting() and out.dtype == torch.bfloat16,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )
     return out
