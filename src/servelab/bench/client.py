@@ -3,8 +3,8 @@
 Backends differ only in how a request body is built and how one SSE `data:` payload is read;
 the streaming loop, the clock and the failure taxonomy are written once here. No latency metric
 is computed in this module (that is `metrics.py`): a request yields its raw facts, the token
-events `(t_ns, n_tokens | None, text)` as the client saw them, `time.perf_counter_ns()` taken
-when the bytes were read.
+events `(t_ns, n_tokens | None, text)` as the client saw them: `time.perf_counter_ns()`
+(CLOCK_MONOTONIC) when the event's last byte was fed from the socket to aiohttp.
 
 Failure reasons (`RawResult.error`): `http_<status>`, `timeout`, `connect_error`,
 `connection_lost`, `malformed_sse`, `server_error` (an error object inside the stream),
