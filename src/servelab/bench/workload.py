@@ -178,7 +178,7 @@ async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn
     elif cfg.tokenizer:
         sync = local_counter(cfg.tokenizer)
 
-        async def count(text: str) -> int:  # noqa: RUF029 - same signature as the remote one
+        async def count(text: str) -> int:  # same signature as the remote counter
             return sync(text)
 
         source = f"tokenizer:{cfg.tokenizer}"
@@ -189,7 +189,15 @@ async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn
     if cfg.dataset:
         pairs = _sharegpt_pairs(cfg.dataset)
         rng.shuffle(pairs)
-        chosen = [pairs[i % len(pairs)] for i in range(total)]
+        chosen = [pairs[i % len(pairs)] for i in range(total)]  # cycles when the file is short
+        # the counter includes special tokens (BOS) as the server counts a prompt; an output
+        # length has none, so subtract what an empty text counts
+        special = 0
+        if count is not None:
+            try:
+                special = await count("")
+            except RuntimeError:  # a server that refuses an empty prompt: assume none
+                special = 0
 
         async def one_ds(i: int) -> RequestSpec:
             prompt, reply = chosen[i]
@@ -197,7 +205,7 @@ async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn
                 n_in, n_out = len(prompt.split()), len(reply.split())
             else:
                 async with sem:
-                    n_in, n_out = await count(prompt), await count(reply)
+                    n_in, n_out = await count(prompt), await count(reply) - special
             return RequestSpec(i, prompt, n_in, max(1, n_out), count is not None)
 
         specs = await asyncio.gather(*(one_ds(i) for i in range(total)))
