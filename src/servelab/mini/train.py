@@ -171,11 +171,44 @@ def main(argv: list[str] | None = None) -> None:
         train(a, cfg, corpus, held, recipe)
     prompts = heldout_prompts(held, a.eval_prompts, 128, a.seed)
     acc = {f"steps{k}": eval_acceptance(a.out, dev, prompts, 128, k) for k in (1, 2)}
+    long_prompts = heldout_prompts(held, a.eval_prompts, 255, a.seed)  # 256 tokens with BOS
+    acc["steps1_256in_256out"] = eval_acceptance(a.out, dev, long_prompts, 256, 1)
     ck = torch.load(a.out, map_location="cpu", weights_only=True)
     ck["meta"]["mtp_acceptance"] = acc
     torch.save(ck, a.out)
     a.out.with_suffix(".json").write_text(json.dumps(ck["meta"], indent=2) + "\n")
     print(json.dumps(acc, indent=2), flush=True)
+
+
+def choose_steps(a, cfg, corpus: torch.Tensor) -> int:
+    """--budget-s: time steps 10-40 of a throw-away model (after CUDA start-up), return the
+    step count that fits the budget (a multiple of 100). The real run then starts from the
+    seed, so `--steps N` reproduces it."""
+    dev = a.device
+    torch.manual_seed(a.seed + 1000)
+    model = MiniModel(cfg).to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.startswith("cuda"))
+    gen = torch.Generator(device=dev).manual_seed(a.seed + 1000)
+    c = corpus.to(dev)
+    amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.startswith("cuda") else (
+        torch.autocast("cpu", enabled=False))
+    t10 = time.perf_counter()
+    for i in range(40):
+        if i == 10:
+            if dev.startswith("cuda"):
+                torch.cuda.synchronize()
+            t10 = time.perf_counter()
+        with amp:
+            loss = losses(model, batch(c, a.batch, a.seq, gen, dev), cfg.mtp_loss_weight)["total"]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
+    per = (time.perf_counter() - t10) / 30
+    steps = max(100, int(a.budget_s / per) // 100 * 100)
+    print(f"{per * 1e3:.1f} ms/step -> --steps {steps}", flush=True)
+    return steps
 
 
 def train(a, cfg, corpus: torch.Tensor, held: list[bytes], recipe: dict) -> None:
@@ -192,19 +225,14 @@ def train(a, cfg, corpus: torch.Tensor, held: list[bytes], recipe: dict) -> None
                             betas=(0.9, 0.95), fused=dev.startswith("cuda"))
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.startswith("cuda") else (
         torch.autocast("cpu", enabled=False))
+    if a.steps is None:
+        a.steps = choose_steps(a, cfg, corpus)
     steps = a.steps
-    warm = 30 if steps is None else min(200, max(1, steps // 10))
+    warm = min(200, max(1, steps // 10))
     t0 = time.perf_counter()
     step, log = 0, []
-    while steps is None or step < steps:
-        if steps is None and step == 30:
-            if dev.startswith("cuda"):
-                torch.cuda.synchronize()
-            per = (time.perf_counter() - t0) / 30
-            steps = max(100, int((a.budget_s / per) // 100 * 100))
-            warm = min(200, steps // 10)
-            print(f"{per * 1e3:.1f} ms/step -> --steps {steps}", flush=True)
-        total = steps or 10**9
+    while step < steps:
+        total = steps
         lr = a.lr * min(1.0, (step + 1) / warm) * (
             0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, step / total))))
         for g in opt.param_groups:
