@@ -67,6 +67,11 @@ def _err(tmp_path, text) -> str:
             "arms: an experiment needs at least two arms",
         ),
         ('name = "x"\nengine = "sglang"\n[load\n', "invalid TOML"),
+        (
+            BASE.format(engine="sglang", model="m", arm_b="")
+            + '[workload]\ndataset = "no/such.json"\n',
+            "workload: --dataset no/such.json: no such file",
+        ),
     ],
 )
 def test_bad_file_gives_one_line_naming_the_key(tmp_path, text, want):

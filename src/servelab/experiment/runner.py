@@ -18,6 +18,7 @@ from typing import Any
 
 from servelab import engines, paths, provenance
 from servelab.engines.base import Engine
+from servelab.errors import UserError
 from servelab.experiment.deploy import DeployError, Deployment
 from servelab.experiment.schedule import PlannedRun, plan
 from servelab.experiment.spec import ExperimentSpec
@@ -130,7 +131,6 @@ class Runner:
         import os
 
         from servelab import jobs
-        from servelab.errors import UserError
         from servelab.jobs import Job
 
         spec = self.spec
@@ -282,8 +282,8 @@ class Runner:
         before = self.engine.scrape(url)
         try:
             m = self.measure(url, spec, p)
-        except (KeyboardInterrupt, SystemExit):
-            raise
+        except (KeyboardInterrupt, SystemExit, UserError):
+            raise  # a configuration problem stops the experiment (after teardown)
         except Exception as exc:  # a broken run is recorded, the experiment goes on
             tail = dep.log_tail() if dep else ""
             self.store.add_run(

@@ -280,6 +280,28 @@ def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
 
 def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
     """Every check that can fail without launching anything; raises UserError (one line)."""
+    from servelab.bench.config import BenchConfig, WorkloadConfig
+
+    w = spec.workload
+    try:  # the bench's own checks (dataset and tokenizer files exist, goodput keys, ...)
+        BenchConfig(
+            base_url=spec.url or "http://127.0.0.1:1",
+            workload=WorkloadConfig(
+                input_len=w.input_len,
+                output_len=w.output_len,
+                num_prompts=w.num_prompts,
+                dataset=w.dataset,
+                seed=w.seed,
+                tokenizer=w.tokenizer,
+            ),
+            api=w.api,
+            warmup=w.warmup,
+            max_duration_s=w.max_duration_s,
+            request_timeout_s=w.request_timeout_s,
+            goodput=dict(w.goodput),
+        )
+    except UserError as exc:
+        raise UserError(f"{source}: workload: {exc}") from None
     eng = engines.get(spec.engine)
     layout = _layout(spec)
     roles = [p.role for p in layout]
