@@ -301,3 +301,28 @@ def test_a_second_runner_of_the_same_experiment_is_refused(tmp_path, scripted):
         sleeper.wait()
     res = Runner(spec, Store(tmp_path / "r.db"), say=lambda s: None).run()  # its pid is gone: fine
     assert res.ok == 2
+
+
+def test_cli_run_twice_resumes_nothing_then_fresh_starts_over(tmp_path, scripted):
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+
+    text, _ = scripted("cli", reps=1, loads="[1]", prompts=3)
+    f = tmp_path / "cli.toml"
+    f.write_text(text)
+    db = tmp_path / "r.db"
+    cli = CliRunner()
+    first = cli.invoke(app, ["run", str(f), "--store", str(db)])
+    assert first.exit_code == 0, first.output
+    assert "experiment 'cli': 2 runs = 2 arms x 1 load points x 1 repetitions" in first.output
+    assert "report: servelab report cli" in first.output
+    again = cli.invoke(app, ["run", str(f), "--store", str(db)])
+    assert "2 of 2 runs already stored, 0 to run" in again.output
+    with Store(db) as st:
+        before = {r.id for r in st.runs("cli")}
+    fresh = cli.invoke(app, ["run", str(f), "--store", str(db), "--fresh"])
+    assert "forgot the stored runs of 'cli'" in fresh.output and "resuming" not in fresh.output
+    with Store(db) as st:
+        after = st.runs("cli")
+    assert len(after) == 2 and not ({r.id for r in after} & before)

@@ -93,6 +93,9 @@ def register(app: typer.Typer) -> None:
         check: bool = typer.Option(
             False, "--check", help="Only validate the file and print the plan."
         ),
+        fresh: bool = typer.Option(
+            False, "--fresh", help="Forget this experiment's stored runs first and start over."
+        ),
     ) -> None:
         """Run a controlled experiment (resumes where an interrupted one stopped)."""
         from rich.console import Console
@@ -110,6 +113,10 @@ def register(app: typer.Typer) -> None:
             for p in plan(spec):
                 console.print(f"{p.seq:3d} block {p.block} deploy {p.group:3d}  {p.describe()}")
             return
+        if fresh:
+            with Store(store) as st:
+                st.forget_experiment(spec.name)
+            console.print(f"forgot the stored runs of '{spec.name}'", highlight=False)
         if detach:
             argv = ["run", str(file.resolve())] + (
                 ["--store", str(store.resolve())] if store else []
