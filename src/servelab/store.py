@@ -218,7 +218,7 @@ class Store:
             if row[0] != spec_hash:
                 raise UserError(
                     f"experiment '{name}' already exists in {self.path} with a different design; "
-                    "rename it in the file, or `servelab results forget {name}` to start over"
+                    "rename it in the file, or run it with `servelab run FILE --fresh` to start over"
                 )
             return True
         self._db.execute(
