@@ -90,6 +90,14 @@ class Precompiler:
         return {c: e for c in configs if (e := self.done.get(c))}
 
     def close(self) -> None:
+        """Stop the pool without waiting on it (a graceful shutdown was seen to hang on the
+        H200 machine, 2026-11-29); its processes are ours, ended by pid."""
         if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
+            procs = list(getattr(self._pool, "_processes", {}).values())
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
+            for p in procs:
+                p.join(timeout=5)
             self._pool = None

@@ -1,11 +1,13 @@
 """Timing one (M, N, K) block-FP8 GEMM problem under many configs: written once for every search.
 
-CUDA: each config is timed as the median over `reps` batches of per-call times, each batch
-bracketed by one pair of CUDA events around `calls` launches (calls chosen so a batch lasts
-~100 us, well above the event resolution). Every launch reads a different copy of the inputs,
-rotated over enough copies to exceed twice the L2 (60 MiB on an H200), so decode-sized
-problems are not measured L2-resident. A GPU spin (`torch.cuda._sleep`) is queued first so
-the launches queue up behind it and the events measure the GPU, not Python's launch rate.
+CUDA: each config is timed as the median over `reps` replays of a CUDA graph holding `calls`
+launches, each replay bracketed by a pair of CUDA events (calls chosen so a replay lasts
+>= ~200 us, well above the event resolution). Every launch in the graph reads a different
+copy of the inputs, rotated over enough copies to exceed twice the L2 (60 MiB on an H200), so
+decode-sized problems are not measured L2-resident. Graph replay keeps Python's launch cost
+out: on the H200 host a Triton launch from Python costs ~60 us, more than the kernel itself
+at small M (seen 2026-11-29: a first version that queued launches behind a GPU spin measured
+60-70 us for every small-M config, i.e. the launch rate).
 
 CPU (`--device cpu`): Triton's interpreter, host wall clock: the pipeline runs, the numbers
 mean nothing about any GPU, and every record says so.
@@ -20,10 +22,10 @@ from dataclasses import dataclass
 
 from servelab.tune.space import Config
 
-CUDA_METHOD = ("median over batches of CUDA-event time per call; inputs rotated over copies "
-               "totalling >= 2x L2; launches queued behind a GPU spin")
+CUDA_METHOD = ("median over CUDA-graph replays (>= 200 us each) of CUDA-event time per call; "
+               "inputs rotated over copies totalling >= 2x L2")
 CPU_METHOD = "Triton interpreter on the CPU, host wall clock: MEANINGLESS as GPU timings"
-TARGET_BATCH_US = 100.0
+TARGET_BATCH_US = 200.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +70,7 @@ class Problem:
                 props = torch.cuda.get_device_properties(torch.cuda.current_device())
                 l2_bytes = int(getattr(props, "L2_cache_size", 60 << 20))
             set_bytes = sum(t.numel() * t.element_size() for t in base)
-            copies = max(2, min(256, math.ceil(2 * l2_bytes / set_bytes)))
+            copies = max(2, min(128, math.ceil(2 * l2_bytes / set_bytes)))
         else:
             copies = 1
         self.sets = [base] + [[t.clone() for t in base] for _ in range(copies - 1)]
@@ -103,35 +105,43 @@ class Problem:
         return out
 
     def _time_cuda(self, cfg: dict[str, int], reps: int) -> list[float]:
-        return cuda_time_us(lambda: self._launch(cfg), reps)
+        return cuda_time_us(lambda: self._launch(cfg), reps, min_calls=len(self.sets))
 
 
-def cuda_time_us(launch, reps: int) -> list[float]:
-    """Per-call GPU times (us) of `launch()`, one value per batch of calls; `launch` rotates its
-    own inputs. A probe call sizes the batch to ~TARGET_BATCH_US; a GPU spin queued first keeps
-    the launches ahead of the GPU so the events measure kernel time, not Python's launch rate."""
+def cuda_time_us(launch, reps: int, min_calls: int = 1, max_calls: int = 128) -> list[float]:
+    """Per-call GPU times (us) of `launch()`, one value per replay of a CUDA graph of `calls`
+    launches (`launch` rotates its own inputs). Graph replay takes Python's launch cost
+    (~60 us per Triton launch on the H200 host, more than a decode-sized GEMM) out of the
+    numbers; a probe graph of 4 calls sizes `calls` so one replay lasts ~TARGET_BATCH_US."""
     import torch
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    launch()                                             # compile / load
+
+    def graph_of(calls: int):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(calls):
+                launch()
+        return g
+
+    def replay_us(g, n: int) -> list[float]:
+        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+               for _ in range(n)]
+        g.replay()                                           # warm: instantiate, caches
+        for s, e in evs:
+            s.record()
+            g.replay()
+            e.record()
+        torch.cuda.synchronize()
+        return [s.elapsed_time(e) * 1e3 for s, e in evs]
+
+    side = torch.cuda.Stream()                               # warm outside the capture
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        launch()
+    torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
-    start.record()
-    launch()
-    end.record()
-    end.synchronize()
-    probe_us = start.elapsed_time(end) * 1e3
-    calls = max(1, min(64, math.ceil(TARGET_BATCH_US / max(probe_us, 1.0))))
-    n_batches = max(1, reps)
-    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-           for _ in range(n_batches)]
-    # Queue enough GPU spin to cover Python's launch rate (~25 us/launch), capped at 20 ms.
-    torch.cuda._sleep(int(min(20_000.0, 25.0 * calls * n_batches) * 1_900))
-    for s, e in evs:
-        s.record()
-        for _ in range(calls):
-            launch()
-        e.record()
-    torch.cuda.synchronize()
-    return [s.elapsed_time(e) * 1e3 / calls for s, e in evs]
+    probe = min(replay_us(graph_of(4), 2)) / 4
+    calls = max(min_calls, min(max_calls, math.ceil(TARGET_BATCH_US / max(probe, 0.5))))
+    return [t / calls for t in replay_us(graph_of(calls), max(1, reps))]
 
 
 def method(device: str) -> str:

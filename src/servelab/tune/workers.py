@@ -174,6 +174,9 @@ def _worker_main(slot: int, gpu: str, ngpus: int, spec: WorkSpec, inbox, outbox)
         pc = _PROC.get("precompiler")
         if pc is not None:
             pc.close()
+        outbox.close()
+        outbox.join_thread()               # every message reaches the parent, then leave at once:
+        os._exit(0)                        # no atexit joins that could hang the job's end
 
 
 class LocalPool:
@@ -243,7 +246,7 @@ class LocalPool:
 
         for s in idle:
             dispatch(s)
-        while any(p.is_alive() for p in self.procs.values()) or busy:
+        while busy or retry or not exhausted:
             try:
                 msg = self._get(3600)
             except TimeoutError:
@@ -284,9 +287,13 @@ class LocalPool:
         for slot, p in self.procs.items():
             if p.is_alive() and slot not in self.stopping:
                 self.inboxes[slot].put(None)
-            p.join(timeout=10)
+        deadline = time.time() + 15
+        for p in self.procs.values():
+            p.join(timeout=max(0.1, deadline - time.time()))
             if p.is_alive():
+                self.log(f"worker pid {p.pid} did not exit; terminating it")
                 p.terminate()
+                p.join(timeout=5)
         for q in [*self.inboxes.values(), self.outbox]:
             q.close()
             q.join_thread()
