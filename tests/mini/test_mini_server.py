@@ -203,7 +203,23 @@ def test_client_disconnect_frees_the_slot(server):
     assert st == 200
 
 
+def test_cli_errors_are_one_line(server):
+    """A busy port and a missing weights file are user errors: one line, exit status 2."""
+    url, _ = server
+    port = url.rsplit(":", 1)[1]
+    for args, word in ((["--port", port], "pick another --port"),
+                       (["--port", str(_port()), "--weights", "/nonexistent.pt"], "does not exist"),
+                       (["--port", str(_port()), "--speculative-eagle-topk", "2",
+                         "--speculative-algorithm", "EAGLE"], "topk")):
+        res = subprocess.run([sys.executable, "-m", "servelab", "serve", *args],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2, res.stderr
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error:") and word in lines[0], lines
+
+
 def test_sigterm_exits_cleanly(server):
     _, proc = server
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0
+

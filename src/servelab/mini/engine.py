@@ -119,6 +119,9 @@ class Engine:
             raise UserError("only --speculative-eagle-topk 1 is supported (a chain of drafts)")
         if args.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError("--device cuda but torch sees no CUDA device; use --device cpu")
+        if args.config == "flash" and not args.device.startswith("cuda"):
+            raise UserError("--config flash (1.5 B random bf16 parameters) is for --device cuda; "
+                            "use --config tiny on the CPU")
         if args.cuda_graph and not args.device.startswith("cuda"):
             raise UserError("--cuda-graph needs --device cuda")
         if args.device == "cpu" and args.num_threads:

@@ -275,6 +275,9 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
     import uvicorn
 
     with socket.socket() as s:
+        # as uvicorn binds: SO_REUSEADDR, so TIME_WAIT leftovers of a previous server on this
+        # port (an experiment runner restarting us) do not count as busy
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
