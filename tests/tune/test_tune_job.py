@@ -1,0 +1,122 @@
+"""The whole tuning pipeline on the CPU (Triton interpreter, tiny space): detach, status,
+kill mid-run, resume, two worker processes, Ray, verify, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from servelab import jobs
+from servelab.errors import UserError
+from servelab.tune import checkpoint, formats
+from servelab.tune import verify as V
+
+DEV = "Triton_interpreter_CPU"
+
+
+def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "servelab", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _units(out: Path) -> list[dict]:
+    return [r for r in checkpoint.read_records(out / checkpoint.FILE_NAME) if r and r["t"] == "unit"]
+
+
+def test_detach_kill_mid_run_then_resume(tmp_path):
+    out = tmp_path / "cfg"
+    base = ["tune", "fp8-gemm", "--device", "cpu", "--shape", "128,256", "--batch-sizes",
+            "1,2,3,4,5,6", "--out", str(out), "--name", "t1"]
+    r = _cli(*base, "--detach", timeout=60)
+    assert r.returncode == 0, r.stderr
+    pid = int(re.search(r"pid (\d+)", r.stdout).group(1))
+    deadline = time.time() + 150
+    while time.time() < deadline:
+        st = jobs.read_all("t1")
+        if st and st[0].done >= 2:
+            break
+        time.sleep(0.2)
+    else:
+        os.killpg(pid, signal.SIGKILL)
+        pytest.fail("detached job made no progress")
+    os.killpg(pid, signal.SIGKILL)                  # kill the job and its workers mid-run
+    while jobs._alive(pid):
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            time.sleep(0.05)
+    assert jobs.read_all("t1")[0].state == "dead"
+    sg = out / formats.config_file_name("sglang", 128, 256, DEV)
+    before = formats.read_config_file(sg)
+    done_before = {u["m"] for u in _units(out)}
+    assert len(before) >= 2 and set(before) <= done_before
+
+    r = _cli(*base, "--gpus", "a,b")                 # same command, two worker processes
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"resuming from .*: (\d+)/6 units already done", r.stdout)
+    assert m and int(m.group(1)) == len(done_before), r.stdout
+    after = formats.read_config_file(sg)
+    assert sorted(after) == [1, 2, 3, 4, 5, 6]
+    assert {k: after[k] for k in before} == before                    # finished units kept
+    assert formats.read_config_file(out / formats.config_file_name("vllm", 128, 256, DEV)) == after
+    per_m = [u["m"] for u in _units(out)]
+    assert sorted(per_m) == [1, 2, 3, 4, 5, 6]                        # none re-tuned
+    assert len({u["pid"] for u in _units(out) if u["m"] not in done_before}) >= 1
+    side = json.loads((out / formats.side_file_name(128, 256, DEV)).read_text())
+    assert side["timings_meaningless"] is True and "MEANINGLESS" in side["timing_method"]
+    assert sorted(map(int, side["points"])) == [1, 2, 3, 4, 5, 6]
+    st = _cli("status", "t1", timeout=60)
+    assert "finished" in st.stdout and "6/6" in st.stdout, st.stdout
+
+
+def test_ray_backend_runs_units_as_tasks(tmp_path):
+    ray = pytest.importorskip("ray")
+    from servelab.tune import job
+    ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        spec = job.TuneSpec(shapes=((128, 128),), out_dir=tmp_path, batch_sizes=(1, 3),
+                            device="cpu", ray="local", name="ray1")
+        rep = job.run(spec, echo=lambda s: None)
+    finally:
+        ray.shutdown()
+    assert sorted(m for (_, _, m) in rep.units) == [1, 3]
+    assert all(u["pid"] != os.getpid() for u in rep.units.values())   # ran in Ray workers
+    entries = formats.read_config_file(tmp_path / formats.config_file_name("sglang", 128, 128, DEV))
+    assert sorted(entries) == [1, 3]
+
+
+def test_verify_times_tuned_against_default_and_checks_files(tmp_path):
+    tuned = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
+             "num_warps": 4, "num_stages": 2}
+    formats.merge_write_config(tmp_path / formats.config_file_name("sglang", 128, 256, DEV),
+                               {1: tuned, 64: dict(tuned, BLOCK_SIZE_M=32)})
+    checks, rows, here = V.verify(tmp_path, "cpu", (2,))
+    assert here == DEV and len(checks) == 1 and checks[0].batch_sizes == (1, 64)
+    assert 2 in checks[0].missing_default and 1 not in checks[0].missing_default
+    assert [(r.n, r.k, r.m, r.tuned) for r in rows] == [(128, 256, 2, "m16n64k128g1w4s2")]
+    assert rows[0].speedup is not None and rows[0].speedup > 0
+    (tmp_path / formats.config_file_name("vllm", 128, 256, DEV)).write_text("{}")
+    with pytest.raises(UserError, match="malformed"):
+        V.check_dir(tmp_path)
+    with pytest.raises(UserError, match="no SGLang/vLLM"):
+        V.check_dir(_empty(tmp_path))
+
+
+def _empty(tmp_path: Path) -> Path:
+    d = tmp_path / "empty"
+    d.mkdir()
+    return d
+
+
+def test_cli_bad_shape_is_one_line_error():
+    r = _cli("tune", "fp8-gemm", "--shape", "4096", "--device", "cpu", timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == ["error: --shape '4096': expected N,K, e.g. --shape 4096,512"]
