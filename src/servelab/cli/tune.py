@@ -76,7 +76,7 @@ def register(app: typer.Typer) -> None:
             pid, log = jobs.detach(sys.argv[1:], job_name)
             typer.echo(f"started job '{job_name}' (pid {pid}); log {log}; follow with: servelab status {job_name}")
             return
-        rep = job.run(spec, echo=typer.echo, argv=sys.argv)
+        rep = _run_with_progress(job, spec)
         n_ok = len(rep.units)
         typer.echo(f"done: {n_ok} points tuned ({rep.resumed_units} from the checkpoint), "
                    f"{len(rep.failed)} failed, {rep.seconds:.1f} s on {rep.device_name}")
@@ -116,6 +116,22 @@ def register(app: typer.Typer) -> None:
         con.print(t)
         gm = V.geomean([r.speedup for r in rows if r.speedup])
         con.print(f"geometric-mean speedup over {len(rows)} points: {_f(gm, 3)}x")
+
+
+def _run_with_progress(job, spec):
+    """A progress bar with ETA on a terminal; one line per unit (with ETA) otherwise."""
+    if not sys.stdout.isatty():
+        return job.run(spec, echo=typer.echo, argv=sys.argv)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("ETA {task.fields[eta]}")) as bar:
+        task = bar.add_task("tune", total=None, eta="-")
+
+        def on_progress(done: int, total: int, eta: float | None) -> None:
+            eta_s = "-" if eta is None else f"{int(eta) // 60}m{int(eta) % 60:02d}s"
+            bar.update(task, completed=done, total=total, eta=eta_s)
+        return job.run(spec, echo=bar.console.print, argv=sys.argv, progress=on_progress)
 
 
 def _f(x: float | None, nd: int = 1) -> str:

@@ -111,8 +111,10 @@ def _write_shape(spec: TuneSpec, info: dict[str, Any], n: int, k: int,
     return [*out, side]
 
 
-def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None) -> Report:
-    """Run (or resume) a tuning job; returns its report."""
+def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
+        progress: Callable[[int, int, float | None], None] | None = None) -> Report:
+    """Run (or resume) a tuning job; returns its report. `progress(done, total, eta_s)` is called
+    after each unit (the CLI draws a bar with it)."""
     t0 = time.time()
     spec.out_dir.mkdir(parents=True, exist_ok=True)
     ws = WorkSpec(spec.device, spec.search, spec.space_name, spec.budget_frac,
@@ -188,6 +190,8 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None) -> Re
         pace = (time.time() - started_at) / max(1, new_done)
         eta = pace * (len(all_units) - total_done)
         job.update(done=total_done, failed=len(rep.failed))
+        if progress is not None:
+            progress(total_done, len(all_units), eta)
         if t == "unit":
             sp = (rec["default_us"] / rec["us"]) if rec.get("us") and rec.get("default_us") else None
             best = rec.get("best")
