@@ -83,6 +83,18 @@ def test_fit_prompt_hits_target_with_word_level_granularity_gaps():
         assert exact and n == target and asyncio.run(count(prompt)) == target
 
 
+def test_fit_prompt_is_exact_with_a_byte_level_tokenizer():
+    """Byte-level counting (the embedded engine's /tokenize): every word plus its space is >= 2
+    tokens, so the top-up must glue single characters on."""
+
+    async def count(text: str) -> int:
+        return len(text.encode())
+
+    for target in (1, 2, 7, 33, 256):
+        prompt, n, exact = asyncio.run(fit_prompt(count, target, random.Random(target)))
+        assert exact and n == target and len(prompt.encode()) == target
+
+
 def test_same_seed_same_prompts_and_warmup_does_not_shift_them():
     async def count(text: str) -> int:
         return len(text.split())

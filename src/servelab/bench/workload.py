@@ -120,16 +120,20 @@ async def fit_prompt(count: CountFn, target: int, rng: random.Random,
     closest = min(seen, key=lambda k: (abs(seen[k] - target), k))
     if c > target:  # even the empty prompt counts more (special tokens)
         return " ".join(pool[:closest]), seen[closest], False
-    unit = None
-    for w in FILLERS + VOCAB[:24]:  # a word that adds exactly one token to this text
-        if await count(" ".join(filter(None, (text, w)))) == c + 1:
-            unit = w
+    # A piece that adds exactly one token to this text: a word (BPE-style tokenizers), else a
+    # single character glued on (byte-level tokenizers, where every word with its space is >= 2).
+    pieces = [(" ", w) for w in FILLERS + VOCAB[:24]] + [("", ch) for ch in ".x0"]
+    unit: tuple[str, str] | None = None
+    for sep, w in pieces:
+        if await count(text + sep + w if text else w) == c + 1:
+            unit = (sep, w)
             break
     if unit is None:
         return " ".join(pool[:closest]), seen[closest], False
+    sep, w = unit
     k = target - c
     for _ in range(6):
-        cand = " ".join(filter(None, (text, *([unit] * k))))
+        cand = (text + sep if text else "") + sep.join([w] * k) if k > 0 else text
         got = await count(cand)
         if got == target:
             return cand, got, True
