@@ -74,3 +74,17 @@ def test_fast_is_deterministic_for_a_seed():
     search.fast(cands, _measure_fn(cost, m, a), m, seed=7)
     search.fast(cands, _measure_fn(cost, m, b), m, seed=7)
     assert a == b
+
+
+def test_default_is_always_in_the_final_comparison():
+    """Never pick a config that measured slower than the engine default at the same time."""
+    m = 4096
+    default = space.Config(64, 128, 128, 32, 4, 3)
+    cands = space.candidates(4096, 512, m)
+    calls: list = []
+    res = search.fast(cands, _measure_fn(_landscape(default), m, calls), m, default=default)
+    assert default in calls[-1][0] and calls[-1][1] == search.HIGH_REPS
+    assert res.best == default
+    calls = []
+    res = search.exhaustive(cands, _measure_fn(_landscape(default), m, calls), default=default)
+    assert res.best == default and default in calls[-1][0]

@@ -144,6 +144,18 @@ def cuda_time_us(launch, reps: int, min_calls: int = 1, max_calls: int = 128) ->
     return [t / calls for t in replay_us(graph_of(calls), max(1, reps))]
 
 
+def warm_up_gpu(seconds: float = 1.5) -> None:
+    """Bring the GPU's clocks up before timing: the H200 idles at 345 MHz SM clock (seen
+    2026-11-29), and the first configs of a run were measured up to 1.5x slow while it ramped."""
+    import torch
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    t_end = time.perf_counter() + seconds
+    while time.perf_counter() < t_end:
+        for _ in range(10):
+            a @ a
+        torch.cuda.synchronize()
+
+
 def method(device: str) -> str:
     """How timings on `device` are made, for the side file and the checkpoint."""
     return CUDA_METHOD if device == "cuda" else CPU_METHOD
