@@ -120,3 +120,28 @@ def test_cli_bad_shape_is_one_line_error():
     r = _cli("tune", "fp8-gemm", "--shape", "4096", "--device", "cpu", timeout=60)
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == ["error: --shape '4096': expected N,K, e.g. --shape 4096,512"]
+
+
+def test_a_worker_crash_costs_one_unit_retry_not_the_job(tmp_path, monkeypatch):
+    from servelab.tune import job
+    mark = tmp_path / "crashed"
+    monkeypatch.setenv("SERVELAB_TUNE_FAULT", f"128,128,2:{mark}")
+    msgs: list[str] = []
+    spec = job.TuneSpec(shapes=((128, 128),), out_dir=tmp_path / "o", batch_sizes=(1, 2, 3),
+                        device="cpu", gpus=("a",), name="crash1")
+    rep = job.run(spec, echo=msgs.append)
+    crashed_pid = int(mark.read_text())
+    assert any("died" in m for m in msgs), msgs
+    assert sorted(m for (_, _, m) in rep.units) == [1, 2, 3] and not rep.failed
+    assert rep.units[(128, 128, 2)]["pid"] != crashed_pid            # redone by the new worker
+
+
+def test_a_failing_config_is_noted_not_fatal(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    from servelab.tune.space import Config
+    from servelab.tune.timing import Problem
+    p = Problem(128, 128, 2, "cpu")
+    bad = p.time(Config(16, 48, 64, 1, 4, 2), 1)
+    good = p.time(Config(16, 32, 64, 1, 4, 2), 1)
+    assert bad.time_us is None and "power of two" in bad.error
+    assert good.time_us is not None and good.error is None

@@ -154,6 +154,19 @@ def _check_context() -> None:
 # ---- local processes --------------------------------------------------------------------
 
 
+def _maybe_fault(a: Assignment) -> None:
+    """Fault injection for the tests: SERVELAB_TUNE_FAULT="N,K,M:MARKFILE" kills this worker
+    the first time it is handed that unit (MARKFILE records that it happened)."""
+    fault = os.environ.get("SERVELAB_TUNE_FAULT")
+    if not fault:
+        return
+    unit, mark = fault.split(":", 1)
+    if unit == f"{a.n},{a.k},{a.m}" and not os.path.exists(mark):
+        with open(mark, "w") as f:
+            f.write(str(os.getpid()))
+        os._exit(3)
+
+
 def _worker_main(slot: int, gpu: str, ngpus: int, spec: WorkSpec, inbox, outbox) -> None:
     if spec.device == "cuda":
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
@@ -170,6 +183,7 @@ def _worker_main(slot: int, gpu: str, ngpus: int, spec: WorkSpec, inbox, outbox)
                 continue
             if a is None:
                 break
+            _maybe_fault(a)
             rec = run_unit(a, spec, outbox.put)
             outbox.put({**rec, "slot": slot})
             outbox.put({"t": "ready", "slot": slot})
