@@ -145,3 +145,11 @@ def test_a_failing_config_is_noted_not_fatal(monkeypatch):
     good = p.time(Config(16, 32, 64, 1, 4, 2), 1)
     assert bad.time_us is None and "power of two" in bad.error
     assert good.time_us is not None and good.error is None
+
+
+def test_gpu_ids_count_within_cuda_visible_devices():
+    from servelab.tune.workers import physical_gpu
+    assert physical_gpu("1", "4,5,6") == "5"
+    assert physical_gpu("0", None) == "0"
+    assert physical_gpu("1", "") == "1"
+    assert physical_gpu("GPU-abc", "4,5") == "GPU-abc"

@@ -154,6 +154,14 @@ def _check_context() -> None:
 # ---- local processes --------------------------------------------------------------------
 
 
+def physical_gpu(gpu: str, visible: str | None) -> str:
+    """`--gpus` ids count within an existing CUDA_VISIBLE_DEVICES, as CUDA's own ordinals do."""
+    ids = [x.strip() for x in visible.split(",") if x.strip()] if visible else []
+    if ids and gpu.isdigit() and int(gpu) < len(ids):
+        return ids[int(gpu)]
+    return gpu
+
+
 def _maybe_fault(a: Assignment) -> None:
     """Fault injection for the tests: SERVELAB_TUNE_FAULT="N,K,M:MARKFILE" kills this worker
     the first time it is handed that unit (MARKFILE records that it happened)."""
@@ -169,7 +177,7 @@ def _maybe_fault(a: Assignment) -> None:
 
 def _worker_main(slot: int, gpu: str, ngpus: int, spec: WorkSpec, inbox, outbox) -> None:
     if spec.device == "cuda":
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+        os.environ["CUDA_VISIBLE_DEVICES"] = physical_gpu(gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
     _PROC["ngpus"] = ngpus
     try:
         outbox.put({"t": "hello", "slot": slot, **probe(spec)})
