@@ -48,23 +48,16 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
     baseline = spec.get("baseline") or arms[0]
     arms.remove(baseline)
     arms.insert(0, baseline)
+    ok = [r for r in runs if r.status == "ok" and r.load_point_id in lps]
     values = [
-        RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary)
-        for r in runs
-        if r.status == "ok" and r.load_point_id in lps
+        RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary) for r in ok
     ]
     band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
     an = analyze(values, baseline=baseline, arms=arms, load_keys=_load_keys(spec), noise_band=band)
     an.warnings += aa_notes(
         spec, an, baseline, data_metric=spec.get("primary_metric", "output_throughput_tok_s")
     )
-    an.warnings += mixed_provenance(
-        [
-            lps[r.load_point_id].provenance
-            for r in runs
-            if r.status == "ok" and r.load_point_id in lps
-        ]
-    )
+    an.warnings += mixed_provenance([lps[r.load_point_id].provenance for r in ok])
     return ExperimentData(name, spec, runs, lps, an)
 
 
@@ -150,6 +143,23 @@ def _md_table(rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+# (key in a _provenance_rows row, column heading): the run columns both renderers show
+_PROV_COLUMNS = (
+    ("seq", "seq"),
+    ("arm", "arm"),
+    ("load", "load"),
+    ("rep", "rep"),
+    ("block", "block"),
+    ("status", "status"),
+    ("started", "started (UTC)"),
+    ("duration_s", "s"),
+    ("git", "git"),
+    ("host", "host"),
+)
+
+_DECISION_TODO = "(to fill in: adopt / reject / measure more)"
+
+
 def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
     out = []
     for r in data.runs:
@@ -206,44 +216,15 @@ def markdown(data: ExperimentData) -> str:
     lines += (
         ["## Decision record", "", f"- Hypothesis: {hyp}"]
         + [f"- Result: {r}" for r in result]
-        + ["- Decision: (to fill in: adopt / reject / measure more)", ""]
+        + [f"- Decision: {_DECISION_TODO}", ""]
     )
     lines += [
         "## Runs (provenance)",
         "",
         _md_table(
-            [
-                [
-                    "seq",
-                    "arm",
-                    "load",
-                    "rep",
-                    "block",
-                    "status",
-                    "started (UTC)",
-                    "s",
-                    "git",
-                    "host",
-                    "error",
-                ]
-            ]
+            [[head for _, head in _PROV_COLUMNS] + ["error"]]
             + [
-                [
-                    str(p[k])
-                    for k in (
-                        "seq",
-                        "arm",
-                        "load",
-                        "rep",
-                        "block",
-                        "status",
-                        "started",
-                        "duration_s",
-                        "git",
-                        "host",
-                    )
-                ]
-                + [p["error"][:80]]
+                [str(p[k]) for k, _ in _PROV_COLUMNS] + [p["error"][:80]]
                 for p in _provenance_rows(data)
             ]
         ),
@@ -350,24 +331,11 @@ def render_html(data: ExperimentData, store: Store) -> str:
         "<tr><th>result</th><td>"
         + "<br>".join(html.escape(x) for x in hyp_result[1])
         + "</td></tr>",
-        "<tr><th>decision</th><td>(to fill in: adopt / reject / measure more)</td></tr></table>",
+        f"<tr><th>decision</th><td>{_DECISION_TODO}</td></tr></table>",
         "<h2>Runs and their provenance</h2><table><tr>"
         + "".join(
             f"<th>{h}</th>"
-            for h in (
-                "seq",
-                "arm",
-                "load",
-                "rep",
-                "block",
-                "status",
-                "started (UTC)",
-                "s",
-                "git",
-                "host",
-                "GPUs",
-                "command, server info, log",
-            )
+            for h in [head for _, head in _PROV_COLUMNS] + ["GPUs", "command, server info, log"]
         )
         + "</tr>",
     ]
@@ -386,19 +354,7 @@ def render_html(data: ExperimentData, store: Store) -> str:
             "<tr>"
             + "".join(
                 f"<td>{html.escape(str(p[k]))}</td>"
-                for k in (
-                    "seq",
-                    "arm",
-                    "load",
-                    "rep",
-                    "block",
-                    "status",
-                    "started",
-                    "duration_s",
-                    "git",
-                    "host",
-                    "gpus",
-                )
+                for k in [k for k, _ in _PROV_COLUMNS] + ["gpus"]
             )
             + f"<td>{detail}</td></tr>"
         )
