@@ -49,27 +49,10 @@ def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measuremen
     """One load point with servelab.bench: the same prompts (seed) for every arm and repetition."""
     from dataclasses import asdict
 
-    from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
+    from servelab.bench.config import LoadPoint
     from servelab.bench.run import run_load_point
 
-    w = spec.workload
-    cfg = BenchConfig(
-        base_url=url,
-        workload=WorkloadConfig(
-            input_len=w.input_len,
-            output_len=w.output_len,
-            num_prompts=w.num_prompts,
-            dataset=w.dataset,
-            seed=w.seed,
-            tokenizer=w.tokenizer,
-        ),
-        model=_served_model(spec),
-        api=w.api,
-        warmup=w.warmup,
-        max_duration_s=w.max_duration_s,
-        request_timeout_s=w.request_timeout_s,
-        goodput=dict(w.goodput),
-    )
+    cfg = spec.workload.bench_config(url, model=_served_model(spec))
     load = LoadPoint(
         concurrency=run.concurrency, request_rate=run.request_rate, burstiness=spec.load.burstiness
     )

@@ -11,7 +11,7 @@ import hashlib
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -20,6 +20,9 @@ from servelab import engines
 from servelab.engines import recipe as recipes
 from servelab.engines.base import FlagValue, ProcessConfig
 from servelab.errors import UserError
+
+if TYPE_CHECKING:
+    from servelab.bench.config import BenchConfig
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
@@ -112,6 +115,29 @@ class WorkloadSpec(_Strict):
     max_duration_s: float | None = Field(None, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
     goodput: dict[str, float] = {}
+
+    def bench_config(self, base_url: str, model: str | None = None) -> BenchConfig:
+        """This workload as the servelab.bench configuration that measures it at `base_url`
+        (BenchConfig runs the bench's own checks: dataset and tokenizer files, goodput keys)."""
+        from servelab.bench.config import BenchConfig, WorkloadConfig
+
+        return BenchConfig(
+            base_url=base_url,
+            workload=WorkloadConfig(
+                input_len=self.input_len,
+                output_len=self.output_len,
+                num_prompts=self.num_prompts,
+                dataset=self.dataset,
+                seed=self.seed,
+                tokenizer=self.tokenizer,
+            ),
+            model=model,
+            api=self.api,
+            warmup=self.warmup,
+            max_duration_s=self.max_duration_s,
+            request_timeout_s=self.request_timeout_s,
+            goodput=dict(self.goodput),
+        )
 
 
 class Timeouts(_Strict):
@@ -280,26 +306,8 @@ def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
 
 def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
     """Every check that can fail without launching anything; raises UserError (one line)."""
-    from servelab.bench.config import BenchConfig, WorkloadConfig
-
-    w = spec.workload
     try:  # the bench's own checks (dataset and tokenizer files exist, goodput keys, ...)
-        BenchConfig(
-            base_url=spec.url or "http://127.0.0.1:1",
-            workload=WorkloadConfig(
-                input_len=w.input_len,
-                output_len=w.output_len,
-                num_prompts=w.num_prompts,
-                dataset=w.dataset,
-                seed=w.seed,
-                tokenizer=w.tokenizer,
-            ),
-            api=w.api,
-            warmup=w.warmup,
-            max_duration_s=w.max_duration_s,
-            request_timeout_s=w.request_timeout_s,
-            goodput=dict(w.goodput),
-        )
+        spec.workload.bench_config(spec.url or "http://127.0.0.1:1")
     except UserError as exc:
         raise UserError(f"{source}: workload: {exc}") from None
     eng = engines.get(spec.engine)
