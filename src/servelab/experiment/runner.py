@@ -211,7 +211,8 @@ class Runner:
                     if d in self._active:
                         self._active.remove(d)
 
-    def _failed(self, p: PlannedRun, error: str, log_tail: str) -> None:
+    def _store_run(self, p: PlannedRun, **outcome: Any) -> None:
+        """Store one planned run: its place in the plan plus `outcome` (status, error, ...)."""
         self.store.add_run(
             experiment=self.spec.name,
             arm=p.arm,
@@ -219,10 +220,19 @@ class Runner:
             repetition=p.repetition,
             block=p.block,
             seq=p.seq,
+            **outcome,
+        )
+
+    def _failed(
+        self, p: PlannedRun, error: str, log_tail: str, started: float | None = None
+    ) -> None:
+        """Store a run that produced no load point (`started` defaults to now) and say why."""
+        self._store_run(
+            p,
             status="failed",
             error=error,
             log_tail=log_tail,
-            started=time.time(),
+            started=time.time() if started is None else started,
         )
         self.say(f"[red]failed[/red] {p.describe()}: {error}")
 
@@ -269,19 +279,7 @@ class Runner:
             raise  # a configuration problem stops the experiment (after teardown)
         except Exception as exc:  # a broken run is recorded, the experiment goes on
             tail = dep.log_tail() if dep else ""
-            self.store.add_run(
-                experiment=spec.name,
-                arm=p.arm,
-                load_key=p.load_key,
-                repetition=p.repetition,
-                block=p.block,
-                seq=p.seq,
-                status="failed",
-                error=f"{type(exc).__name__}: {exc}",
-                log_tail=tail,
-                started=started,
-            )
-            self.say(f"[red]failed[/red] {p.describe()}: {type(exc).__name__}: {exc}")
+            self._failed(p, f"{type(exc).__name__}: {exc}", tail, started)
             return "failed"
         window = self.engine.acceptance(before, self.engine.scrape(url))
         summary = dict(m.summary)
@@ -320,13 +318,8 @@ class Runner:
         error = (
             None if status == "ok" else f"no request completed ({summary.get('failure_reasons')})"
         )
-        self.store.add_run(
-            experiment=spec.name,
-            arm=p.arm,
-            load_key=p.load_key,
-            repetition=p.repetition,
-            block=p.block,
-            seq=p.seq,
+        self._store_run(
+            p,
             status=status,
             load_point_id=lp,
             error=error,
