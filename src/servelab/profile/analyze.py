@@ -40,6 +40,37 @@ def _verdict(idle_fraction: float, top: str | None, top_share: float | None) -> 
     return False, msg + "."
 
 
+def _phases(steps: StepSet) -> dict[str, dict[str, Any]]:
+    """Steps grouped by SGLang phase (EXTEND, DECODE, ...): a few long prefill steps can make a
+    whole trace look host-bound while its decode steps keep the GPU busy (seen on the engine)."""
+    out: dict[str, dict[str, Any]] = {}
+    for st in steps.steps:
+        if st.phase is None:
+            continue
+        row = out.setdefault(st.phase, {"n_steps": 0, "wall_us": 0.0, "gpu_busy_us": 0.0})
+        row["n_steps"] += 1
+        row["wall_us"] += st.wall_us
+        row["gpu_busy_us"] += st.gpu_busy_us
+    for row in out.values():
+        busy = row["gpu_busy_us"] / row["wall_us"] if row["wall_us"] > 0 else float("nan")
+        row["mean_step_us"] = row["wall_us"] / row["n_steps"]
+        row["gpu_busy_fraction"] = _nan_to_none(busy)
+        row["host_bound"] = bool(1.0 - busy >= HOST_BOUND_IDLE) if busy == busy else None
+    return out
+
+
+def _phase_note(phases: dict[str, dict[str, Any]]) -> str:
+    """One sentence when the phases disagree on host-bound (else nothing)."""
+    if len({p["host_bound"] for p in phases.values()}) < 2:
+        return ""
+    parts = [
+        f"{name} steps ({p['n_steps']}, mean {p['mean_step_us']:,.0f} us) GPU busy "
+        f"{100 * (p['gpu_busy_fraction'] or 0):.0f}% ({'host' if p['host_bound'] else 'GPU'}-bound)"
+        for name, p in sorted(phases.items(), key=lambda kv: -kv[1]["n_steps"])
+    ]
+    return " By phase: " + "; ".join(parts) + "."
+
+
 def _graphs(trace: Trace, steps: StepSet, bd: Breakdown) -> dict[str, Any]:
     launches = launch_times(trace)
     in_steps = [i for st in steps.steps for i in st.activities]
@@ -82,6 +113,8 @@ def analyze(
     idle_frac = 1.0 - busy / wall if wall > 0 else float("nan")
     top = bd.categories[0] if bd.categories else None
     host_bound, verdict = _verdict(idle_frac, top.category if top else None, top.share if top else None)
+    phases = _phases(steps)
+    verdict += _phase_note(phases)
     outside_t = sum(trace.dur_us[i] for i in steps.outside_activities)
     report: dict[str, Any] = {
         "trace": str(path),
@@ -95,6 +128,7 @@ def analyze(
         "idle_fraction": _nan_to_none(idle_frac),
         "host_bound": host_bound,
         "verdict": verdict,
+        "phases": phases,
         "outside_steps": {"n_activities": len(steps.outside_activities), "time_us": outside_t},
         "cuda_graphs": _graphs(trace, steps, bd),
         "kernel_total_us": bd.kernel_total_us,
