@@ -68,24 +68,35 @@ def plan(spec: ExperimentSpec) -> list[PlannedRun]:
     group = -1
     reps_seen: dict[str, int] = {}
     orders = arm_orders(arms, spec.repetitions, spec.order, spec.seed)
+
+    def add(
+        arm: str,
+        load: tuple[str, int | None, float | None],
+        rep: int,
+        block: int | None,
+        group: int,
+    ) -> None:
+        key, c, r = load
+        runs.append(
+            PlannedRun(
+                seq=len(runs),
+                arm=arm,
+                load_key=key,
+                concurrency=c,
+                request_rate=r,
+                repetition=rep,
+                block=block,
+                group=group,
+            )
+        )
+
     if spec.restart == "block" and spec.order != "sequential":
         # all arms of a block deployed together: per load point the arms run back to back (pairs
         # seconds apart), the arm order alternating between load points (ABBA within the block)
         for b, block in enumerate(orders):
-            for j, (key, c, r) in enumerate(loads):
+            for j, load in enumerate(loads):
                 for arm in block if j % 2 == 0 else list(reversed(block)):
-                    runs.append(
-                        PlannedRun(
-                            seq=len(runs),
-                            arm=arm,
-                            load_key=key,
-                            concurrency=c,
-                            request_rate=r,
-                            repetition=b,
-                            block=b,
-                            group=b,
-                        )
-                    )
+                    add(arm, load, rep=b, block=b, group=b)
         return runs
     for b, block in enumerate(orders):
         for arm in block:
@@ -93,19 +104,9 @@ def plan(spec: ExperimentSpec) -> list[PlannedRun]:
             reps_seen[arm] = rep + 1
             if spec.restart in ("arm", "block"):
                 group += 1
-            for key, c, r in loads:
+            block_of_rep = None if spec.order == "sequential" else rep
+            for load in loads:
                 if spec.restart == "run":
                     group += 1
-                runs.append(
-                    PlannedRun(
-                        seq=len(runs),
-                        arm=arm,
-                        load_key=key,
-                        concurrency=c,
-                        request_rate=r,
-                        repetition=rep,
-                        block=None if spec.order == "sequential" else rep,
-                        group=group,
-                    )
-                )
+                add(arm, load, rep=rep, block=block_of_rep, group=group)
     return runs
