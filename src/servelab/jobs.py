@@ -76,14 +76,22 @@ class Job:
         atomic.write_bytes(_path(self.state.name), orjson.dumps(asdict(self.state)))
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists and has not exited: a zombie (exited, not yet reaped by its
+    parent) counts as dead; a process of another user that we may not signal counts as alive."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+_alive = pid_alive  # the old private name, still used by tests/tune/test_tune_job.py
 
 
 def read_all(name: str | None = None) -> list[JobState]:
@@ -96,7 +104,7 @@ def read_all(name: str | None = None) -> list[JobState]:
             continue
         if name and st.name != name:
             continue
-        if st.state == "running" and not _alive(st.pid):
+        if st.state == "running" and not pid_alive(st.pid):
             st.state = "dead"
         out.append(st)
     return sorted(out, key=lambda s: s.started, reverse=True)

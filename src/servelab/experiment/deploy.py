@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from servelab.engines.base import Engine, ProcessConfig, ProcessPlan
+from servelab.jobs import pid_alive
 
 _PR_SET_PDEATHSIG = 1
 
@@ -312,7 +313,7 @@ class Deployment:
             pass
         victims |= set(descendants(r.proc.pid))
         deadline = time.monotonic() + self.grace_s
-        while any(_alive(p) for p in victims) and time.monotonic() < deadline:
+        while any(pid_alive(p) for p in victims) and time.monotonic() < deadline:
             time.sleep(0.05)
         _signal_all(r.proc.pid, victims, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -351,20 +352,6 @@ def _main_thread() -> bool:
     import threading
 
     return threading.current_thread() is threading.main_thread()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie is dead for our purpose
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 def _signal_all(leader: int, others: set[int], sig: int) -> None:
