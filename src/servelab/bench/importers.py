@@ -88,7 +88,10 @@ def _records(obj: dict[str, Any]) -> list[dict[str, Any]]:
     return recs
 
 
-def _common(obj: dict[str, Any], stems: dict[str, str], duration: float | None) -> dict[str, Any]:
+def _common(obj: dict[str, Any], stems: dict[str, str]) -> dict[str, Any]:
+    """The fields both tools write alike: latency stats, totals and throughputs, the failed count
+    from `errors`, the grouped error messages and the load point."""
+    duration = _num(obj.get("duration"))
     s: dict[str, Any] = {m: _stats(obj, stem) for m, stem in stems.items()}
     s["itl_ms"] = dict.fromkeys(STAT_KEYS)  # their ITL is per chunk: see chunk_gap_ms
     tin, tout = _num(obj.get("total_input_tokens")), _num(obj.get("total_output_tokens"))
@@ -105,22 +108,24 @@ def _common(obj: dict[str, Any], stems: dict[str, str], duration: float | None) 
     if tot is None and tin is not None and tout is not None and duration:
         tot = (tin + tout) / duration
     s["total_throughput_tok_s"] = tot
+    errs = [e for e in obj.get("errors") or [] if e]
+    key, c, r = _load_key(obj.get("max_concurrency"), obj.get("request_rate"))
+    s.update({
+        "failed": len(errs) if "errors" in obj else None,
+        "failure_reasons": dict(Counter(str(e).strip().splitlines()[-1][:80] for e in errs)),
+        "load_key": key, "concurrency": c, "request_rate": r,
+    })
     return s
 
 
 def from_sglang(obj: dict[str, Any]) -> dict[str, Any]:
     """Our summary from one line of `python -m sglang.bench_serving --output-file`."""
-    dur = _num(obj.get("duration"))
-    s = _common(obj, _SGLANG_STEMS, dur)
-    key, c, r = _load_key(obj.get("max_concurrency"), obj.get("request_rate"))
-    errs = [e for e in obj.get("errors") or [] if e]
+    s = _common(obj, _SGLANG_STEMS)
     acc = _num(obj.get("accept_length"))
     s.update({
-        "failed": len(errs) if "errors" in obj else None,
-        "failure_reasons": dict(Counter(str(e).strip().splitlines()[-1][:80] for e in errs)),
         "goodput_req_s": None, "goodput_slo": None,
         "accept_length": acc, "accept_length_source": "metrics:sglang" if acc else None,
-        "accept_rate": None, "load_key": key, "concurrency": c, "request_rate": r,
+        "accept_rate": None,
         "api": obj.get("backend"), "dataset": obj.get("dataset_name"),
         "input_len": obj.get("random_input_len"), "output_len": obj.get("random_output_len"),
         "imported_from": "sglang.bench_serving",
@@ -130,20 +135,16 @@ def from_sglang(obj: dict[str, Any]) -> dict[str, Any]:
 
 def from_vllm(obj: dict[str, Any]) -> dict[str, Any]:
     """Our summary from a `vllm bench serve --save-result` (benchmark_serving.py) JSON."""
-    dur = _num(obj.get("duration"))
-    s = _common(obj, _VLLM_STEMS, dur)
-    key, c, r = _load_key(obj.get("max_concurrency"), obj.get("request_rate"))
-    errs = [e for e in obj.get("errors") or [] if e]
+    s = _common(obj, _VLLM_STEMS)
     acc = _num(obj.get("spec_decode_acceptance_length"))
     rate = _num(obj.get("spec_decode_acceptance_rate"))
-    failed = obj.get("failed")
+    if isinstance(obj.get("failed"), int):  # vLLM counts failures itself; else count `errors`
+        s["failed"] = obj["failed"]
     s.update({
-        "failed": failed if isinstance(failed, int) else (len(errs) if "errors" in obj else None),
-        "failure_reasons": dict(Counter(str(e).strip().splitlines()[-1][:80] for e in errs)),
         "goodput_req_s": _num(obj.get("request_goodput")), "goodput_slo": None,
         "accept_length": acc, "accept_length_source": "metrics:vllm" if acc else None,
         "accept_rate": rate / 100.0 if rate is not None else None,
-        "load_key": key, "concurrency": c, "request_rate": r, "burstiness": _num(obj.get("burstiness")),
+        "burstiness": _num(obj.get("burstiness")),
         "api": obj.get("backend") or obj.get("endpoint_type"), "model": obj.get("model_id"),
         "imported_from": "vllm.benchmark_serving",
     })
