@@ -22,6 +22,7 @@ import pytest
 
 from servelab.profile.analyze import analyze
 from servelab.profile.breakdown import breakdown, load_rules
+from servelab.profile.html import profile_html
 from servelab.profile.steps import find_steps
 from servelab.profile.trace import read_trace
 
@@ -264,3 +265,5 @@ def test_what_the_analysis_says_about_the_engine():
     # its decode steps are GPU-bound; the eager trace's phases agree, so no note there
     assert "By phase: DECODE steps (8" in g["verdict"] and "(GPU-bound)" in g["verdict"]
     assert "By phase" not in e["verdict"]
+    page = profile_html(g)
+    assert "<td>DECODE</td>" in page and "<td>EXTEND</td>" in page

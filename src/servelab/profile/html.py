@@ -103,6 +103,13 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
           + (f", {_f(g['mean_launch_busy_us'])} of {_f(g['mean_launch_span_us'])} us busy per replay"
              if g["graph_launches"] else "")]],
     ))
+    if r.get("phases"):
+        parts.append(_table(
+            ["phase", "steps", "mean step (us)", "GPU busy", "bound"],
+            [[_e(name), str(p["n_steps"]), _f(p["mean_step_us"]), _pct(p["gpu_busy_fraction"]),
+              "host" if p["host_bound"] else "GPU"] for name, p in r["phases"].items()],
+            numeric={1, 2, 3},
+        ))
     parts.append("<h2>Steps</h2>" + _timeline(r["steps"]))
     parts.append("<h2>Categories: time and the most each could give</h2>")
     parts.append(_bars([(c["category"], c["per_step_us"]) for c in r["categories"]], "us/step"))
