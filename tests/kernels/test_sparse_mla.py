@@ -57,7 +57,7 @@ def _interpreted_kernels():
 
     from servelab.kernels.sparse_mla import naive, splitkv
 
-    for mod, kernel in ((naive, "_naive_kernel"), (splitkv, "_split_kernel")):
+    for mod, kernel in ((naive, "_sparse_mla_naive_kernel"), (splitkv, "_sparse_mla_split_kernel")):
         if not isinstance(getattr(mod, kernel), InterpretedFunction):
             importlib.reload(mod)
     yield
@@ -351,3 +351,15 @@ def test_real_shapes_on_gpu(shape, variant):
         )
         _assert_close(f"fp8 {shape} out", o, out_ex, out_tol)
         _assert_close(f"fp8 {shape} lse", lg, lse_ex, lse_tol)
+
+
+def test_kernel_names_read_as_attention_in_a_profile():
+    """`servelab profile` must put our own kernels in the attention category, not 'other' or
+    'communication' (a name like `_combine_kernel` matches the all-to-all combine rule)."""
+    from servelab.kernels.sparse_mla import naive, splitkv
+    from servelab.profile.breakdown import load_rules
+
+    rules = load_rules()
+    names = [f.fn.__name__ for f in (naive._sparse_mla_naive_kernel, splitkv._sparse_mla_split_kernel,
+                                     splitkv._sparse_mla_merge_kernel)]
+    assert [rules.classify(n) for n in names] == ["attention"] * 3, names

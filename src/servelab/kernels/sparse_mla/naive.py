@@ -22,7 +22,7 @@ LAST_COMPILED: dict[str, object] = {}
 
 
 @triton.jit
-def _naive_kernel(
+def _sparse_mla_naive_kernel(
     q_ptr,  # [B, H, D_qk]
     kv_ptr,  # [T, D_qk]
     idx_ptr,  # [B, topk] int32
@@ -117,7 +117,7 @@ def naive_decode(
     if lse is None:
         lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
     d_tail = d_qk - d_v
-    LAST_COMPILED["naive"] = _naive_kernel[(b, h)](
+    LAST_COMPILED["naive"] = _sparse_mla_naive_kernel[(b, h)](
         q, kv_cache, indices, out, lse,
         topk,
         q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),

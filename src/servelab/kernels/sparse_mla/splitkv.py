@@ -7,7 +7,7 @@ online softmax in base 2. All heads of a head block share one gather, so a row i
 ceil(H / BLOCK_H) times per request instead of H times (and those reads mostly hit L2).
 
 With num_splits > 1 each program writes a normalised partial (O_s [BLOCK_H, d_v] fp32,
-lse_s [BLOCK_H]) and `_combine_kernel` merges them: lse = log sum_s exp(lse_s),
+lse_s [BLOCK_H]) and `_sparse_mla_merge_kernel` merges them: lse = log sum_s exp(lse_s),
 O = sum_s exp(lse_s - lse) O_s. With num_splits == 1 the first kernel writes the final
 output itself and no combine runs.
 
@@ -126,7 +126,7 @@ def _load_fp8_tile(
 
 
 @triton.jit
-def _split_kernel(
+def _sparse_mla_split_kernel(
     q_ptr,  # [B, H, D_qk]
     kv_ptr,  # [T, D_qk]; FP8: the e4m3 part [T, D_FP8]
     scale_ptr,  # FP8 only: [T, D_FP8 / SCALE_TILE] fp32 (else unused)
@@ -272,7 +272,7 @@ def _split_kernel(
 
 
 @triton.jit
-def _combine_kernel(
+def _sparse_mla_merge_kernel(
     po_ptr,  # [B, S, H, d_v] fp32, each split normalised
     plse_ptr,  # [B, S, H] fp32
     out_ptr,  # [B, H, d_v]
@@ -395,7 +395,7 @@ def splitkv_decode(
     grid = (b, triton.cdiv(h, cfg.block_h), num_splits)
     block_dv = max(triton.next_power_of_2(d_v), 16)
     tile = kv_cache.tile if fp8 else 16
-    LAST_COMPILED["split"] = _split_kernel[grid](
+    LAST_COMPILED["split"] = _sparse_mla_split_kernel[grid](
         q, kv_main, scale, rope, indices, o_dst, lse_dst,
         h, topk, tiles_per_split,
         q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
@@ -424,7 +424,7 @@ def splitkv_decode(
         block_s = max(triton.next_power_of_2(num_splits), 2)
         block_dvc = min(max(triton.next_power_of_2(d_v), 16), max(8192 // block_s, 16))
         grid_c = (b, h, triton.cdiv(d_v, block_dvc))
-        LAST_COMPILED["combine"] = _combine_kernel[grid_c](
+        LAST_COMPILED["combine"] = _sparse_mla_merge_kernel[grid_c](
             o_dst, lse_dst, out, lse,
             num_splits,
             o_dst.stride(0), o_dst.stride(1), o_dst.stride(2),
