@@ -27,7 +27,7 @@ from typing import Any
 from servelab.errors import UserError
 
 # Below this many bytes on disk (gz: compressed bytes) the whole file is parsed with orjson.
-# Measured (docs/perf-notes/profile.md): orjson is no faster per MB once events are ingested and
+# Measured (docs/performance.md (profile section)): orjson is no faster per MB once events are ingested and
 # holds ~10x the file in memory; streaming stays at ~20 MB RSS for any size.
 ORJSON_MAX_BYTES = 16 << 20
 ORJSON_MAX_GZ_BYTES = 2 << 20

@@ -62,7 +62,7 @@ class SplitConfig:
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
 
 
-# Chosen from the sweep on the H200 (docs/perf-notes/sparse_mla.md, 2026-11-29):
+# Chosen from the sweep on the H200 (docs/performance.md (sparse MLA section), 2026-11-29):
 # - H >= 64 and B*H >= 1024: 64-head tiles, 64-token tiles, no index prefetch (V3.2 B=64:
 #   163 us vs 246 us with prefetch; bn64 beats bn32 by 1.1-1.5x at B=64).
 # - H >= 64, smaller B: 16-head tiles with more splits (V4-Flash B=1: 8.4 us vs 13.1 us for
