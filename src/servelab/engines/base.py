@@ -137,15 +137,21 @@ class Engine:
         got = http_get(url.rstrip("/") + self.health_path)
         return got is not None and got[0] == 200
 
+    def _fetch(self, url: str, path: str | None) -> bytes | None:
+        """The body of GET `path` on the process, or None when the engine serves no such path
+        (None) or the answer is not a 200 within 5 s."""
+        if not path:
+            return None
+        got = http_get(url.rstrip("/") + path, timeout_s=5.0)
+        return got[1] if got and got[0] == 200 else None
+
     def info(self, url: str) -> dict[str, Any] | None:
         """The server's own description of its configuration, when it has one."""
-        if not self.info_path:
-            return None
-        got = http_get(url.rstrip("/") + self.info_path, timeout_s=5.0)
-        if not got or got[0] != 200:
+        body = self._fetch(url, self.info_path)
+        if body is None:
             return None
         try:
-            data = json.loads(got[1])
+            data = json.loads(body)
         except ValueError:
             return None
         return data if isinstance(data, dict) else {"value": data}
@@ -159,13 +165,11 @@ class Engine:
 
     def scrape(self, url: str) -> dict[str, float] | None:
         """Prometheus samples of the process, or None when it serves no metrics."""
-        if not self.metrics_path:
-            return None
-        got = http_get(url.rstrip("/") + self.metrics_path, timeout_s=5.0)
-        if not got or got[0] != 200:
+        body = self._fetch(url, self.metrics_path)
+        if body is None:
             return None
         try:
-            return parse_prometheus(got[1].decode(errors="replace"))
+            return parse_prometheus(body.decode(errors="replace"))
         except ValueError:
             return None
 
