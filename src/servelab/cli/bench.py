@@ -94,7 +94,8 @@ def register(app: typer.Typer) -> None:
             console.print(summary_table(res.summary, title=f"{lp.key}  ({cfg.base_url}, {cfg.api})"
                                         + (f"  stored as #{row}" if row else "")))
             util = res.summary.get("client_cpu_util")
-            if util is not None and util > 0.8:
+            # under ~1 s (e.g. every request refused at once) start-up CPU dominates the ratio
+            if util is not None and util > 0.8 and res.summary["duration_s"] >= 1.0:
                 console.print(f"[yellow]warning: the client used {util:.0%} of a core during this "
                               "load point: it may limit what was measured (see docs/METRICS.md)[/yellow]")
             if res.summary["completed"] == 0:
