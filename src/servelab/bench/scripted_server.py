@@ -15,20 +15,8 @@ It speaks the APIs real engines speak, with no model behind them:
   every chunk, `time.perf_counter_ns()`, i.e. CLOCK_MONOTONIC, the same clock in every process of
   the host) and `POST /_scripted/reset`.
 
-Timing: the first content chunk (1 token, "prefill") is sent `ttft_ms` after the request
-arrives, then one chunk of `tokens_per_chunk` tokens (one "verify step") every `gap_ms`
-(absolute schedule, so sleep overshoot does not accumulate); the last chunk is cut short by
-`max_tokens`. Speculative counters follow: per verify step of k tokens, 1 draft of k-1 tokens
-with k-1 accepted, so the true acceptance length is exactly `tokens_per_chunk` when
-`(max_tokens - 1) % tokens_per_chunk == 0`. With `gap_ms = 0` chunks follow each other with no delay, each its own write
-(the client-overhead benchmark).
-An idle request (no `ignore_eos`/`min_tokens`) stops at `natural_len` tokens when that is set.
-
-Failure modes (`--fail-rate R --fail-modes m1,m2`, seeded; or per request by putting
-`[[fail:MODE]]` in the prompt): `http<code>` (e.g. `http500`, `http429`: an error status, JSON
-body), `malformed` (a broken `data:` line mid-stream), `cut` (connection dropped mid-stream),
-`stall` (stops sending mid-stream for `stall_s`), `no_done` (stream ends without `[DONE]`),
-`error_event` (an error object in the stream, then `[DONE]`, as vLLM reports engine errors).
+Timing and failure modes (what the server does with each request, set by a `Script`) are
+described in servelab.bench.scripted_script.
 
 Command line (stable; the experiment runner uses it as a fake engine)::
 
@@ -50,80 +38,23 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
-import re
 import signal
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-FAIL_MODES = ("malformed", "cut", "stall", "no_done", "error_event")  # plus "http<code>"
-_FAIL_RE = re.compile(r"\[\[fail:([a-z_0-9]+)\]\]")
+from servelab.bench.scripted_script import (
+    FAIL_MODES,
+    RequestRecord,
+    Script,
+    count_tokens,
+    requested_failure,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class Script:
-    """What the server does with every request."""
-
-    ttft_ms: float = 50.0
-    gap_ms: float = 10.0
-    tokens_per_chunk: int = 1
-    natural_len: int | None = None  # tokens produced when EOS is not ignored
-    default_max_tokens: int = 16
-    fail_rate: float = 0.0
-    fail_modes: tuple[str, ...] = ("http500",)
-    stall_s: float = 3600.0
-    seed: int = 0
-    model: str = "scripted-model"
-    flavor: str = "vllm"  # vllm: spec_decode_* counters; sglang: gauges + /get_server_info
-    tokenize: bool = True
-    metrics: bool = True  # False: /metrics answers 404 (tests the client-side estimate)
-    record_log: bool = True
-    api_key: str | None = None  # when set, generation endpoints need `Authorization: Bearer KEY`
-
-    def __post_init__(self) -> None:
-        if self.ttft_ms < 0 or self.gap_ms < 0:
-            raise ValueError("ttft_ms and gap_ms must be >= 0")
-        if self.tokens_per_chunk < 1:
-            raise ValueError("tokens_per_chunk must be >= 1")
-        if not 0.0 <= self.fail_rate <= 1.0:
-            raise ValueError("fail_rate must be in [0, 1]")
-        if self.flavor not in ("vllm", "sglang"):
-            raise ValueError("flavor must be 'vllm' or 'sglang'")
-        for m in self.fail_modes:
-            _check_mode(m)
-
-
-def _check_mode(mode: str) -> None:
-    if mode in FAIL_MODES:
-        return
-    if mode.startswith("http") and mode[4:].isdigit() and 400 <= int(mode[4:]) <= 599:
-        return
-    raise ValueError(f"unknown failure mode {mode!r}; use http<4xx|5xx> or one of {FAIL_MODES}")
-
-
-@dataclass(slots=True)
-class _Req:
-    """Server-side record of one request (returned by /_scripted/log)."""
-
-    id: str
-    path: str
-    stream: bool
-    arrival_ns: int
-    prompt_tokens: int
-    max_tokens: int
-    completion_tokens: int
-    fail: str | None
-    send_ns: list[int] = field(default_factory=list)  # after each content chunk left the server
-    chunk_tokens: list[int] = field(default_factory=list)
-    done_ns: int | None = None
-
-
-def count_tokens(text: str) -> int:
-    """The scripted tokenizer: one token per whitespace-separated word."""
-    return len(text.split())
+__all__ = ["FAIL_MODES", "Script", "ScriptedServer", "count_tokens", "main", "start_server"]
 
 
 class ScriptedServer:
@@ -132,7 +63,7 @@ class ScriptedServer:
     def __init__(self, script: Script) -> None:
         self.script = script
         self.rng = random.Random(script.seed)
-        self.log: list[_Req] = []
+        self.log: list[RequestRecord] = []
         self.n = 0
         self.drafts = 0  # verify steps of multi-token chunks (vLLM counters)
         self.draft_tokens = 0
@@ -230,7 +161,7 @@ class ScriptedServer:
     # ---- generation --------------------------------------------------------------------------
 
     def _plan(self, path: str, prompt: str, max_tokens: int | None, ignore_eos: bool,
-              min_tokens: int, stream: bool) -> _Req:
+              min_tokens: int, stream: bool) -> RequestRecord:
         now = time.perf_counter_ns()
         s = self.script
         self.n += 1
@@ -238,11 +169,10 @@ class ScriptedServer:
         n_out = mt
         if s.natural_len is not None and not ignore_eos:
             n_out = min(mt, max(s.natural_len, min_tokens))
-        m = _FAIL_RE.search(prompt)
-        fail = m.group(1) if m else None
+        fail = requested_failure(prompt)
         if fail is None and s.fail_rate > 0 and self.rng.random() < s.fail_rate:
             fail = s.fail_modes[(self.n - 1) % len(s.fail_modes)]
-        req = _Req(id=f"scripted-{self.n}", path=path, stream=stream, arrival_ns=now,
+        req = RequestRecord(id=f"scripted-{self.n}", path=path, stream=stream, arrival_ns=now,
                    prompt_tokens=count_tokens(prompt), max_tokens=mt, completion_tokens=n_out,
                    fail=fail)
         if s.record_log:
@@ -267,7 +197,7 @@ class ScriptedServer:
             self.draft_tokens += len(steps) * (k - 1)
             self.accepted += sum(c - 1 for c in steps)
 
-    async def _http_fail(self, req: _Req) -> web.Response | None:
+    async def _http_fail(self, req: RequestRecord) -> web.Response | None:
         if req.fail and req.fail.startswith("http"):
             await asyncio.sleep(self.script.ttft_ms / 1e3)
             code = int(req.fail[4:])
@@ -376,14 +306,14 @@ class ScriptedServer:
         events = [b"data: " + orjson.dumps(payload(i)) + b"\n\n" for i in range(len(chunks))]
         return await self._stream(request, req, chunks, b"", events, b"")
 
-    async def _sleep_until(self, req: _Req, i: int) -> None:
+    async def _sleep_until(self, req: RequestRecord, i: int) -> None:
         """Sleep until chunk i is due: ttft + i * gap after arrival."""
         due = req.arrival_ns + int((self.script.ttft_ms + max(i, 0) * self.script.gap_ms) * 1e6)
         delay = (due - time.perf_counter_ns()) / 1e9
         if delay > 0:
             await asyncio.sleep(delay)
 
-    async def _stream(self, request: web.Request, req: _Req, chunks: list[int], lead: bytes,
+    async def _stream(self, request: web.Request, req: RequestRecord, chunks: list[int], lead: bytes,
                       events: list[bytes], tail: bytes) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
