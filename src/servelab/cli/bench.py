@@ -7,9 +7,32 @@ one-line `error: ...` of servelab.errors.UserError (exit 2), not a usage box.
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
+
 import typer
 
 from servelab.errors import UserError
+
+
+def _check_output(path: str) -> None:
+    """Refuse an --output that cannot be written before any load is sent (it is written only
+    after the first load point, so a bad path used to end a long run with a traceback)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"--output {path} is a folder; give a file name, e.g. {p / 'bench.json'}")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--output {path}: cannot create its folder ({exc.strerror})") from None
+    try:  # a probe file where the atomic write will put its temp file
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"--output {path}: cannot write in {p.parent} ({exc.strerror}); "
+                        "give a path you can write") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -75,6 +98,8 @@ def register(app: typer.Typer) -> None:
             request_timeout_s=parse_number(request_timeout, float, "--request-timeout"),
             goodput=parse_goodput(goodput),
         )
+        if output:
+            _check_output(output)
         b = parse_number(burstiness, float, "--burstiness")
         if concurrency is not None:
             loads = [LoadPoint(concurrency=c) for c in parse_list(concurrency, int, "--concurrency")]
@@ -106,8 +131,12 @@ def register(app: typer.Typer) -> None:
                 doc = {"provenance": provenance.collect(server_info=res.server_info,
                                                         workload_seed=wl.seed),
                        "load_points": out}
-                atomic.write_bytes(output, orjson.dumps(doc, option=orjson.OPT_INDENT_2
-                                                        | orjson.OPT_SERIALIZE_NUMPY))
+                try:
+                    atomic.write_bytes(output, orjson.dumps(doc, option=orjson.OPT_INDENT_2
+                                                            | orjson.OPT_SERIALIZE_NUMPY))
+                except OSError as exc:
+                    raise UserError(f"--output {output}: cannot write ({exc.strerror or exc})"
+                                    + ("; the load points are in the store" if st else "")) from None
         if st is not None:
             st.close()
         if all(s["completed"] == 0 for s in out):
