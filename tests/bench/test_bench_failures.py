@@ -94,6 +94,11 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     (["--concurrency", "1", "--dataset", "/nonexistent.json"], "--dataset"),
     (["--concurrency", "1", "--max-duration", "0"], "--max-duration"),
     (["--concurrency", "1", "--input-len", "0"], "--input-len"),
+    (["--concurrency", "1", "--max-duration", "inf"], "--max-duration"),
+    (["--concurrency", "1", "--request-timeout", "inf"], "--request-timeout"),
+    (["--request-rate", "2", "--seed", "-1"], "--seed"),
+    (["--concurrency", "1", "--output", "/"], "--output"),
+    (["--concurrency", "1", "--output", "/proc/no/such/dir/o.json"], "--output"),
 ])
 def test_invalid_cli_values_give_one_line(monkeypatch, capsys, args, needle):
     code, out, err = run_cli(monkeypatch, capsys, "bench", "--base-url", "http://127.0.0.1:9", *args)

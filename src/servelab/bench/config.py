@@ -41,6 +41,8 @@ class WorkloadConfig:
             raise UserError(f"--output-len must be >= 1, got {self.output_len}")
         if self.num_prompts < 1:
             raise UserError(f"--num-prompts must be >= 1, got {self.num_prompts}")
+        if self.seed < 0:  # numpy's generators (arrival times) take only non-negative seeds
+            raise UserError(f"--seed must be >= 0, got {self.seed}")
         if self.dataset is not None and not Path(self.dataset).is_file():
             raise UserError(f"--dataset {self.dataset}: no such file; pass a ShareGPT-format JSON file")
         if self.tokenizer is not None and not Path(self.tokenizer).exists():
@@ -102,10 +104,14 @@ class BenchConfig:
             raise UserError(f"--api {self.api!r} is not one of {', '.join(APIS)}")
         if self.warmup < 0:
             raise UserError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.max_duration_s is not None and not self.max_duration_s > 0:
-            raise UserError(f"--max-duration must be > 0 seconds, got {self.max_duration_s}")
-        if not self.request_timeout_s > 0:
-            raise UserError(f"request timeout must be > 0 seconds, got {self.request_timeout_s}")
+        # finite: both become integer deadlines (inf overflowed into a traceback)
+        if self.max_duration_s is not None and not (self.max_duration_s > 0
+                                                    and math.isfinite(self.max_duration_s)):
+            raise UserError(f"--max-duration must be a finite number of seconds > 0 (leave it out "
+                            f"for no cap), got {self.max_duration_s}")
+        if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
+            raise UserError(f"--request-timeout must be a finite number of seconds > 0, got "
+                            f"{self.request_timeout_s}")
         for k, v in self.goodput.items():
             if k not in GOODPUT_KEYS:
                 raise UserError(f"--goodput key {k!r} is not one of {', '.join(GOODPUT_KEYS)}")
