@@ -192,3 +192,103 @@ def test_kernel_backend_on_cpu_needs_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(UserError, match="--device cuda"):
         engine(attention_backend="splitkv")
+
+
+class _FakeStream:
+    """A CUDA stream as the capture code sees it: work queued on it runs only once another
+    stream waits on it (or the device synchronizes), like an unordered GPU stream."""
+
+    def __init__(self) -> None:
+        self.pending: list = []
+
+    def flush(self) -> None:
+        while self.pending:
+            self.pending.pop(0)()
+
+    def wait_stream(self, other: _FakeStream) -> None:
+        other.flush()
+
+
+def test_graph_capture_orders_input_fills_before_side_stream(monkeypatch):
+    """CUDA graph capture on a simulated stream model: the static inputs are filled on the
+    current stream, and the warm-up runs on a side stream. Unless the side stream waits for the
+    fills it reads the allocator's stale bytes as slots/positions: the H200 run of the `naive`
+    backend died that way (index_copy_ out of bounds in the capture warm-up). The warm-up must
+    write only the scratch slot's rows."""
+    eng = engine(max_running_requests=2)
+    default = _FakeStream()
+    stack = [default]
+
+    class _Ctx:
+        def __init__(self, s):
+            self.s = s
+
+        def __enter__(self):
+            stack.append(self.s)
+
+        def __exit__(self, *exc):
+            stack.pop()
+
+    def sync():
+        for s in streams:
+            s.flush()
+
+    streams = [default]
+
+    def new_stream():
+        s = _FakeStream()
+        streams.append(s)
+        return s
+
+    class _Graph:
+        def pool(self):
+            return None
+
+        def replay(self):
+            pass
+
+    class _GraphCtx:
+        def __init__(self, g, pool=None):
+            pass
+
+        def __enter__(self):
+            sync()  # torch.cuda.graph synchronizes before capturing
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", new_stream)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: stack[-1])
+    monkeypatch.setattr(torch.cuda, "stream", _Ctx)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _Graph)
+    monkeypatch.setattr(torch.cuda, "graph", _GraphCtx)
+    monkeypatch.setattr(torch.cuda, "synchronize", sync)
+
+    runner = GraphRunner(eng, max_tokens=4)
+    real_inputs = GraphRunner._inputs
+    cpu, fake_cuda = eng.device, torch.device("cuda")
+
+    def stale_inputs(self, n):
+        """The real buffers, holding stale bytes until the current stream runs the fills."""
+        eng.device = cpu
+        try:
+            x = real_inputs(self, n)
+        finally:
+            eng.device = fake_cuda
+        final = {k: v.clone() for k, v in x.items()}
+        for v in x.values():
+            v.fill_(10**6)
+        stack[-1].pending.append(lambda: [x[k].copy_(final[k]) for k in x])
+        return x
+
+    monkeypatch.setattr(GraphRunner, "_inputs", stale_inputs)
+    eng.device = fake_cuda
+    try:
+        runner.capture()
+    finally:
+        eng.device = cpu
+    assert {k for k, _ in runner.graphs} == {"main"} and len(runner.graphs) == len(runner.buckets)
+    live = eng.cache.slots * eng.ctx  # rows of the real slots; the scratch slot follows
+    for kv, ik in zip(eng.cache.kv, eng.cache.ik, strict=True):
+        assert not kv[:live].any() and not ik[:live].any()
+    assert all(kv[live:].any() for kv in eng.cache.kv[:-1])  # main layers wrote scratch rows

@@ -56,10 +56,14 @@ class GraphRunner:
                     self.graphs[(kind, n)] = (None, self._inputs(n), None)
             return
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
         for kind in kinds:
             for n in reversed(self.buckets):
                 x = self._inputs(n)
+                # The buffers are filled (scratch slot, position 0) on the current stream: the
+                # side stream must wait for that before its warm-up reads them. Without this
+                # wait the warm-up could read the allocator's stale bytes as slots/positions
+                # and write cache rows out of range (index_copy_ device assert on the H200).
+                side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(2):
                         self._fn(kind, x)
