@@ -151,7 +151,7 @@ def test_recipe_applies_per_engine(tmp_path):
         BASE.format(engine="vllm", model="m", arm_b='recipe = ["mtp-conservative", "nccl-ll"]'),
     )
     (proc,) = spec_mod.resolve(v, "b")
-    assert '"deepseek_mtp"' in proc.flags["speculative-config"] and proc.env["NCCL_PROTO"] == "LL"
+    assert '"method": "mtp"' in proc.flags["speculative-config"] and proc.env["NCCL_PROTO"] == "LL"
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path):

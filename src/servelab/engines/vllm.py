@@ -1,7 +1,8 @@
 """vLLM: `vllm serve MODEL`; `/health`, `/metrics` with `vllm:spec_decode_*` counters.
 
-Speculative decoding is one JSON flag, `--speculative-config '{"method": "deepseek_mtp",
-"num_speculative_tokens": 1}'` (vllm/config/speculative.py).
+Speculative decoding is one JSON flag, `--speculative-config '{"method": "mtp",
+"num_speculative_tokens": 1}'` (vllm/config/speculative.py: the per-model MTP names such as
+`deepseek_mtp` are deprecated there and rewritten to `mtp` with a warning).
 """
 
 from __future__ import annotations
@@ -19,10 +20,14 @@ max-num-batched-tokens block-size swap-space seed enforce-eager compilation-conf
 cuda-graph-sizes speculative-config enable-chunked-prefill no-enable-chunked-prefill
 enable-prefix-caching no-enable-prefix-caching tensor-parallel-size pipeline-parallel-size
 data-parallel-size enable-expert-parallel enable-eplb all2all-backend kv-transfer-config
-disable-log-requests disable-log-stats async-scheduling attention-backend
+disable-log-requests enable-log-requests disable-log-stats async-scheduling attention-backend
 distributed-executor-backend max-logprobs generation-config override-generation-config
+cudagraph-capture-sizes max-cudagraph-capture-size kv-cache-memory-bytes enable-dbo
+decode-context-parallel-size disable-custom-all-reduce
 """.split()
 )
+# names checked against vllm/engine/arg_utils.py (EngineArgs.add_cli_args): cuda-graph-sizes is
+# deprecated there for cudagraph-capture-sizes; disable-log-requests for enable-log-requests
 
 
 class VLLM(Engine):
@@ -61,5 +66,5 @@ class VLLM(Engine):
         except ValueError as exc:
             return [f"speculative-config is not JSON ({exc})"]
         if not isinstance(cfg, dict) or "method" not in cfg:
-            return ["speculative-config needs a 'method' (e.g. \"deepseek_mtp\")"]
+            return ["speculative-config needs a 'method' (e.g. \"mtp\")"]
         return []
