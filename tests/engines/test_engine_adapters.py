@@ -130,6 +130,32 @@ def test_prometheus_parse_and_acceptance_window_vs_prometheus_client():
     assert engines.get("sglang").acceptance(before, after)["accept_length"] == pytest.approx(2.8)
 
 
+def test_acceptance_window_sums_vllm_label_sets():
+    """vLLM labels its spec-decode counters by model and engine (one series per engine core):
+    the window must sum the series, computed here independently from the raw counts."""
+
+    def expo(per_engine):
+        reg = CollectorRegistry()
+        names = (
+            "vllm:spec_decode_num_drafts",
+            "vllm:spec_decode_num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens",
+        )
+        counters = [Counter(n, "x", ["model_name", "engine"], registry=reg) for n in names]
+        for engine, counts in per_engine.items():
+            for c, v in zip(counters, counts, strict=True):
+                c.labels(model_name="m", engine=engine).inc(v)
+        return parse_prometheus(generate_latest(reg).decode())
+
+    before = expo({"0": (10, 20, 5), "1": (4, 8, 2)})
+    after = expo({"0": (60, 120, 45), "1": (24, 48, 12)})
+    d_drafts, d_tokens, d_acc = (60 - 10) + (24 - 4), (120 - 20) + (48 - 8), (45 - 5) + (12 - 2)
+    w = spec_window(before, after)
+    assert w["accept_length"] == pytest.approx(1 + d_acc / d_drafts)
+    assert w["accept_rate"] == pytest.approx(d_acc / d_tokens)
+    assert w["source"] == "metrics-window"
+
+
 def test_recipes_are_data_with_constraints():
     names = set(recipe.all_recipes())
     assert {

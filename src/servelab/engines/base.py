@@ -178,7 +178,9 @@ def spec_window(
     before: Mapping[str, float] | None, after: Mapping[str, float] | None
 ) -> dict[str, float | str | None]:
     """Acceptance over a window from vLLM-named counters (also served by the embedded engine):
-    tau = 1 + d(accepted)/d(drafts), rate = d(accepted)/d(draft_tokens). None when absent."""
+    tau = 1 + d(accepted)/d(drafts), rate = d(accepted)/d(draft_tokens), each counter summed
+    over its label sets (vllm/v1/spec_decode/metrics.py labels them by model and engine).
+    None when absent."""
     out: dict[str, float | str | None] = {
         "accept_length": None,
         "accept_rate": None,
@@ -187,11 +189,15 @@ def spec_window(
     if not before or not after:
         return out
 
+    def total(samples: Mapping[str, float], name: str) -> float | None:
+        # vLLM labels its counters (model_name, engine): sum every label set of the series
+        names = (name + "_total", name)
+        vals = [v for k, v in samples.items() if k.split("{", 1)[0] in names]
+        return sum(vals) if vals else None
+
     def delta(name: str) -> float | None:
-        for key in (name + "_total", name):
-            if key in after:
-                return after[key] - before.get(key, 0.0)
-        return None
+        now = total(after, name)
+        return None if now is None else now - (total(before, name) or 0.0)
 
     drafts = delta("vllm:spec_decode_num_drafts")
     draft_tokens = delta("vllm:spec_decode_num_draft_tokens")
