@@ -206,9 +206,35 @@ def test_ceiling_report_measured_efficiency_and_fit_warning():
     assert not ceiling_report("deepseek-v3", "h200", [1], tp=8)["warnings"]
 
 
+def test_report_names_the_dtypes_the_bound_used():
+    """An explicit --weight-dtype sets the experts too (the CLI help says so): the report's
+    dtypes must be the ones the bytes were computed with, not the preset's defaults."""
+    m, _ = load_model("deepseek-v4-flash")
+    g, _ = load_gpu("b200")
+    (fp4_experts,) = ceiling(m, g, [1], weight_dtype="fp8", expert_dtype="fp4")
+    (fp8_experts,) = ceiling(m, g, [1], weight_dtype="fp8", expert_dtype="fp8")
+    assert fp8_experts.weight_bytes > fp4_experts.weight_bytes
+    default = ceiling_report("deepseek-v4-flash", "b200", [1])
+    assert (default["weight_dtype"], default["expert_dtype"]) == ("fp8", "fp4")
+    assert default["bounds"][0]["weight_bytes"] == fp4_experts.weight_bytes
+    explicit = ceiling_report("deepseek-v4-flash", "b200", [1], weight_dtype="fp8")
+    assert (explicit["weight_dtype"], explicit["expert_dtype"]) == ("fp8", "fp8")
+    assert explicit["bounds"][0]["weight_bytes"] == fp8_experts.weight_bytes
+    dense = ceiling_report("llama-3.1-8b", "h200", [1], weight_dtype="fp8")
+    assert (dense["weight_dtype"], dense["expert_dtype"]) == ("fp8", None)
+
+
 def test_bad_ceiling_inputs():
     m, _ = load_model("llama-3.1-8b")
     g, _ = load_gpu("h200")
+    with pytest.raises(UserError, match="at least one batch"):
+        ceiling(m, g, [])
+    with pytest.raises(UserError, match="--context must be >= 0"):
+        ceiling(m, g, [1], context=-5)
+    with pytest.raises(UserError, match="--mtp-draft must be >= 1"):
+        ceiling(m, g, [1], mtp_accept=1.0, mtp_draft=0)
+    with pytest.raises(UserError, match="--measured must be a positive"):
+        ceiling_report("llama-3.1-8b", "h200", [1], measured_tok_s=0.0)
     with pytest.raises(UserError, match="mtp-accept"):
         ceiling(m, g, [1], mtp_accept=3.0, mtp_draft=1)
     with pytest.raises(UserError, match="unknown dtype"):

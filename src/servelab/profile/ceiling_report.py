@@ -6,8 +6,9 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
+from servelab.errors import UserError
 from servelab.profile.presets import load_gpu, load_model
-from servelab.profile.roofline import ceiling
+from servelab.profile.roofline import DTYPE_BYTES, ceiling, resolve_dtypes
 
 
 def ceiling_report(
@@ -28,6 +29,9 @@ def ceiling_report(
     """Bounds per batch size (with MTP if `mtp_accept`), and efficiency against `measured_tok_s`."""
     m, msrc = load_model(model)
     g, gsrc = load_gpu(gpu, measured_peaks)
+    if measured_tok_s is not None and not measured_tok_s > 0:
+        raise UserError(f"--measured must be a positive tokens/s, got {measured_tok_s}")
+    wdt, edt = resolve_dtypes(m, weight_dtype, expert_dtype)
     rows = ceiling(m, g, batches, context, tp, weight_dtype, expert_dtype, kv_dtype, mtp_accept,
                    mtp_draft, allreduce_latency_us)
     base = None
@@ -47,10 +51,6 @@ def ceiling_report(
     warnings = []
     weights_per_gpu = None
     if rows:
-        from servelab.profile.roofline import DTYPE_BYTES
-
-        wdt = weight_dtype or m.default_weight_dtype
-        edt = expert_dtype or (m.default_expert_dtype if weight_dtype is None else None) or wdt
         dense = m.total_params - m.n_moe_layers * m.n_experts * m.expert_params
         stored = dense * DTYPE_BYTES[wdt] + m.n_moe_layers * m.n_experts * m.expert_params * DTYPE_BYTES[edt]
         weights_per_gpu = stored / tp
@@ -65,8 +65,8 @@ def ceiling_report(
         "tp": tp,
         "context": context,
         "kv_dtype": kv_dtype,
-        "weight_dtype": weight_dtype or m.default_weight_dtype,
-        "expert_dtype": expert_dtype or m.default_expert_dtype,
+        "weight_dtype": wdt,
+        "expert_dtype": edt if m.n_experts else None,  # what the bound used; None: no experts
         "mtp": {"accept": mtp_accept, "draft": mtp_draft} if mtp_accept is not None else None,
         "allreduce_latency_us": allreduce_latency_us,
         "total_params": m.total_params,

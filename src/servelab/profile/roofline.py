@@ -290,6 +290,22 @@ def _times(
     return mem_s, comp_s, comm_s
 
 
+def resolve_dtypes(
+    m: ModelSpec, weight_dtype: str | None, expert_dtype: str | None
+) -> tuple[str, str]:
+    """(weight dtype, expert dtype) as the bound uses them.
+
+    Without `--weight-dtype` the preset's defaults apply (V4-Flash: fp8 weights, fp4 experts);
+    an explicit `--weight-dtype` sets the experts too unless `--expert-dtype` is given.
+    """
+    wdt = weight_dtype or m.default_weight_dtype
+    edt = expert_dtype or (m.default_expert_dtype if weight_dtype is None else None) or wdt
+    for d in (wdt, edt):
+        if d not in DTYPE_BYTES:
+            raise UserError(f"unknown dtype {d!r}; known: {', '.join(DTYPE_BYTES)}")
+    return wdt, edt
+
+
 def ceiling(
     m: ModelSpec,
     gpu: GpuSpec,
@@ -311,13 +327,15 @@ def ceiling(
     if allreduce_latency_us < 0:
         raise UserError(f"--allreduce-latency-us must be >= 0, got {allreduce_latency_us}")
     lat = allreduce_latency_us * 1e-6
-    wdt = weight_dtype or m.default_weight_dtype
-    edt = expert_dtype or (m.default_expert_dtype if weight_dtype is None else None) or wdt
-    for d in (wdt, edt):
-        if d not in DTYPE_BYTES:
-            raise UserError(f"unknown dtype {d!r}; known: {', '.join(DTYPE_BYTES)}")
+    wdt, edt = resolve_dtypes(m, weight_dtype, expert_dtype)
     if tp < 1:
         raise UserError(f"--tp must be >= 1, got {tp}")
+    if not batches:
+        raise UserError("--batch needs at least one batch size, e.g. --batch 1,8,16")
+    if context < 0:
+        raise UserError(f"--context must be >= 0 tokens, got {context}")
+    if mtp_accept is not None and mtp_draft < 1:
+        raise UserError(f"--mtp-draft must be >= 1 draft token per step, got {mtp_draft}")
     if mtp_accept is not None and not 1.0 <= mtp_accept <= mtp_draft + 1:
         raise UserError(
             f"--mtp-accept {mtp_accept} must lie in [1, draft + 1 = {mtp_draft + 1}] "
