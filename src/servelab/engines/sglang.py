@@ -36,15 +36,23 @@ speculative-algorithm speculative-draft-model-path speculative-num-steps specula
 speculative-num-draft-tokens speculative-accept-threshold-single speculative-accept-threshold-acc
 speculative-token-map speculative-attention-mode
 disaggregation-mode disaggregation-bootstrap-port disaggregation-transfer-backend
-disaggregation-ib-device max-micro-batch-size watchdog-timeout stream-interval base-gpu-id
-enable-nccl-nvls enable-symm-mem enable-custom-all-reduce disable-custom-all-reduce
+disaggregation-ib-device pp-max-micro-batch-size watchdog-timeout stream-interval base-gpu-id
+enable-nccl-nvls enable-symm-mem disable-custom-all-reduce pipeline-parallel-size ep
+dsa-prefill-backend dsa-decode-backend disable-decode-cuda-graph disable-prefill-cuda-graph
+cuda-graph-max-bs-decode cuda-graph-backend-decode speculative-draft-model
 """.split()
 )
+# Checked against sgl-project/sglang python/sglang/srt/server_args.py (ServerArgs fields, flag =
+# field name with '-'): there is no enable-custom-all-reduce, the PP micro-batch flag is
+# pp-max-micro-batch-size; nsa-*-backend are deprecated aliases of dsa-*-backend.
 
+# sgl-project/sglang sgl-router/py_src/sglang_router/router_args.py (RouterArgs.add_cli_args)
 _ROUTER_FLAGS = frozenset(
     """
 policy prefill-policy decode-policy worker-startup-timeout-secs request-timeout-secs
-max-concurrent-requests log-level prometheus-port
+max-concurrent-requests log-level prometheus-port prometheus-host cache-threshold
+balance-abs-threshold balance-rel-threshold max-payload-size retry-max-retries disable-retries
+disable-circuit-breaker health-check-interval-secs queue-size queue-timeout-secs
 """.split()
 )
 
