@@ -68,6 +68,18 @@ def _err(tmp_path, text) -> str:
         ),
         ('name = "x"\nengine = "sglang"\n[load\n', "invalid TOML"),
         (
+            BASE.format(engine="sglang", model="m", arm_b="").replace('"x"', '"my exp"'),
+            "e.toml: name: 'my exp' must be letters, digits, '-', '_' or '.'",
+        ),
+        (  # a table where a flag value belongs: one problem at the flag, not one per union type
+            BASE.format(engine="sglang", model="m", arm_b="flags = { tp-size = [1, { a = 1 }] }"),
+            "arms.b.flags.tp-size: must be a string, a number, true/false, or a list",
+        ),
+        (  # a delta for a process the deployment does not have would silently change nothing
+            BASE.format(engine="sglang", model="m", arm_b='roles = ["decode"]\nflags = { ep = 2 }'),
+            "arms.b.roles: no 'decode' process in this deployment (its processes: server)",
+        ),
+        (
             BASE.format(engine="sglang", model="m", arm_b="")
             + '[workload]\ndataset = "no/such.json"\n',
             "workload: --dataset no/such.json: no such file",

@@ -218,8 +218,20 @@ class ExperimentSpec(_Strict):
         return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
-def _loc(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if not (isinstance(p, str) and p.startswith("function-")))
+# pydantic names the member of a union that failed as one more location part ('str', 'int',
+# 'list[union[str,int,float]]'); a flag value is wrong as a whole, so the location stops there
+_UNION_MEMBERS = ("str", "int", "float", "bool")
+
+
+def _loc(loc: tuple[Any, ...]) -> tuple[str, bool]:
+    """(dotted key, whether it ended at a union member)."""
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, str) and (p in _UNION_MEMBERS or p.startswith("list[")):
+            return ".".join(parts), True
+        if not (isinstance(p, str) and p.startswith("function-")):
+            parts.append(str(p))
+    return ".".join(parts), False
 
 
 def parse(data: dict[str, Any], source: str = "<experiment>") -> ExperimentSpec:
@@ -228,16 +240,22 @@ def parse(data: dict[str, Any], source: str = "<experiment>") -> ExperimentSpec:
         return ExperimentSpec.model_validate(data)
     except ValidationError as exc:
         errs = exc.errors()
+        keys = list(dict.fromkeys(_loc(e["loc"]) for e in errs))  # one per key, in order
         e = errs[0]
-        key = _loc(e["loc"]) or "(top level)"
+        key, union = keys[0]
+        key = key or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
+        if union:
+            msg = "must be a string, a number, true/false, or a list of strings and numbers"
+        elif e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; docs/EXPERIMENTS.md lists the keys)"
         elif e["type"] == "missing":
             msg = "required key is missing"
+        elif e["type"] == "string_pattern_mismatch":
+            msg = f"{e['input']!r} must be letters, digits, '-', '_' or '.' (a letter or digit first)"
         more = (
-            f" (and {len(errs) - 1} more problem{'s' if len(errs) > 2 else ''})"
-            if len(errs) > 1
+            f" (and {len(keys) - 1} more problem{'s' if len(keys) > 2 else ''})"
+            if len(keys) > 1
             else ""
         )
         raise UserError(f"{source}: {key}: {msg}{more}") from None
@@ -332,6 +350,12 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
                     "servelab, so arms cannot change flags or env"
                 )
     for name, arm in spec.arms.items():
+        missing = [r for r in arm.roles or [] if r not in roles]
+        if missing:  # the delta would silently apply to nothing: the arm would equal the base
+            raise UserError(
+                f"{source}: arms.{name}.roles: no '{missing[0]}' process in this deployment "
+                f"(its processes: {', '.join(roles)})"
+            )
         for rname in arm.recipes:
             try:
                 recipes.get(rname).flags_for(spec.engine)
