@@ -140,7 +140,8 @@ def test_mla_kv_is_read_by_every_tp_rank_and_sparse_topk_caps_it():
 @pytest.mark.parametrize(
     "name,total_b,active_b",
     [("deepseek-v3", 671, 36.6), ("deepseek-v3.2", 671, 37.5), ("deepseek-v4-flash", 284, 13.3),
-     ("qwen3-30b-a3b", 30.2, 3.0), ("llama-3.1-70b", 69.5, 69.5)],
+     ("qwen3-30b-a3b", 30.2, 3.0), ("llama-3.1-70b", 69.5, 69.5),
+     ("llama-3.1-8b", (8_030_261_248 - 128256 * 4096) / 1e9, 7.50)],  # HF count - embeddings
 )
 def test_preset_parameter_counts(name, total_b, active_b):
     """Published totals (DeepSeek-V3 671B / 36.6B active incl. the LM head; V4-Flash 284B /
@@ -158,6 +159,24 @@ def test_all_presets_load_and_have_sources():
         g, src = load_gpu(name)
         assert src["source"] and g.hbm_bytes_s > 0 and "bf16" in g.flops
     assert {"h100", "h200", "b200", "rtx-pro-6000"} <= set(known_gpus())
+
+
+@pytest.mark.parametrize(
+    "name,hbm,mem,bf16,fp8",
+    [  # datasheet numbers (dense tensor rates = the sparse figures / 2)
+        ("h100", 3.35e12, 80e9, 1979e12 / 2, 3958e12 / 2),  # H100 SXM
+        ("h200", 4.8e12, 141e9, 1979e12 / 2, 3958e12 / 2),  # H200 SXM: H100's tensor rates
+        ("b200", 64e12 / 8, 1440e9 / 8, 36e15 / 8 / 2, 72e15 / 8 / 2),  # DGX B200, per GPU
+        ("rtx-pro-6000", 1597e9, 96e9, 4000e12 / 8, 4000e12 / 4),  # Server Edition
+        ("rtx-pro-6000-ws", 1792e9, 96e9, 4000e12 / 8, 4000e12 / 4),  # Workstation Edition
+    ],
+)
+def test_gpu_presets_match_their_datasheets(name, hbm, mem, bf16, fp8):
+    g, _ = load_gpu(name)
+    assert g.hbm_bytes_s == pytest.approx(hbm, rel=1e-3)
+    assert g.memory_bytes == pytest.approx(mem, rel=1e-3)
+    assert g.flops["bf16"] == pytest.approx(bf16, rel=1e-3)
+    assert g.flops["fp8"] == pytest.approx(fp8, rel=1e-3)
 
 
 def test_unknown_presets_list_the_known_ones():

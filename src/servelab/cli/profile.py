@@ -194,7 +194,7 @@ def register(app: typer.Typer) -> None:
     @app.command("ceiling")
     def ceiling_cmd(
         model: str = typer.Option(..., "--model", help="Model preset or a Hugging Face config.json path."),
-        gpu: str = typer.Option(..., "--gpu", help="GPU preset (h100, h200, b200, rtx-pro-6000)."),
+        gpu: str = typer.Option(..., "--gpu", help="GPU preset (h100, h200, b200, rtx-pro-6000 [Server Edition], rtx-pro-6000-ws)."),
         tp: int = typer.Option(1, "--tp", help="Tensor-parallel GPUs."),
         batch: str = typer.Option("1,8,16,64", "--batch", help="Batch sizes, comma separated."),
         context: int = typer.Option(4096, "--context", help="Tokens of context per request."),

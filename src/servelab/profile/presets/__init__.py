@@ -32,6 +32,7 @@ def _find(kind: str, name: str) -> Path | None:
         if stem == key:
             return HERE / kind / f"{stem}.toml"
     aliases = {"h100-sxm": "h100", "h200-sxm": "h200", "rtx-pro-6000-blackwell": "rtx-pro-6000",
+               "rtx-pro-6000-server": "rtx-pro-6000", "rtx-pro-6000-workstation": "rtx-pro-6000-ws",
                "rtxpro6000": "rtx-pro-6000", "v3": "deepseek-v3", "v3.2": "deepseek-v3.2",
                "v4-flash": "deepseek-v4-flash", "llama-8b": "llama-3.1-8b",
                "llama-70b": "llama-3.1-70b", "qwen3-moe": "qwen3-30b-a3b"}
