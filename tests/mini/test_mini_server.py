@@ -208,13 +208,17 @@ def test_client_disconnect_frees_the_slot(server):
 
 
 def test_cli_errors_are_one_line(server):
-    """A busy port and a missing weights file are user errors: one line, exit status 2."""
+    """A busy port, a missing or non-file weights path, an unknown device or log level are user
+    errors: one line, exit status 2."""
     url, _ = server
     port = url.rsplit(":", 1)[1]
     for args, word in ((["--port", port], "pick another --port"),
                        (["--port", str(_port()), "--weights", "/nonexistent.pt"], "does not exist"),
                        (["--port", str(_port()), "--speculative-eagle-topk", "2",
-                         "--speculative-algorithm", "EAGLE"], "topk")):
+                         "--speculative-algorithm", "EAGLE"], "topk"),
+                       (["--port", str(_port()), "--device", "tpu"], "cuda:N"),
+                       (["--port", str(_port()), "--log-level", "loud"], "--log-level"),
+                       (["--port", str(_port()), "--weights", "/"], "is a directory")):
         res = subprocess.run([sys.executable, "-m", "servelab", "serve", *args],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, res.stderr

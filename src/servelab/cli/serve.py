@@ -5,11 +5,14 @@ Flag spelling follows SGLang's server arguments, so one experiment file can targ
 
 from __future__ import annotations
 
+import re
+
 import typer
 
 from servelab.errors import UserError
 
 SPEC_ALGORITHMS = {"EAGLE": "EAGLE", "NEXTN": "EAGLE", "MTP": "EAGLE"}
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 
 def serve(
@@ -19,7 +22,7 @@ def serve(
                                 "one for the config, else random weights)."),
     random_weights: bool = typer.Option(False, "--random-weights", help="Ignore checkpoints."),
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(30000, "--port"),
+    port: int = typer.Option(30000, "--port", min=1, max=65535),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     max_running_requests: int = typer.Option(8, "--max-running-requests", min=1,
                                              help="KV slots; more requests queue."),
@@ -41,6 +44,10 @@ def serve(
     log_level: str = typer.Option("warning", "--log-level"),
 ) -> None:
     """Serve the embedded engine: OpenAI + SGLang-style HTTP API, /metrics, profiling."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise UserError(f"--device {device}: use cpu, cuda or cuda:N")
+    if log_level.lower() not in LOG_LEVELS:
+        raise UserError(f"--log-level {log_level}: choose one of {', '.join(LOG_LEVELS)}")
     algo = None
     if speculative_algorithm:
         algo = SPEC_ALGORITHMS.get(speculative_algorithm.upper())
@@ -70,7 +77,7 @@ def serve(
         cuda_graph=cuda_graph, attention_backend=attention_backend, seed=seed,
         num_threads=num_threads,
     )
-    run_server(args, host, port, served_model_name, log_level)
+    run_server(args, host, port, served_model_name, log_level.lower())
     # The engine is stopped and output flushed; skip the interpreter's slow teardown (~2 s of
     # torch/thread clean-up measured here) so that experiment runners can restart us quickly.
     import os

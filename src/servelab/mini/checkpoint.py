@@ -43,10 +43,19 @@ def load_model(config_name: str, weights: str | Path | None, device: str, seed: 
     state = None
     path = None if random_weights else (Path(weights) if weights else shipped_weights(cfg.name))
     if path is not None:
-        if not path.exists():
-            raise UserError(f"weights file {path} does not exist; omit --weights for the shipped "
+        if not path.is_file():
+            what = "is a directory" if path.is_dir() else "does not exist"
+            raise UserError(f"weights file {path} {what}; omit --weights for the shipped "
                             "checkpoint or random weights")
-        ck = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # truncated file, not a torch checkpoint, foreign pickle
+            ck, why = None, (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        else:
+            why = "no config/state_dict"
+        if not (isinstance(ck, dict) and {"config", "state_dict"} <= ck.keys()):
+            raise UserError(f"weights file {path} is not a servelab.mini checkpoint ({why}); "
+                            "train one with python -m servelab.mini.train")
         saved = ck["config"]
         if saved != cfg.to_dict():
             diff = sorted(k for k in saved if saved.get(k) != cfg.to_dict().get(k))

@@ -280,6 +280,9 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except socket.gaierror as exc:
+            raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); check --host"
+                            ) from exc
         except OSError as exc:
             raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
                             "--port") from exc
