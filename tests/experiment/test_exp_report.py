@@ -108,3 +108,23 @@ def test_runs_from_different_machines_are_flagged():
     mixed = same + [{"host": "b", "gpus": [{"name": "H200"}], "servelab_version": "0.1.0"}]
     w = mixed_provenance(mixed)
     assert len(w) == 2 and "2 different hosts ('a', 'b')" in w[0] and "GPU sets" in w[1]
+
+
+def test_report_noise_band_overrides_the_files(finished, tmp_path):
+    from typer.testing import CliRunner
+
+    from servelab.cli import app
+    from servelab.errors import UserError
+
+    _, _, data = write(finished, "rep", tmp_path / "a")
+    e = data.analysis.effects[("fast", "c=1", "tpot_ms")]
+    assert data.analysis.noise_band == 0.02 and e.verdict == "better"  # TPOT halves
+    # a band wider than the effect's whole CI: the same data is no longer called a change
+    assert e.ci_high < 1 - 0.02 and e.ci_low > 1 - 0.9
+    _, _, wide = write(finished, "rep", tmp_path / "b", noise_band=0.9)
+    assert wide.analysis.effects[("fast", "c=1", "tpot_ms")].verdict == "within noise"
+    assert "noise band +-90%" in (tmp_path / "b" / "report.md").read_text()
+    args = ["report", "rep", "--store", str(finished.path), "--noise-band", "2"]
+    bad = CliRunner().invoke(app, args)
+    assert isinstance(bad.exception, UserError)  # the CLI's main prints it as one line, exit 2
+    assert "--noise-band 2: give a fraction in [0, 1)" in str(bad.exception)

@@ -138,16 +138,25 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Argument(..., help="Experiment name."),
         out: Path = typer.Option(None, "--out", help="Folder for report.md and report.html."),
         store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        noise_band: float = typer.Option(
+            None,
+            "--noise-band",
+            help="Relative band treated as noise for the verdicts, e.g. 0.05 for +-5% "
+            "(default: the experiment file's noise_band).",
+        ),
     ) -> None:
         """Write an experiment's report: markdown and one self-contained HTML file."""
         from rich.console import Console
 
+        from servelab.errors import UserError
         from servelab.experiment.report import write
         from servelab.store import Store
 
+        if noise_band is not None and not 0 <= noise_band < 1:
+            raise UserError(f"--noise-band {noise_band:g}: give a fraction in [0, 1), e.g. 0.02")
         console = Console()
         with Store(store) as st:
-            md, page, data = write(st, name, out)
+            md, page, data = write(st, name, out, noise_band)
         _attribution(console, data)
         console.print(f"report: {page}\nmarkdown: {md}", highlight=False)
 

@@ -363,10 +363,11 @@ def render_html(data: ExperimentData, store: Store) -> str:
 
 
 def write(
-    store: Store, name: str, out_dir: Path | None = None
+    store: Store, name: str, out_dir: Path | None = None, noise_band: float | None = None
 ) -> tuple[Path, Path, ExperimentData]:
-    """Write report.md and report.html; returns their paths and the data."""
-    data = collect(store, name)
+    """Write report.md and report.html; returns their paths and the data. `noise_band`
+    overrides the experiment file's band for the verdicts (e.g. one an A/A arm measured)."""
+    data = collect(store, name, noise_band)
     out = Path(out_dir) if out_dir else paths.home() / "reports" / name
     md, page = out / "report.md", out / "report.html"
     atomic.write_text(md, markdown(data))
