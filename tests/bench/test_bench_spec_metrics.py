@@ -74,3 +74,22 @@ sglang:spec_accept_length{model_name="m"} 2.5
     assert v[spec_metrics.SGLANG_ACCEPT_LENGTH] == 2.5
     assert not any("per_pos" in k for k in v)
     assert spec_metrics.parse_prometheus("not prometheus {{{") == {}
+
+
+def test_sglang_gauge_is_not_reported_for_a_window_without_completed_requests():
+    """The gauge is the server's recent average: with nothing completed in the window it would
+    report earlier traffic's tau as this load point's."""
+    from servelab.bench.client import RawResult
+    from servelab.bench.metrics import make_record
+    from servelab.bench.workload import RequestSpec
+
+    failed = RawResult(index=0, t_start_ns=0, t_end_ns=10, error="http_500")
+    rec = make_record(failed, RequestSpec(0, "p", 4, OUT, True), 0)
+    after = {spec_metrics.SGLANG_ACCEPT_LENGTH: 2.5, spec_metrics.SGLANG_ACCEPT_RATE: 0.75}
+    a = spec_metrics.acceptance([rec], {}, after)
+    assert a["accept_length"] is None and a["accept_length_source"] is None
+    assert a["accept_rate"] is None
+    ok = RawResult(index=1, t_start_ns=0, t_end_ns=10, end_marker=True, completion_tokens=1)
+    ok.events = [(5, None, "x")]
+    a = spec_metrics.acceptance([make_record(ok, RequestSpec(1, "p", 4, 1, True), 0)], {}, after)
+    assert a["accept_length_source"] == "metrics:sglang" and a["accept_length"] == 2.5

@@ -94,7 +94,9 @@ def acceptance(records: list[RequestRecord], before: dict[str, float],
     acceptance rate when a server reports one, and every source's value for cross-checking."""
     resp = from_response(records)
     v_tau, v_rate = from_vllm(before, after)
-    s_tau, s_rate = from_sglang(after)
+    # the SGLang gauge is the server's recent average, not a window delta: it says nothing about
+    # a load point in which no request completed (it used to report the previous traffic's tau)
+    s_tau, s_rate = from_sglang(after) if any(r.ok for r in records) else (None, None)
     est = estimate(records)
     candidates = {"response:spec_verify_ct": resp, "metrics:vllm": v_tau,
                   "metrics:sglang": s_tau, "estimate:tokens_per_chunk": est}
