@@ -86,3 +86,17 @@ def test_open_loop_does_not_wait_for_answers():
         log = h.log()
     assert res.summary["completed"] == 30 and res.summary["load_key"] == "rate=100"
     assert in_flight_max(log) >= 5
+
+
+def test_max_duration_before_the_first_request_leaves_rates_missing():
+    """Nothing sent: duration and every rate are null (not 0), as is the acceptance gauge."""
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=1, tokens_per_chunk=2, flavor="sglang")) as h:
+        cfg = BenchConfig(base_url=h.url, max_duration_s=1e-9,
+                          workload=WorkloadConfig(input_len=4, output_len=5, num_prompts=3))
+        run_load_point(BenchConfig(base_url=h.url, workload=cfg.workload),
+                       LoadPoint(concurrency=1), progress=False)  # the gauge now reads 2
+        res = run_load_point(cfg, LoadPoint(concurrency=1), progress=False)
+    s = res.summary
+    assert s["issued"] == 0 and s["completed"] == 0 and s["failed"] == 0
+    assert s["duration_s"] is None and s["request_throughput_req_s"] is None
+    assert s["output_throughput_tok_s"] is None and s["accept_length"] is None

@@ -172,7 +172,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
     raws.sort(key=lambda r: r.t_start_ns)
     t_first = raws[0].t_start_ns if raws else t0
     recs = [make_record(r, specs[r.index], t_first, count) for r in raws]
-    summary = summarize(recs, (t_end - t_first) / 1e9, cfg.goodput or None)
+    # no request sent (--max-duration over before the first): no duration, so no rates
+    summary = summarize(recs, (t_end - t_first) / 1e9 if raws else 0.0, cfg.goodput or None)
     summary.update(spec_metrics.acceptance(recs, before, after))
     summary.update({
         "load_key": load.key, "concurrency": load.concurrency, "request_rate": load.request_rate,

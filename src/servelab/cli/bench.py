@@ -123,7 +123,10 @@ def register(app: typer.Typer) -> None:
             if util is not None and util > 0.8 and res.summary["duration_s"] >= 1.0:
                 console.print(f"[yellow]warning: the client used {util:.0%} of a core during this "
                               "load point: it may limit what was measured (see docs/METRICS.md)[/yellow]")
-            if res.summary["completed"] == 0:
+            if res.summary["issued"] == 0:
+                console.print("[red]no request was sent: --max-duration ended the load point "
+                              "before the first one[/red]")
+            elif res.summary["completed"] == 0:
                 reasons = ", ".join(f"{k} x{v}" for k, v in res.summary["failure_reasons"].items())
                 console.print(f"[red]every request failed ({reasons})[/red]")
             out.append({**res.summary, "store_id": row})
