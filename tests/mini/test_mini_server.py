@@ -150,6 +150,7 @@ def test_metrics_and_server_info_count_speculation(server):
     ("/v1/completions", {"prompt": "x" * 600}, None, 400, "context length"),
     ("/v1/completions", {"prompt": "x", "model": "gpt-9"}, None, 404, "does not exist"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "temperature"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, None, 400, "'max_tokens' must be >= 1"),
     ("/v1/chat/completions", {"messages": "hi"}, None, 400, "messages"),
     ("/generate", {"sampling_params": {}}, None, 400, "text"),
     ("/detokenize", {"tokens": [1, 99999]}, None, 400, "tokens"),

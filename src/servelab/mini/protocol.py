@@ -33,7 +33,9 @@ def _num(body: dict, key: str, default, kind: type, lo=None, hi=None):
                             f"got {v!r}")
     v = kind(v)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ApiError(400, f"'{key}' must be in [{lo}, {hi}], got {v}")
+        want = (f"in [{lo}, {hi}]" if lo is not None and hi is not None
+                else f">= {lo}" if lo is not None else f"<= {hi}")
+        raise ApiError(400, f"'{key}' must be {want}, got {v}")
     return v
 
 
