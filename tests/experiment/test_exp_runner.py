@@ -78,6 +78,51 @@ flags = { no-such-option = 1 }
     assert live_procs(marker) == []
 
 
+def test_engine_that_hangs_before_ready_is_recorded_with_its_log_and_the_rest_goes_on(
+    tmp_path, live_procs
+):
+    """The runner side of the ready timeout: an arm whose server never answers its health probe
+    (stuck 'loading weights') is stored failed with the log tail; later runs still happen."""
+    marker = f"hang-arm-{os.getpid()}-{time.monotonic_ns()}"
+    code = (
+        "import os, runpy, sys, time\n"
+        "if os.environ.get('HANG'):\n"
+        "    print('loading weights forever', flush=True); time.sleep(60)\n"
+        "sys.argv = ['scripted', '--host', sys.argv[1], '--port', sys.argv[2], '--model',"
+        " sys.argv[3], '--no-log', *sys.argv[4:]]\n"
+        "runpy.run_module('servelab.bench.scripted_server', run_name='__main__')\n"
+    )
+    spec = spec_mod.parse(
+        {
+            "name": "hang",
+            "engine": "command",
+            "command": [sys.executable, "-c", code, "{host}", "{port}", marker],
+            "baseline": "ok",
+            "repetitions": 2,
+            "retries": 0,
+            "base": {"flags": {"ttft-ms": 5, "gap-ms": 2}},
+            "arms": {"ok": {}, "hang": {"env": {"HANG": "1"}}},
+            "load": {"concurrency": [2]},
+            "workload": {"input_len": 8, "output_len": 5, "num_prompts": 4},
+            "timeouts": {"ready_s": 1.0, "teardown_s": 5},
+        }
+    )
+    store = Store(tmp_path / "r.db")
+    res = Runner(spec, store, say=lambda s: None).run()
+    assert (res.ok, res.failed) == (2, 2)
+    runs = store.runs("hang")
+    assert [(r.arm, r.status) for r in runs] == [
+        ("ok", "ok"),
+        ("hang", "failed"),
+        ("hang", "failed"),
+        ("ok", "ok"),  # the experiment went on after the failures
+    ]
+    for r in runs[1:3]:
+        assert "was not ready after 1 s" in r.error and r.load_point_id is None
+        assert "loading weights forever" in r.log_tail
+    assert live_procs(marker) == []
+
+
 def test_deployment_ready_timeout_kills_the_process_group(tmp_path, live_procs):
     from servelab.engines import get
     from servelab.engines.base import ProcessConfig
