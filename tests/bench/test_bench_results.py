@@ -57,6 +57,9 @@ def test_save_list_show(monkeypatch, capsys, tmp_path):
         assert len(list(st.requests(row))) == 5
     code, out, _ = cli(monkeypatch, capsys, "results", "list", "--store", str(db))
     assert code == 0 and "mine" in out and "c=2" in out
+    code, out, _ = cli(monkeypatch, capsys, "results", "list", "--source", "import:vllm",
+                       "--store", str(db))
+    assert code == 0 and "no load points with source 'import:vllm'" in out
     code, out, _ = cli(monkeypatch, capsys, "results", "show", str(lp), "--json", "--requests",
                        "--store", str(db))
     doc = json.loads(out)

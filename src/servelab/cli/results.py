@@ -32,7 +32,11 @@ def results_list(
     with Store(store) as st:
         rows = st.load_points(source=source, limit=n)
     if not rows:
-        Console().print("no load points stored yet: run `servelab bench` or `servelab import`")
+        if source:  # said 'none stored yet' while other sources had rows
+            Console().print(f"no load points with source {source!r}; sources are bench, "
+                            "experiment, import:sglang, import:vllm")
+        else:
+            Console().print("no load points stored yet: run `servelab bench` or `servelab import`")
         return
     Console().print(list_table(rows))
 
