@@ -248,3 +248,58 @@ def test_old_kineto_category_names(tmp_path):
     a, b = analyze(FIX / "graph_small.json.gz"), analyze(p)
     assert a["steps"] == b["steps"] and a["categories"] == b["categories"]
     assert b["cuda_graphs"]["graph_launches"] == 5
+
+
+def _pipelined_trace(path: Path, lags: list[float], period: float = 10.0, kern: float = 10.0):
+    """Host step every `period` us (5 us long); its graph replay runs `lag` us after the host
+    start: lags > period - kern make the host run ahead of a GPU that is busy back to back."""
+    ev, gpu_end = [], 0.0
+    for k, lag in enumerate(lags):
+        h0 = 1000.0 + period * k
+        g0 = max(h0 + lag, gpu_end)  # one stream: a replay starts when the previous one ended
+        gpu_end = g0 + kern
+        ev += [
+            {"ph": "X", "cat": "user_annotation", "name": "step[DECODE bs=8]", "ts": h0, "dur": 5.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": h0 + 1, "dur": 0.5,
+             "args": {"correlation": k + 1}},
+            {"ph": "X", "cat": "kernel", "name": "flash_fwd_kernel", "ts": g0, "dur": kern,
+             "args": {"device": 0, "stream": 7, "correlation": k + 1}},
+        ]
+    path.write_text(json.dumps({"traceEvents": ev}))
+    return ev
+
+
+def test_host_running_ahead_of_a_busy_gpu_is_not_idle(tmp_path):
+    """An overlap scheduler launches step k+1 while step k's kernels still run: steps must not
+    overlap, or a GPU busy back to back reads as idle (it said HOST-BOUND, 60% idle, here)."""
+    ev = _pipelined_trace(tmp_path / "p.json", [15.0] * 20)
+    r = analyze(tmp_path / "p.json")
+    k = [e for e in ev if e["cat"] == "kernel"]
+    s = np.array([e["ts"] for e in k])
+    e_ = s + np.array([e["dur"] for e in k])
+    span = e_.max() - ev[0]["ts"]  # first host start to last kernel end, one contiguous window
+    assert r["gpu_busy_us"] == pytest.approx(_np_union(s, e_))
+    assert r["wall_us"] == pytest.approx(span)
+    assert r["gpu_busy_fraction"] == pytest.approx(200.0 / 215.0)
+    assert not r["host_bound"] and r["verdict"].startswith("GPU-bound")
+    assert [st["wall_us"] for st in r["steps"][1:]] == pytest.approx([10.0] * 19)
+
+
+def test_step_walls_partition_the_union_of_step_windows(tmp_path):
+    """Mixed lags (some steps overlap the previous one, some leave gaps): the walls add up to the
+    length of the union of [host start, max(host end, kernel end)] windows, and busy to the union
+    of all kernels."""
+    lags = [2.0, 30.0, 3.0, 1.0, 25.0, 40.0, 2.0, 2.0, 50.0, 1.0]
+    ev = _pipelined_trace(tmp_path / "m.json", lags, period=20.0, kern=12.0)
+    r = analyze(tmp_path / "m.json")
+    hosts = [e for e in ev if e["cat"] == "user_annotation"]
+    kerns = [e for e in ev if e["cat"] == "kernel"]
+    w0 = np.array([h["ts"] for h in hosts])
+    w1 = np.maximum(w0 + 5.0, np.array([x["ts"] + x["dur"] for x in kerns]))
+    assert r["wall_us"] == pytest.approx(_np_union(w0, w1))
+    ks = np.array([x["ts"] for x in kerns])
+    assert r["gpu_busy_us"] == pytest.approx(_np_union(ks, ks + 12.0))
+    assert all(st["gpu_busy_us"] <= st["wall_us"] + 1e-9 for st in r["steps"])
+    r2 = analyze(tmp_path / "m.json", whatifs=["attention=free"])  # the what-if sees the same walls
+    assert r2["what_if"]["wall_us"] == pytest.approx(r["wall_us"])
+    assert r2["what_if"]["new_wall_us"] == pytest.approx(r["wall_us"] - r["gpu_busy_us"])

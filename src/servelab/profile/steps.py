@@ -5,8 +5,11 @@ A step is an annotated host range: `ProfilerStep#N` (torch.profiler's `prof.step
 names. GPU work belongs to the step whose host range contains the runtime call that launched it
 (matched by correlation id; all kernels of one `cudaGraphLaunch` share its id), so work that runs
 after the host moved on still counts for the step that asked for it. A step lasts from its host
-start to the later of its host end and its last GPU activity's end. GPU busy time is the union of
-the step's activity intervals per device; idle = wall - busy.
+start to the later of its host end and its last GPU activity's end; when the host runs ahead of
+the GPU (an overlap scheduler launching step k+1 while step k's kernels still run), step k+1
+starts only where step k ended, so steps never overlap and a GPU kept busy back to back reads as
+busy, not as idle. GPU busy time is the union of the step's activity intervals (within its window)
+per device; idle = wall - busy.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ class Step:
 
     index: int
     name: str
-    start_us: float
+    start_us: float  # the later of the host start and the previous step's end
     end_us: float
     host_end_us: float
     activities: tuple[int, ...]
@@ -88,14 +91,23 @@ def union_length(starts: list[float], ends: list[float]) -> float:
     return total + (cur_e - cur_s)
 
 
-def busy_by_device(trace: Trace, idx: list[int] | tuple[int, ...]) -> dict[int, float]:
-    """Union of the intervals of activities `idx`, per device."""
+def busy_by_device(
+    trace: Trace, idx: list[int] | tuple[int, ...], from_us: float = float("-inf")
+) -> dict[int, float]:
+    """Union of the intervals of activities `idx` (the parts after `from_us`), per device."""
     per: dict[int, tuple[list[float], list[float]]] = {}
     for i in idx:
         s, e = per.setdefault(trace.device[i], ([], []))
-        s.append(trace.ts_us[i])
-        e.append(trace.ts_us[i] + trace.dur_us[i])
+        s.append(max(trace.ts_us[i], from_us))
+        e.append(max(trace.ts_us[i] + trace.dur_us[i], from_us))
     return {d: union_length(s, e) for d, (s, e) in sorted(per.items())}
+
+
+def clipped_intervals(trace: Trace, idx: list[int], from_us: float) -> tuple[list[float], list[float]]:
+    """(starts, ends) of activities `idx`, cut to begin no earlier than `from_us` (a step's start)."""
+    starts = [max(trace.ts_us[i], from_us) for i in idx]
+    ends = [max(trace.ts_us[i] + trace.dur_us[i], from_us) for i in idx]
+    return starts, ends
 
 
 def _pick_annotations(
@@ -161,19 +173,22 @@ def find_steps(trace: Trace, step_regex: str | None = None) -> StepSet:
         else:
             outside.append(i)
     steps = []
+    prev_end = float("-inf")
     for k, (a, idx) in enumerate(zip(anns, members, strict=True)):
         end = max([a.end_us] + [trace.ts_us[i] + trace.dur_us[i] for i in idx])
+        start = min(max(a.ts_us, prev_end), end)  # host ran ahead: begin where the last step ended
+        prev_end = max(prev_end, end)
         graph_corrs = {trace.corr[i] for i in idx if launches.get(trace.corr[i], (0, False))[1]}
         n_graph_act = sum(1 for i in idx if launches.get(trace.corr[i], (0, False))[1])
         steps.append(
             Step(
                 index=k,
                 name=a.name,
-                start_us=a.ts_us,
+                start_us=start,
                 end_us=end,
                 host_end_us=a.end_us,
                 activities=tuple(idx),
-                busy_us=busy_by_device(trace, idx),
+                busy_us=busy_by_device(trace, idx, start),
                 n_graph_launches=len(graph_corrs),
                 n_graph_activities=n_graph_act,
             )

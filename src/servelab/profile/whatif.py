@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from servelab.errors import UserError
 from servelab.profile.breakdown import Breakdown
-from servelab.profile.steps import StepSet
+from servelab.profile.steps import StepSet, clipped_intervals
 from servelab.profile.trace import Trace
 
 
@@ -159,8 +159,7 @@ def apply_whatifs(
         saved: list[float] = []
         busy_main = new_main = 0.0
         for idx in _per_device(trace, st.activities).values():
-            starts = [trace.ts_us[i] for i in idx]
-            ends = [trace.ts_us[i] + trace.dur_us[i] for i in idx]
+            starts, ends = clipped_intervals(trace, idx, st.start_us)
             factors = []
             for i in idx:
                 f = 1.0
@@ -202,13 +201,8 @@ def rank_categories(trace: Trace, steps: StepSet, bd: Breakdown) -> list[Gain]:
     for st in steps.steps:
         per_dev: list[dict[str, float]] = []
         for idx in _per_device(trace, st.activities).values():
-            per_dev.append(
-                exclusive_by_label(
-                    [trace.ts_us[i] for i in idx],
-                    [trace.ts_us[i] + trace.dur_us[i] for i in idx],
-                    [bd.activity_category[i] for i in idx],
-                )
-            )
+            starts, ends = clipped_intervals(trace, idx, st.start_us)
+            per_dev.append(exclusive_by_label(starts, ends, [bd.activity_category[i] for i in idx]))
         for row in bd.categories:
             excl[row.category] = excl.get(row.category, 0.0) + min(
                 (d.get(row.category, 0.0) for d in per_dev), default=0.0
