@@ -17,7 +17,7 @@ import_app = typer.Typer(help="Import SGLang / vLLM benchmark results into the s
 def results_list(
     source: str = typer.Option(None, "--source", help="Only this source: bench, experiment, import:sglang, import:vllm."),
     limit: str = typer.Option("50", "--limit", help="At most this many rows (newest first)."),
-    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
 ) -> None:
     """List stored load points, newest first."""
     from rich.console import Console
@@ -46,7 +46,7 @@ def results_show(
     lp_id: str = typer.Argument(..., metavar="ID", help="The id shown by `servelab results list`."),
     as_json: bool = typer.Option(False, "--json", help="Print the row (summary, provenance) as JSON."),
     requests: bool = typer.Option(False, "--requests", help="With --json: add the per-request records."),
-    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
 ) -> None:
     """Show one stored load point: its summary table, or everything as JSON."""
     import orjson
@@ -89,7 +89,7 @@ def _import(kind: str, file: str, label: str | None, store: str | None) -> None:
 def import_sglang(
     file: str = typer.Argument(..., metavar="FILE.jsonl", help="`sglang.bench_serving --output-file` JSONL."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
-    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
 ) -> None:
     """Import SGLang bench_serving results (one load point per line)."""
     _import("sglang", file, label, store)
@@ -99,7 +99,7 @@ def import_sglang(
 def import_vllm(
     file: str = typer.Argument(..., metavar="FILE.json", help="`vllm bench serve --save-result` JSON."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
-    store: str = typer.Option(None, "--store", help="Results database (default $SERVELAB_HOME/results.db)."),
+    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
 ) -> None:
     """Import vLLM benchmark_serving results."""
     _import("vllm", file, label, store)
