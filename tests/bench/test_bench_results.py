@@ -159,6 +159,8 @@ def test_import_vllm_json(monkeypatch, capsys, tmp_path):
     assert recs[0]["ttft_ms"] == pytest.approx(100.0) and recs[2]["ok"] is False
     assert recs[1]["chunk_gap_ms"] == pytest.approx([20.0] * 9)
     assert recs[1]["tpot_ms"] == pytest.approx(20.0)
+    code, out, err = cli(monkeypatch, capsys, "results", "show", str(row.id))
+    assert code == 0 and "imported" in out and "20261129-120000" in out and "measured" not in out
 
 
 def test_import_rejects_other_files(monkeypatch, capsys, tmp_path):

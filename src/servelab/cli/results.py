@@ -72,6 +72,10 @@ def results_show(
     c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
                                               f"{row.model or ''} {row.load_key}"))
     prov = row.provenance
+    if prov.get("import_kind"):  # not measured by us: say where it came from
+        c.print(f"imported {prov.get('time_utc', '?')} from {prov.get('imported_from', '?')} "
+                f"({prov['import_kind']} result dated {prov.get('original_date') or 'unknown'})")
+        return
     c.print(f"measured {prov.get('time_utc', '?')} on {prov.get('host', '?')} by servelab "
             f"{prov.get('servelab_version', '?')} ({prov.get('git_sha') or 'no git sha'})")
 
