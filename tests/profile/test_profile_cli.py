@@ -68,8 +68,12 @@ def test_step_regex_and_user_rules(tmp_path):
 def test_bad_inputs_are_one_line_errors(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 1, "dur": 2},')
+    short_gz = tmp_path / "short.json.gz"  # cut inside the first gzip block: fails on the first read
+    short_gz.write_bytes((FIX / "eager_small.json.gz").read_bytes()[:100])
     cases = [
         (["profile", str(bad)], "truncated"),
+        (["profile", str(short_gz)], "truncated at event #0"),
+        (["profile", str(FIX / "eager_small.json.gz"), "--step-regex", "("], "--step-regex"),
         (["profile", str(FIX / "cpu_only.json.gz")], "no GPU events"),
         (["profile", str(FIX / "eager_small.json.gz"), "--what-if", "warp=free"], "neither a category"),
         (["ceiling", "--model", "gpt-9", "--gpu", "h200"], "known: deepseek-v3"),

@@ -223,7 +223,10 @@ def read_trace(
     p = Path(path)
     if not p.is_file():
         raise UserError(f"trace file {p} does not exist (pass a .json or .json.gz trace)")
-    keep = re.compile(step_regex) if step_regex else None
+    try:
+        keep = re.compile(step_regex) if step_regex else None
+    except re.error as exc:
+        raise UserError(f"--step-regex {step_regex!r} is not a valid regular expression: {exc}") from None
     size = p.stat().st_size
     if size == 0:
         raise UserError(f"{p}: the trace file is empty")
@@ -261,23 +264,25 @@ def _load_whole(p: Path, gz: bool) -> Any:
 def _stream(p: Path, ing: _Ingest) -> None:
     import ijson
 
-    prefix = "item" if _first_char(p) == b"[" else "traceEvents.item"
-    raw, _ = _open_raw(p)
-    counter = _CountingReader(raw)
-    buffered = io.BufferedReader(counter, buffer_size=1 << 20)
     i = -1
-    try:
+    prefix = "traceEvents.item"
+    counter = _CountingReader(io.BytesIO())
+    try:  # a damaged gzip header or an empty gzip stream fails already here
+        prefix = "item" if _first_char(p) == b"[" else "traceEvents.item"
+        raw, _ = _open_raw(p)
+        counter = _CountingReader(raw)
+        buffered = io.BufferedReader(counter, buffer_size=1 << 20)
         with raw:
             for i, ev in enumerate(ijson.items(buffered, prefix, use_float=True)):
                 ing.add(i, ev)
     except UserError:
         raise
     except (ijson.JSONError, EOFError, OSError, zlib.error, ValueError) as exc:
-        last = ing.last_good()
+        last = f"last good event #{i}: {ing.last_good()}" if i >= 0 else "no event read whole"
         what = "truncated" if _looks_truncated(exc) else "corrupt"
         raise UserError(
             f"{p}: the trace is {what} at event #{i + 1} (about byte {counter.offset:,} of the "
-            f"JSON; last good event #{i}: {last}): {' '.join(str(exc).split())[:160]}. "
+            f"JSON; {last}): {' '.join(str(exc).split())[:160]}. "
             "Re-export the trace, or copy the whole file"
         ) from None
     if i < 0 and ing.t.n_events == 0:
