@@ -364,6 +364,10 @@ def test_cli_run_twice_resumes_nothing_then_fresh_starts_over(tmp_path, scripted
     assert "report: servelab report cli" in first.output
     again = cli.invoke(app, ["run", str(f), "--store", str(db)])
     assert "2 of 2 runs already stored, 0 to run" in again.output
+    assert "noise band +-2%" in again.output
+    f.write_text(text.replace("retries = 1\n", "retries = 1\nnoise_band = 0.5\n"))
+    wider = cli.invoke(app, ["run", str(f), "--store", str(db)])  # the band may change on resume
+    assert "2 of 2 runs already stored" in wider.output and "noise band +-50%" in wider.output
     with Store(db) as st:
         before = {r.id for r in st.runs("cli")}
     fresh = cli.invoke(app, ["run", str(f), "--store", str(db), "--fresh"])

@@ -130,7 +130,9 @@ def register(app: typer.Typer) -> None:
             return
         run_file(spec, store, console)
         with Store(store) as st:
-            _attribution(console, collect(st, spec.name))
+            # the band in the file as it is now (a resume may have changed it; the store keeps the
+            # spec as first run)
+            _attribution(console, collect(st, spec.name, spec.noise_band))
         console.print(f"report: servelab report {spec.name}", highlight=False)
 
     @app.command("report")
