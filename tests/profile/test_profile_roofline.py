@@ -213,6 +213,17 @@ def test_any_hf_config_json(tmp_path):
     p.write_text(json.dumps({"hidden_size": 10}))
     with pytest.raises(UserError, match="num_hidden_layers"):
         load_model(str(p))
+    base = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 10}
+    for extra, needle in [  # incomplete configs: one line naming the key, no KeyError traceback
+        ({"model_type": "deepseek_v4"}, "no 'head_dim'"),
+        ({"kv_lora_rank": 16, "qk_nope_head_dim": 8}, "no 'qk_rope_head_dim'"),
+        ({"num_experts": 8, "num_experts_per_tok": 2}, "no 'moe_intermediate_size'"),
+        ({"intermediate_size": "big"}, "not a number"),
+        ({"num_attention_heads": 0, "intermediate_size": 8}, "must be >= 1"),
+    ]:
+        p.write_text(json.dumps(base | extra))
+        with pytest.raises(UserError, match=needle):
+            load_model(str(p))
 
 
 def test_ceiling_report_measured_efficiency_and_fit_warning():

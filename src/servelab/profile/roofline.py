@@ -129,6 +129,25 @@ def model_from_config(
             f"{name}: config needs hidden_size, num_hidden_layers, num_attention_heads and "
             f"vocab_size ({exc!r} missing or not a number)"
         ) from None
+    if min(h, layers, heads, vocab) < 1:
+        raise UserError(
+            f"{name}: hidden_size, num_hidden_layers, num_attention_heads and vocab_size must be "
+            f">= 1, got {h}, {layers}, {heads}, {vocab}"
+        )
+    try:
+        return _model_from_config(cfg, name, h, layers, heads, vocab, kv_bytes_per_token,
+                                  default_weight_dtype, default_expert_dtype)
+    except KeyError as exc:
+        raise UserError(f"{name}: config has no {exc.args[0]!r}, which this model type needs") from None
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"{name}: a config value is not a number ({exc})") from None
+
+
+def _model_from_config(
+    cfg: dict, name: str, h: int, layers: int, heads: int, vocab: int,
+    kv_bytes_per_token: dict[str, float] | None, default_weight_dtype: str,
+    default_expert_dtype: str | None,
+) -> ModelSpec:
     mtype = str(cfg.get("model_type", ""))
     q_lora = _get(cfg, "q_lora_rank")
     sparse_topk = _get(cfg, "index_topk")
@@ -175,7 +194,10 @@ def model_from_config(
     top_k = int(_get(cfg, "num_experts_per_tok", "num_experts_per_token", default=0))
     inter = _get(cfg, "intermediate_size")
     if n_exp and top_k:
-        moe_inter = int(_get(cfg, "moe_intermediate_size", default=inter))
+        moe_inter = _get(cfg, "moe_intermediate_size", default=inter)
+        if moe_inter is None:
+            raise KeyError("moe_intermediate_size")
+        moe_inter = int(moe_inter)
         expert = 3 * h * moe_inter
         shared = int(_get(cfg, "n_shared_experts", default=0)) * expert
         shared += 3 * h * int(_get(cfg, "shared_expert_intermediate_size", default=0)) + h * n_exp
