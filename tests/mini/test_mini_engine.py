@@ -292,3 +292,37 @@ def test_graph_capture_orders_input_fills_before_side_stream(monkeypatch):
     for kv, ik in zip(eng.cache.kv, eng.cache.ik, strict=True):
         assert not kv[:live].any() and not ik[:live].any()
     assert all(kv[live:].any() for kv in eng.cache.kv[:-1])  # main layers wrote scratch rows
+
+
+@pytest.mark.parametrize("spec", [None, "EAGLE"])
+def test_min_tokens_and_ignore_eos_against_an_eos_loving_model(spec):
+    """With EOS made the argmax everywhere: no min_tokens stops at once, min_tokens N emits N
+    other tokens and then EOS, ignore_eos runs to max_tokens (plain decode and MTP verify)."""
+    eng = engine(max_running_requests=2, speculative_algorithm=spec)
+    real = eng.model.forward_flat
+
+    def eos_first(*a, **k):
+        logits, hidden = real(*a, **k)
+        logits[:, tk.EOS] += 1e4
+        return logits, hidden
+
+    eng.model.forward_flat = eos_first
+    p = tk.encode("x = 1")
+    ids, _, ev = eng.generate(p, SamplingParams(max_tokens=20, temperature=0.0))
+    assert ids == [tk.EOS] and ev.finish_reason == "stop"
+    ids, _, ev = eng.generate(p, SamplingParams(max_tokens=20, temperature=0.0, min_tokens=5))
+    assert len(ids) == 6 and ids[-1] == tk.EOS and tk.EOS not in ids[:-1]
+    assert ev.finish_reason == "stop"
+    ids, _, ev = eng.generate(p, SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True))
+    assert len(ids) == 20 and ev.finish_reason == "length"
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    from servelab.mini.sampling import target_probs
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
+    p = torch.softmax(logits[0], -1)  # 0.644, 0.237, 0.087, 0.032
+    got = target_probs(logits, SamplingParams(temperature=1.0, top_p=0.7))[0]
+    want = torch.tensor([p[0], p[1], 0, 0]) / (p[0] + p[1])
+    assert torch.allclose(got, want, atol=1e-6)
+    assert torch.allclose(target_probs(logits, SamplingParams(temperature=1.0))[0], p)
