@@ -119,7 +119,8 @@ def test_cli_unreachable_completes_and_reports(monkeypatch, capsys, free_port, t
                              f"http://127.0.0.1:{free_port}", "--concurrency", "2",
                              "--num-prompts", "2", "--quiet", "--output", str(out_file))
     assert code == 1  # nothing measured: visible to scripts
-    assert "connect_error" in out
+    assert "connect_error x2" in out
+    assert "connect_error: " in out and "127.0.0.1" in out  # an example of the reason's detail
     import orjson
 
     doc = orjson.loads(out_file.read_bytes())

@@ -129,6 +129,13 @@ def register(app: typer.Typer) -> None:
             elif res.summary["completed"] == 0:
                 reasons = ", ".join(f"{k} x{v}" for k, v in res.summary["failure_reasons"].items())
                 console.print(f"[red]every request failed ({reasons})[/red]")
+            # one example per reason: 'http_400 x100' alone does not say the model name was wrong
+            seen: set[str] = set()
+            for rec in res.records:
+                if rec["error"] and rec["error"] not in seen:
+                    seen.add(rec["error"])
+                    console.print(f"  {rec['error']}: {rec['error_detail'] or ''}"[:300],
+                                  markup=False, highlight=False)
             out.append({**res.summary, "store_id": row})
             if output:  # rewritten after every load point, so a crash keeps what was measured
                 doc = {"provenance": provenance.collect(server_info=res.server_info,
