@@ -303,3 +303,37 @@ def test_step_walls_partition_the_union_of_step_windows(tmp_path):
     r2 = analyze(tmp_path / "m.json", whatifs=["attention=free"])  # the what-if sees the same walls
     assert r2["what_if"]["wall_us"] == pytest.approx(r["wall_us"])
     assert r2["what_if"]["new_wall_us"] == pytest.approx(r["wall_us"] - r["gpu_busy_us"])
+
+
+def test_user_rules_replace_and_fallback(tmp_path):
+    """`replace = true` drops the built-in rules; unmatched work goes to the user's fallback."""
+    rules = tmp_path / "r.toml"
+    rules.write_text('replace = true\nfallback = "rest"\n'
+                     '[[rule]]\ncategory = "sdpa"\npatterns = ["sdpa"]\n'
+                     '[[rule]]\ncategory = "copies"\nkinds = ["memcpy", "memset"]\npatterns = ["."]\n')
+    raw = _raw("graph_big")
+    t = read_trace(FIX / "graph_big.json.gz")
+    ss = find_steps(t)
+    bd = breakdown(t, ss, load_rules(rules))
+    cats = {c.category: c for c in bd.categories}
+    assert set(cats) == {"sdpa", "copies", "rest"}
+    in_steps = {i for st in ss.steps for i in st.activities}
+    names = [t.names[t.name_idx[i]] for i in sorted(in_steps)]
+    kinds = [t.kind[i] for i in sorted(in_steps)]
+    assert cats["sdpa"].count == sum("sdpa" in n for n, k in zip(names, kinds, strict=True) if k == 0)
+    assert cats["copies"].count == sum(k != 0 for k in kinds)
+    assert any(e.get("cat") == "gpu_memcpy" for e in raw) and cats["copies"].count > 0
+    assert sum(c.total_us for c in bd.categories) == pytest.approx(bd.kernel_total_us)
+
+
+@pytest.mark.parametrize("body,needle", [
+    ('[[rule]]\ncategory = "x"\npatterns = "gemm"\n', "needs 'patterns'"),
+    ('[[rule]]\ncategory = "x"\npatterns = ["("]\n', "bad regex"),
+    ('[[rule]]\ncategory = "x"\nkinds = ["tensor"]\npatterns = ["a"]\n', "unknown kinds"),
+    ('rule = 3\n', "array of tables"),
+])
+def test_bad_rules_files_are_named(tmp_path, body, needle):
+    p = tmp_path / "bad.toml"
+    p.write_text(body)
+    with pytest.raises(UserError, match=needle):
+        load_rules(p)
