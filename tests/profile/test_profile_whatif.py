@@ -135,3 +135,23 @@ def test_amdahl_values():
     assert amdahl(0.0) == 1.0
     with pytest.raises(ValueError):
         amdahl(1.5)
+
+
+def test_vs_diffs_per_step_category_and_kernel_times(tmp_path):
+    """A (40 story steps) vs B (10 steps, sparse decode 3x faster): per-step times, not totals."""
+    from servelab.profile.analyze import compare
+
+    a_path, b_path = tmp_path / "a.json", tmp_path / "b.json"
+    write_trace(a_path, _story_steps(40), gpu_offset_us=0.0)
+    faster = [[K(k.name, k.dur_us / 3 if "sparse" in k.name else k.dur_us) for k in st]
+              for st in _story_steps(10)]
+    write_trace(b_path, faster, gpu_offset_us=0.0)
+    d = compare(analyze(a_path), analyze(b_path))
+    cats = {r["key"]: r for r in d["categories"]}
+    assert cats["attention"]["a_per_step_us"] == pytest.approx(63.0)
+    assert cats["attention"]["b_per_step_us"] == pytest.approx(21.0)
+    assert cats["attention"]["delta_us"] == pytest.approx(-42.0)
+    assert cats["moe"]["ratio"] == pytest.approx(1.0)
+    kern = {r["key"]: r for r in d["kernels"]}
+    assert kern["_tiled_sparse_decode_kernel"]["ratio"] == pytest.approx(1 / 3)
+    assert d["a_step_us"] == pytest.approx(101.0) and d["b_step_us"] == pytest.approx(59.0)
