@@ -72,6 +72,11 @@ def test_kernel_what_if_by_regex(tmp_path):
     write_trace(p, _story_steps(4), gpu_offset_us=0.0)
     r = analyze(p, whatifs=["kernel:sparse_decode=free", "moe=2x"])
     assert r["what_if"]["speedup"] == pytest.approx(101 / (101 - 63 - 5))
+    assert r["what_if"]["matched_activities"] == {"kernel:sparse_decode=free": 4, "moe=2x": 4}
+    # a category the rules know but this trace lacks: speedup 1, and the note says why
+    r2 = analyze(p, whatifs=["topk_sort=free"])
+    assert r2["what_if"]["speedup"] == pytest.approx(1.0)
+    assert "topk_sort=free matched no GPU activity" in r2["what_if"]["note"]
 
 
 def test_bad_what_if_specs(tmp_path):

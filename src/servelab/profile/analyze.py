@@ -170,6 +170,14 @@ def analyze(
         names = [k.name for k in bd.kernels]
         parsed = [parse_whatif(s, cats, names) for s in whatifs]
         res = apply_whatifs(trace, steps, bd, parsed)
+        unmatched = [spec for spec, n in res.matched.items() if n == 0]
+        note = (
+            "host gaps kept as measured; on a host-bound trace the real gain is smaller"
+            if host_bound
+            else "host gaps kept as measured"
+        )
+        if unmatched:
+            note += f"; {', '.join(unmatched)} matched no GPU activity in the steps"
         report["what_if"] = {
             "specs": res.specs,
             "wall_us": res.wall_us,
@@ -179,11 +187,8 @@ def analyze(
             "new_gpu_busy_us": res.new_busy_us,
             "per_step_us": res.wall_us / max(len(steps.steps), 1),
             "new_per_step_us": res.new_wall_us / max(len(steps.steps), 1),
-            "note": (
-                "host gaps kept as measured; on a host-bound trace the real gain is smaller"
-                if host_bound
-                else "host gaps kept as measured"
-            ),
+            "matched_activities": res.matched,
+            "note": note,
         }
     report["_breakdown"] = bd  # for --vs; dropped before JSON
     return report

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from servelab.errors import UserError
 from servelab.profile.breakdown import Breakdown
@@ -136,6 +136,7 @@ class WhatIfResult:
     new_wall_us: float
     busy_us: float
     new_busy_us: float
+    matched: dict[str, int] = field(default_factory=dict)  # spec -> activities it decided
 
     @property
     def speedup(self) -> float:
@@ -154,6 +155,7 @@ def apply_whatifs(
 ) -> WhatIfResult:
     """Apply all `whatifs` together (the first that matches an activity decides its factor)."""
     rx = {w.spec: re.compile(w.target) for w in whatifs if w.kernel}
+    matched = {w.spec: 0 for w in whatifs}
     wall = new_wall = busy_all = new_busy_all = 0.0
     for st in steps.steps:
         saved: list[float] = []
@@ -171,6 +173,7 @@ def apply_whatifs(
                     )
                     if hit:
                         f = w.factor
+                        matched[w.spec] += 1
                         break
                 factors.append(f)
             b, nb = scaled_busy(starts, ends, factors)
@@ -181,7 +184,7 @@ def apply_whatifs(
         new_wall += st.wall_us - (min(saved) if saved else 0.0)
         busy_all += busy_main
         new_busy_all += new_main
-    return WhatIfResult([w.spec for w in whatifs], wall, new_wall, busy_all, new_busy_all)
+    return WhatIfResult([w.spec for w in whatifs], wall, new_wall, busy_all, new_busy_all, matched)
 
 
 @dataclass(frozen=True, slots=True)
