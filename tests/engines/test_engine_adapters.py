@@ -182,3 +182,39 @@ def test_recipes_are_data_with_constraints():
     assert len(bad) == 1 and "speculative-algorithm='NGRAM'" in bad[0]
     with pytest.raises(UserError, match="no settings for engine 'vllm'"):
         recipe.Recipe("r", "", "", {"sglang": {}}, {}, ("sglang",)).flags_for("vllm")
+
+
+@pytest.mark.parametrize(
+    ("served", "want_hits"),
+    [
+        ({"/server_info": b'{"tp_size": 8}'}, ["/server_info"]),  # current SGLang
+        ({"/get_server_info": b'{"tp_size": 8}'}, ["/server_info", "/get_server_info"]),  # older
+    ],
+)
+def test_sglang_info_prefers_server_info_and_falls_back(served, want_hits):
+    """SGLang's /get_server_info is a deprecated alias (it logs a warning per call) of
+    /server_info; older versions have only the alias."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    hits: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            hits.append(self.path)
+            body = served.get(self.path)
+            self.send_response(200 if body else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    srv = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        got = engines.get("sglang").info(f"http://127.0.0.1:{srv.server_port}")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert got == {"tp_size": 8} and hits == want_hits

@@ -147,7 +147,12 @@ class Engine:
 
     def info(self, url: str) -> dict[str, Any] | None:
         """The server's own description of its configuration, when it has one."""
-        body = self._fetch(url, self.info_path)
+        return self._json(url, self.info_path)
+
+    def _json(self, url: str, path: str | None) -> dict[str, Any] | None:
+        """GET `path` as a JSON object (a non-object is wrapped as {"value": ...}); None when
+        absent or not JSON."""
+        body = self._fetch(url, path)
         if body is None:
             return None
         try:

@@ -1,13 +1,15 @@
 """SGLang: `python -m sglang.launch_server`, and `sglang_router` for prefill/decode disaggregation.
 
-Flag names follow SGLang's `ServerArgs` (python/sglang/srt/server_args.py); acceptance comes from
-`/get_server_info` (`internal_states[0].avg_spec_accept_length`) and the `sglang:` gauges.
+Flag names follow SGLang's `ServerArgs` (python/sglang/srt/server_args.py). The server describes
+itself at `/server_info` (`/get_server_info` before it); acceptance over a window comes from the
+`sglang:spec_accept_length` gauge (with --enable-metrics).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from servelab.engines.base import (
     Engine,
@@ -70,11 +72,17 @@ class SGLang(Engine):
     name = "sglang"
     roles = ("server", "prefill", "decode", "router")
     known_flags = _SERVER_FLAGS
-    info_path = "/get_server_info"
+    # current SGLang serves /server_info and logs a deprecation warning for /get_server_info
+    # (python/sglang/srt/entrypoints/http_server.py); older versions have only the latter
+    info_path = "/server_info"
     conflicts = (
         ("disable-cuda-graph", "cuda-graph-max-bs"),
         ("disable-cuda-graph", "cuda-graph-bs"),
     )
+
+    def info(self, url: str) -> dict[str, Any] | None:
+        """`/server_info`, or `/get_server_info` on SGLang versions without it."""
+        return super().info(url) or self._json(url, "/get_server_info")
 
     def flags_for(self, role: str) -> frozenset[str] | None:
         return _ROUTER_FLAGS if role == "router" else _SERVER_FLAGS
