@@ -283,6 +283,8 @@ def test_host_running_ahead_of_a_busy_gpu_is_not_idle(tmp_path):
     assert r["gpu_busy_fraction"] == pytest.approx(200.0 / 215.0)
     assert not r["host_bound"] and r["verdict"].startswith("GPU-bound")
     assert [st["wall_us"] for st in r["steps"][1:]] == pytest.approx([10.0] * 19)
+    w = analyze(tmp_path / "p.json", whatifs=["attention=2x"])["what_if"]
+    assert "host ran ahead of the GPU in 19 of 20 steps" in w["note"]
 
 
 def test_step_walls_partition_the_union_of_step_windows(tmp_path):

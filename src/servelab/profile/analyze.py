@@ -139,6 +139,7 @@ def analyze(
                 "phase": st.phase,
                 "batch_size": st.batch_size,
                 "start_us": st.start_us,
+                "host_start_us": st.host_start_us,
                 "wall_us": st.wall_us,
                 "gpu_busy_us": st.gpu_busy_us,
                 "gpu_busy_us_by_device": {str(d): b for d, b in st.busy_us.items()},
@@ -176,6 +177,12 @@ def analyze(
             if host_bound
             else "host gaps kept as measured"
         )
+        ahead = sum(st.host_ran_ahead for st in steps.steps)
+        if ahead:
+            note += (
+                f"; the host ran ahead of the GPU in {ahead} of {len(steps.steps)} steps: its work "
+                "hidden under kernel time becomes the floor once kernels get faster"
+            )
         if unmatched:
             note += f"; {', '.join(unmatched)} matched no GPU activity in the steps"
         report["what_if"] = {

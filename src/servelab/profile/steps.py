@@ -39,6 +39,12 @@ class Step:
     busy_us: dict[int, float]  # device -> union of activity intervals
     n_graph_launches: int
     n_graph_activities: int
+    host_start_us: float  # the annotation's start (start_us is later when the host ran ahead)
+
+    @property
+    def host_ran_ahead(self) -> bool:
+        """The host began this step while the previous step's GPU work still ran."""
+        return self.start_us > self.host_start_us
 
     @property
     def wall_us(self) -> float:
@@ -191,6 +197,7 @@ def find_steps(trace: Trace, step_regex: str | None = None) -> StepSet:
                 busy_us=busy_by_device(trace, idx, start),
                 n_graph_launches=len(graph_corrs),
                 n_graph_activities=n_graph_act,
+                host_start_us=a.ts_us,
             )
         )
     return StepSet(steps=steps, source=source, outside_activities=tuple(outside))
