@@ -375,3 +375,23 @@ def test_cli_run_twice_resumes_nothing_then_fresh_starts_over(tmp_path, scripted
     with Store(db) as st:
         after = st.runs("cli")
     assert len(after) == 2 and not ({r.id for r in after} & before)
+
+
+def test_runs_whose_requests_all_fail_are_stored_failed_with_the_reason(tmp_path, free_port):
+    spec = spec_mod.parse(
+        {
+            "name": "down",
+            "engine": "external",
+            "url": f"http://127.0.0.1:{free_port}",  # nothing listens there
+            "repetitions": 1,
+            "arms": {"a": {}, "b": {}},
+            "load": {"concurrency": [1]},
+            "workload": {"input_len": 8, "output_len": 5, "num_prompts": 2},
+        }
+    )
+    lines: list[str] = []
+    res = Runner(spec, Store(tmp_path / "r.db"), say=lines.append).run()
+    assert (res.ok, res.failed) == (0, 2)
+    runs = Store(tmp_path / "r.db").runs("down")
+    assert all(r.status == "failed" and "connect_error" in r.error for r in runs)
+    assert sum("connect_error" in x for x in lines) == 2  # the console says why, not only 'failed'

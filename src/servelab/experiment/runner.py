@@ -331,6 +331,7 @@ class Runner:
             f"{'ok' if status == 'ok' else '[red]failed[/red]'} {p.describe()}: "
             f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
             f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s)"
+            + (f": {error}" if error else "")
         )
         return status
 
