@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import math
 import platform
@@ -32,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from servelab import atomic
 from servelab.mini import tokenizer as tk
 from servelab.mini.checkpoint import WEIGHTS_DIR, save
 from servelab.mini.config import get_config
@@ -173,11 +175,15 @@ def main(argv: list[str] | None = None) -> None:
     acc = {f"steps{k}": eval_acceptance(a.out, dev, prompts, 128, k) for k in (1, 2)}
     long_prompts = heldout_prompts(held, a.eval_prompts, 255, a.seed)  # 256 tokens with BOS
     acc["steps1_256in_256out"] = eval_acceptance(a.out, dev, long_prompts, 256, 1)
+    print(json.dumps(acc, indent=2), flush=True)
+    if a.eval_only:  # evaluating must never rewrite a checkpoint (the shipped one by default)
+        return
     ck = torch.load(a.out, map_location="cpu", weights_only=True)
     ck["meta"]["mtp_acceptance"] = acc
-    torch.save(ck, a.out)
-    a.out.with_suffix(".json").write_text(json.dumps(ck["meta"], indent=2) + "\n")
-    print(json.dumps(acc, indent=2), flush=True)
+    buf = io.BytesIO()
+    torch.save(ck, buf)
+    atomic.write_bytes(a.out, buf.getvalue())
+    atomic.write_text(a.out.with_suffix(".json"), json.dumps(ck["meta"], indent=2) + "\n")
 
 
 def choose_steps(a, cfg, corpus: torch.Tensor) -> int:
