@@ -42,6 +42,7 @@ disaggregation-ib-device pp-max-micro-batch-size watchdog-timeout stream-interva
 enable-nccl-nvls enable-symm-mem disable-custom-all-reduce pipeline-parallel-size ep
 dsa-prefill-backend dsa-decode-backend disable-decode-cuda-graph disable-prefill-cuda-graph
 cuda-graph-max-bs-decode cuda-graph-backend-decode speculative-draft-model
+engine-info-bootstrap-port nccl-port
 """.split()
 )
 # Checked against sgl-project/sglang python/sglang/srt/server_args.py (ServerArgs fields, flag =
