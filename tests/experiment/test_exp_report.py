@@ -33,6 +33,17 @@ def test_markdown_and_html_contents(finished, tmp_path):
     assert "| fast | c=1 | 2 |" in text and "(baseline)" in text
     assert "Hypothesis: two tokens per chunk halve TPOT" in text
     assert "Decision: (to fill in" in text
+    # every metric's median over runs with its spread, recomputed from the stored summaries
+    tpot = sorted(
+        finished.load_point(r.load_point_id).summary["tpot_ms"]["median"]
+        for r in finished.runs("rep")
+        if (r.arm, r.load_key) == ("fast", "c=1")
+    )
+    section = text.split("## Medians over runs", 1)[1].split("\n## ", 1)[0]
+    row = next(x for x in section.splitlines() if x.startswith("| fast | c=1 | 2 | "))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    want = f"{(tpot[0] + tpot[1]) / 2:.4g} [{tpot[0]:.4g}-{tpot[1]:.4g}, CV "
+    assert cells[6].startswith(want), (cells[6], want)
     doc = page.read_text()
     imgs = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', doc)
     assert len(imgs) >= 4  # throughput, TTFT, TPOT, effects (+acc)

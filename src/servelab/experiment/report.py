@@ -137,6 +137,28 @@ def attribution_rows(data: ExperimentData) -> list[list[str]]:
     return rows
 
 
+def spread_rows(data: ExperimentData) -> list[list[str]]:
+    """Header + one row per arm x load point: every metric's median over runs with its spread
+    (min-max over runs, CV), so latency and acceptance are visible per run, not only as effects."""
+    an = data.analysis
+    rows = [["arm", "load", "runs"] + [f"{m.label} ({m.unit})" for m in METRICS.values()]]
+    for arm in an.arms:
+        for lk in an.load_keys:
+            cells = []
+            for key in METRICS:
+                s = an.spreads[(arm, lk, key)]
+                if s.n == 0:
+                    cells.append("n/a")
+                elif s.n == 1:
+                    cells.append(_num(s.median))
+                else:
+                    cv = f", CV {s.cv * 100:.1f}%" if math.isfinite(s.cv) else ""
+                    cells.append(f"{_num(s.median)} [{_num(s.min)}-{_num(s.max)}{cv}]")
+            n = an.spreads[(arm, lk, data.primary)].n
+            rows.append([arm, lk, str(n), *cells])
+    return rows
+
+
 def _md_table(rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     out += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows[1:]]
@@ -209,6 +231,10 @@ def markdown(data: ExperimentData) -> str:
         "## Attribution",
         "",
         _md_table(attribution_rows(data)),
+        "",
+        "## Medians over runs [min-max, CV]",
+        "",
+        _md_table(spread_rows(data)),
         "",
     ]
     if data.analysis.warnings:
@@ -323,6 +349,8 @@ def render_html(data: ExperimentData, store: Store) -> str:
             + "</ul></div>"
         )
     parts += [
+        "<h2>Medians over runs [min-max, CV]</h2>",
+        _html_table(spread_rows(data)),
         "<h2>Plots</h2><div class='plots'>",
         *imgs,
         "</div>",
