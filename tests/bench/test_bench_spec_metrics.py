@@ -58,6 +58,10 @@ def test_vllm_window_uses_deltas_not_lifetime():
     assert tau == pytest.approx(4.0)  # lifetime would say 1 + 400/200 = 3
     assert rate == pytest.approx(1.0)
     assert spec_metrics.from_vllm(after, after) == (None, None)  # no drafts in the window
+    # the scrape before the load point failed: lifetime totals must not pass for the window
+    assert spec_metrics.from_vllm({}, after) == (None, None)
+    # scraped, but the spec counters not exported yet: they were 0
+    assert spec_metrics.from_vllm({"vllm:num_requests_running": 0.0}, after)[0] == pytest.approx(3.0)
 
 
 def test_prometheus_parsing_sums_labels_and_drops_total():

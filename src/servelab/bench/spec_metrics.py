@@ -61,6 +61,8 @@ def from_vllm(before: dict[str, float], after: dict[str, float]) -> tuple[float 
     """(tau, acceptance rate) over the window between two scrapes of vLLM counters."""
     if VLLM_DRAFTS not in after or VLLM_ACCEPTED not in after:
         return None, None
+    if not before:  # the first scrape failed: the counters' lifetime totals are not this window
+        return None, None
     d_drafts = after[VLLM_DRAFTS] - before.get(VLLM_DRAFTS, 0.0)
     d_acc = after[VLLM_ACCEPTED] - before.get(VLLM_ACCEPTED, 0.0)
     if d_drafts <= 0:
