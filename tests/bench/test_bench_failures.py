@@ -167,3 +167,25 @@ def test_payload_of_unexpected_shape_fails_that_request_only(free_port):
         loop.call_soon_threadsafe(loop.stop)
         th.join(10)
     assert res.summary["failure_reasons"] == {"malformed_sse": 2}
+
+
+def test_cli_warns_when_the_server_does_not_honour_the_output_length(monkeypatch, capsys):
+    """A server that stops at its natural length (here: the client's ignore_eos/min_tokens
+    dropped on the way) gives shorter answers; the run says so instead of passing silently."""
+    from servelab.bench.client import Client
+
+    body = Client.body
+
+    def no_fixed_length(self, spec):
+        b = body(self, spec)
+        b.pop("ignore_eos", None)
+        b.pop("min_tokens", None)
+        return b
+
+    monkeypatch.setattr(Client, "body", no_fixed_length)
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=0.5, natural_len=3)) as h:
+        code, out, err = run_cli(monkeypatch, capsys, "bench", "--base-url", h.url,
+                                 "--concurrency", "2", "--num-prompts", "4", "--output-len", "8",
+                                 "--quiet", "--no-store")
+    assert code in (0, None), err
+    assert "4 of 4 completed requests returned another output length" in " ".join(out.split())

@@ -123,6 +123,11 @@ def register(app: typer.Typer) -> None:
             if util is not None and util > 0.8 and res.summary["duration_s"] >= 1.0:
                 console.print(f"[yellow]warning: the client used {util:.0%} of a core during this "
                               "load point: it may limit what was measured (see docs/METRICS.md)[/yellow]")
+            mism = res.summary.get("output_len_mismatch")
+            if mism:  # e.g. a server that ignores ignore_eos/min_tokens: lengths differ by arm
+                console.print(f"[yellow]warning: {mism} of {res.summary['completed']} completed "
+                              "requests returned another output length than asked (does the "
+                              "server honour ignore_eos / min_tokens?)[/yellow]")
             if res.summary["issued"] == 0:
                 console.print("[red]no request was sent: --max-duration ended the load point "
                               "before the first one[/red]")
