@@ -125,9 +125,13 @@ def register(app: typer.Typer) -> None:
                               "load point: it may limit what was measured (see docs/METRICS.md)[/yellow]")
             mism = res.summary.get("output_len_mismatch")
             if mism:  # e.g. a server that ignores ignore_eos/min_tokens: lengths differ by arm
+                why = ("counted one token per chunk: the server sent no usage; --tokenizer "
+                       "counts the text" if "chunks" in (res.summary.get("output_tokens_source")
+                                                         or {})
+                       else "does the server honour ignore_eos / min_tokens?")
                 console.print(f"[yellow]warning: {mism} of {res.summary['completed']} completed "
-                              "requests returned another output length than asked (does the "
-                              "server honour ignore_eos / min_tokens?)[/yellow]")
+                              f"requests returned another output length than asked ({why})"
+                              "[/yellow]")
             if res.summary["issued"] == 0:
                 console.print("[red]no request was sent: --max-duration ended the load point "
                               "before the first one[/red]")
