@@ -124,11 +124,11 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]warning: the client used {util:.0%} of a core during this "
                               "load point: it may limit what was measured (see docs/METRICS.md)[/yellow]")
             mism = res.summary.get("output_len_mismatch")
-            if mism:  # e.g. a server that ignores ignore_eos/min_tokens: lengths differ by arm
+            if mism:  # e.g. a server that ignores ignore_eos/min_tokens
+                by_chunks = "chunks" in (res.summary.get("output_tokens_source") or {})
                 why = ("counted one token per chunk: the server sent no usage; --tokenizer "
-                       "counts the text" if "chunks" in (res.summary.get("output_tokens_source")
-                                                         or {})
-                       else "does the server honour ignore_eos / min_tokens?")
+                       "counts the text") if by_chunks else \
+                    "does the server honour ignore_eos / min_tokens?"
                 console.print(f"[yellow]warning: {mism} of {res.summary['completed']} completed "
                               f"requests returned another output length than asked ({why})"
                               "[/yellow]")
