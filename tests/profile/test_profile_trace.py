@@ -339,3 +339,26 @@ def test_bad_rules_files_are_named(tmp_path, body, needle):
     p.write_text(body)
     with pytest.raises(UserError, match=needle):
         load_rules(p)
+
+
+@pytest.mark.parametrize("name,category", [
+    # kernel names as public engines and libraries define them (FlashMLA, FlashAttention, DeepEP,
+    # NCCL, SGLang/vLLM custom all-reduce and Triton kernels, DeepGEMM, FlashInfer)
+    ("void smxx::decode::flash_fwd_mla_combine_kernel<cutlass::bfloat16_t>(Params)", "attention"),
+    ("flash::flash_fwd_splitkv_mla_combine_kernel", "attention"),
+    ("flash::flash_fwd_splitkv_mla_kernel", "attention"),
+    ("flash_fwd_splitkv_combine_kernel", "attention"),
+    ("flashinfer::MergeStatesKernel", "attention"),
+    ("_tiled_sparse_decode_kernel", "attention"),
+    ("void deep_ep::intranode::combine<8, 768>(void*)", "communication"),
+    ("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "communication"),
+    ("cross_device_reduce_1stage", "communication"),
+    ("fused_moe_kernel", "moe"),
+    ("_w8a8_block_fp8_matmul", "gemm_fp8"),
+    ("deep_gemm::fp8_gemm_kernel", "gemm_fp8"),
+    ("_layer_norm_fwd_kernel", "norm_elementwise"),
+])
+def test_public_kernel_names_land_in_their_category(name, category):
+    """A split-KV attention combine is attention, not expert-parallel communication (FlashMLA's
+    combine read as communication before)."""
+    assert load_rules().classify(name, 0) == category
