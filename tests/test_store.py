@@ -29,7 +29,8 @@ def test_load_point_roundtrip_with_requests(tmp_path):
 def test_experiment_resume_and_conflicting_design(tmp_path):
     with Store(tmp_path / "r.db") as st:
         assert st.ensure_experiment("e", {"a": 1}, "h1") is False
-        assert st.ensure_experiment("e", {"a": 1}, "h1") is True
+        assert st.ensure_experiment("e", {"a": 1, "hypothesis": "new"}, "h1") is True
+        assert st.experiment("e")["hypothesis"] == "new"  # a resume keeps the free text current
         with pytest.raises(UserError, match="different design"):
             st.ensure_experiment("e", {"a": 2}, "h2")
         st.add_run(experiment="e", arm="A", load_key="c=1", repetition=0, status="failed", error="x")

@@ -220,6 +220,8 @@ class Store:
                     f"experiment '{name}' already exists in {self.path} with a different design; "
                     "rename it in the file, or run it with `servelab run FILE --fresh` to start over"
                 )
+            # same design: keep what may change between resumes (hypothesis, noise band) current
+            self._db.execute("UPDATE experiments SET spec = ? WHERE name = ?", (_dumps(spec), name))
             return True
         self._db.execute(
             "INSERT INTO experiments(name, created, spec, spec_hash) VALUES (?,?,?,?)",
