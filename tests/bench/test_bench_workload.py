@@ -136,3 +136,25 @@ def test_bad_dataset_and_tokenizer_are_user_errors(tmp_path):
     bad.write_text("{}")
     with pytest.raises(UserError, match="--tokenizer"):
         local_counter(str(bad))
+
+
+def test_each_load_point_gets_its_own_prompts_and_arms_share_them():
+    """A prefix cache must not turn a later load point's TTFT into a cache hit: load points
+    measured on one server draw different prompts; the same load point (another arm or
+    repetition) gets the same prompts again."""
+    from servelab.bench import run as bench_run
+
+    bench_run._WORKLOADS.clear()
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=0.2)) as h:
+        cfg = BenchConfig(base_url=h.url, workload=WorkloadConfig(input_len=12, output_len=2,
+                                                                  num_prompts=5, seed=3))
+        for c in (1, 2):
+            run_load_point(cfg, LoadPoint(concurrency=c), progress=False)
+        built = {k[1].seed: [r.prompt for r in wl.requests] for k, wl in bench_run._WORKLOADS.items()}
+        bench_run._WORKLOADS.clear()
+        run_load_point(cfg, LoadPoint(concurrency=1), progress=False)  # rebuilt from scratch
+        again = [[r.prompt for r in wl.requests] for wl in bench_run._WORKLOADS.values()][0]
+    s1, s2 = bench_run.prompt_seed(3, "c=1"), bench_run.prompt_seed(3, "c=2")
+    assert set(built) == {s1, s2}
+    assert set(built[s1]).isdisjoint(built[s2])
+    assert again == built[s1]

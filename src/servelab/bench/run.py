@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -23,7 +24,15 @@ from servelab.bench.metrics import make_record, summarize
 from servelab.bench.workload import CountFn, Workload, build_workload, local_counter
 from servelab.errors import UserError
 
-_WORKLOADS: dict[tuple[Any, ...], Workload] = {}  # same prompts for every load point of a run
+_WORKLOADS: dict[tuple[Any, ...], Workload] = {}  # built once per (server, workload, load point)
+
+
+def prompt_seed(seed: int, load_key: str) -> int:
+    """The prompts' seed for one load point: derived from (seed, load point), so load points
+    measured on one server lifetime never replay each other's prompts (a prefix cache, on by
+    default in SGLang and vLLM, would turn the later TTFTs into cache hits), while every arm and
+    repetition at the same load point gets the same prompts."""
+    return int.from_bytes(hashlib.sha256(f"{seed}/{load_key}".encode()).digest()[:4], "big")
 
 
 @dataclass(repr=False)
@@ -131,13 +140,14 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         info = await _server_info(session, root)
         model = cfg.model or _model_from(info)
         remote = await _remote_counter(session, root, model)
-        wl_key = (root, cfg.workload, cfg.warmup, remote is not None, model)
+        wcfg = replace(cfg.workload, seed=prompt_seed(cfg.workload.seed, load.key))
+        wl_key = (root, wcfg, cfg.warmup, remote is not None, model)
         wl = _WORKLOADS.get(wl_key)
         if wl is None:
             try:
-                wl = await build_workload(cfg.workload, cfg.warmup, remote)
+                wl = await build_workload(wcfg, cfg.warmup, remote)
             except RuntimeError as exc:  # /tokenize died half way: count locally or approximate
-                wl = await build_workload(cfg.workload, cfg.warmup, None)
+                wl = await build_workload(wcfg, cfg.warmup, None)
                 info["tokenize_error"] = str(exc)
             _WORKLOADS[wl_key] = wl
             while len(_WORKLOADS) > 8:  # an experiment restarts servers on new ports: stay small

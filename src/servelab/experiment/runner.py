@@ -46,7 +46,7 @@ def _served_model(spec: ExperimentSpec) -> str | None:
 
 
 def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measurement:
-    """One load point with servelab.bench: the same prompts (seed) for every arm and repetition."""
+    """One load point with servelab.bench: the same prompts for every arm and repetition of it."""
     from dataclasses import asdict
 
     from servelab.bench.config import LoadPoint
