@@ -15,6 +15,12 @@ import typer
 from servelab import __version__
 from servelab.errors import UserError
 
+try:  # recent Typer releases vendor click; older ones use the click package
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - depends on the installed Typer
+    from click import exceptions as _click_exc
+_ABORT = getattr(_click_exc, "Abort", KeyboardInterrupt)  # the vendored click has no Abort
+
 app = typer.Typer(
     name="servelab",
     help="A laboratory for methodical LLM-serving optimization: measure, attribute, bound, tune.",
@@ -49,10 +55,20 @@ for _name in VERB_MODULES:
 def main() -> None:
     """Console entry point: user errors become one line on stderr and exit status 2."""
     try:
-        app()
+        rc = app(standalone_mode=False)
+    except _click_exc.ClickException as exc:  # bad flag or value: one line, like every input error
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx else ""
+        typer.secho(f"error: {exc.format_message()}{hint}", err=True, fg=typer.colors.RED)
+        sys.exit(exc.exit_code)
+    except _ABORT:
+        typer.secho("interrupted", err=True)
+        sys.exit(130)
     except UserError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         sys.exit(2)
     except KeyboardInterrupt:
         typer.secho("interrupted", err=True)
         sys.exit(130)
+    # like click's standalone mode, always end with SystemExit; typer.Exit(code) comes back as rc
+    sys.exit(rc if isinstance(rc, int) else 0)
