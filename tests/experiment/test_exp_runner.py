@@ -395,3 +395,25 @@ def test_runs_whose_requests_all_fail_are_stored_failed_with_the_reason(tmp_path
     runs = Store(tmp_path / "r.db").runs("down")
     assert all(r.status == "failed" and "connect_error" in r.error for r in runs)
     assert sum("connect_error" in x for x in lines) == 2  # the console says why, not only 'failed'
+
+
+def test_cli_exits_nonzero_when_no_run_succeeded(tmp_path, scripted, live_procs):
+    """A script driving `servelab run` must see that nothing worked: every arm's engine dies at
+    launch, each run is stored failed, and the command exits 1 (not 0)."""
+    text, marker = scripted(
+        "allbroken", reps=1, loads="[1]",
+        arms="""
+[arms.slow]
+flags = { no-such-option = 1 }
+[arms.fast]
+flags = { no-such-option = 2 }
+""",
+    )
+    f = tmp_path / "allbroken.toml"
+    f.write_text(text)
+    r = subprocess.run([sys.executable, "-m", "servelab", "run", str(f), "--store",
+                        str(tmp_path / "r.db")], capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1, r.stdout + r.stderr
+    with Store(tmp_path / "r.db") as st:
+        assert {x.status for x in st.runs("allbroken")} == {"failed"}
+    assert live_procs(marker) == []

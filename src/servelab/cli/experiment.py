@@ -32,8 +32,8 @@ def _attribution(console, data) -> None:
         console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
 
-def run_file(spec, store_path: Path | None, console, quiet: bool = False) -> None:
-    """Run (or resume) an experiment in the foreground with a progress bar."""
+def run_file(spec, store_path: Path | None, console, quiet: bool = False):
+    """Run (or resume) an experiment in the foreground with a progress bar; the RunnerResult."""
     from rich.progress import (
         BarColumn,
         Progress,
@@ -60,7 +60,7 @@ def run_file(spec, store_path: Path | None, console, quiet: bool = False) -> Non
             def on_progress(done: int, total: int, what: str) -> None:
                 prog.update(task, completed=done, total=total, description=f"{spec.name}: {what}")
 
-            Runner(
+            return Runner(
                 spec,
                 store,
                 say=lambda s: console.print(s, highlight=False),
@@ -128,12 +128,14 @@ def register(app: typer.Typer) -> None:
                 highlight=False,
             )
             return
-        run_file(spec, store, console)
+        res = run_file(spec, store, console)
         with Store(store) as st:
             # the band in the file as it is now (a resume may have changed it; the store keeps the
             # spec as first run)
             _attribution(console, collect(st, spec.name, spec.noise_band))
         console.print(f"report: servelab report {spec.name}", highlight=False)
+        if res.failed and not res.ok:  # scripts must see that nothing of this session succeeded
+            raise typer.Exit(1)
 
     @app.command("report")
     def report(
