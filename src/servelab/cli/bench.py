@@ -67,7 +67,6 @@ def register(app: typer.Typer) -> None:
         Sends `Authorization: Bearer $SERVELAB_API_KEY` (or $OPENAI_API_KEY) when set.
         """
         import orjson
-        from rich.console import Console
 
         from servelab import atomic, provenance
         from servelab.bench.config import (
@@ -80,6 +79,7 @@ def register(app: typer.Typer) -> None:
         )
         from servelab.bench.report import summary_table
         from servelab.bench.run import run_load_point, save_load_point
+        from servelab.cli.console import make_console
 
         if not base_url:
             raise UserError("--base-url is required, e.g. --base-url http://127.0.0.1:30000")
@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
             from servelab.store import Store
 
             st = Store(store)
-        console = Console()
+        console = make_console()
         out: list[dict] = []
         for lp in loads:
             res = run_load_point(cfg, lp, progress=not quiet)

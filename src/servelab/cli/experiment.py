@@ -98,15 +98,14 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Run a controlled experiment (resumes where an interrupted one stopped)."""
-        from rich.console import Console
-
         from servelab import jobs
+        from servelab.cli.console import make_console
         from servelab.experiment import spec as spec_mod
         from servelab.experiment.report import collect
         from servelab.store import Store
 
         spec = spec_mod.load(file)
-        console = Console()
+        console = make_console()
         if check:
             from servelab.experiment.schedule import plan
 
@@ -150,15 +149,14 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Write an experiment's report: markdown and one self-contained HTML file."""
-        from rich.console import Console
-
+        from servelab.cli.console import make_console
         from servelab.errors import UserError
         from servelab.experiment.report import write
         from servelab.store import Store
 
         if noise_band is not None and not 0 <= noise_band < 1:
             raise UserError(f"--noise-band {noise_band:g}: give a fraction in [0, 1), e.g. 0.02")
-        console = Console()
+        console = make_console()
         with Store(store) as st:
             md, page, data = write(st, name, out, noise_band)
         _attribution(console, data)
@@ -176,15 +174,15 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Compare two bench results metric by metric (B relative to A)."""
-        from rich.console import Console
         from rich.table import Table
 
+        from servelab.cli.console import make_console
         from servelab.experiment.compare import compare as do_compare
         from servelab.store import Store
 
         with Store(store) as st:
             res = do_compare(st, a, b, noise_band=noise_band)
-        console = Console()
+        console = make_console()
         table = Table(title=f"B = {res.b_name} vs A = {res.a_name} ({res.load_key})")
         for h in res.rows[0]:
             table.add_column(h)
@@ -206,8 +204,7 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """The story's MTP A/B in miniature on the embedded engine: run, attribute, report."""
-        from rich.console import Console
-
+        from servelab.cli.console import make_console
         from servelab.experiment.demo import run_demo
 
-        run_demo(Console(), quick=quick, store_path=store, file=file)
+        run_demo(make_console(), quick=quick, store_path=store, file=file)

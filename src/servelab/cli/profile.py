@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import typer
@@ -36,10 +35,11 @@ def _pct(x: float | None) -> str:
 
 
 def _print_report(r: dict, vs: dict | None, top: int) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=None if sys.stdout.isatty() else 140)  # pipes: keep rows on one line
+    from servelab.cli.console import make_console
+
+    con = make_console()  # pipes: wide, so rows stay on one line
     con.print(f"[bold]{r['verdict']}[/bold]")
     n = max(r["n_steps"], 1)
     g = r["cuda_graphs"]

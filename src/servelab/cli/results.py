@@ -20,10 +20,9 @@ def results_list(
     store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
 ) -> None:
     """List stored load points, newest first."""
-    from rich.console import Console
-
     from servelab.bench.config import parse_number
     from servelab.bench.report import list_table
+    from servelab.cli.console import make_console
     from servelab.store import Store
 
     n = parse_number(limit, int, "--limit")
@@ -33,12 +32,12 @@ def results_list(
         rows = st.load_points(source=source, limit=n)
     if not rows:
         if source:  # said 'none stored yet' while other sources had rows
-            Console().print(f"no load points with source {source!r}; sources are bench, "
+            make_console().print(f"no load points with source {source!r}; sources are bench, "
                             "experiment, import:sglang, import:vllm")
         else:
-            Console().print("no load points stored yet: run `servelab bench` or `servelab import`")
+            make_console().print("no load points stored yet: run `servelab bench` or `servelab import`")
         return
-    Console().print(list_table(rows))
+    make_console().print(list_table(rows))
 
 
 @results_app.command("show")
@@ -50,10 +49,10 @@ def results_show(
 ) -> None:
     """Show one stored load point: its summary table, or everything as JSON."""
     import orjson
-    from rich.console import Console
 
     from servelab.bench.config import parse_number
     from servelab.bench.report import summary_table
+    from servelab.cli.console import make_console
     from servelab.store import Store
 
     i = parse_number(lp_id, int, "ID")
@@ -68,7 +67,7 @@ def results_show(
             doc["requests"] = recs
         typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
         return
-    c = Console()
+    c = make_console()
     c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
                                               f"{row.model or ''} {row.load_key}"))
     prov = row.provenance

@@ -18,10 +18,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def status(name: str = typer.Argument(None, help="Show one job only.")) -> None:
         """Show running and finished jobs: progress, what runs now, and an ETA."""
-        from rich.console import Console
         from rich.table import Table
 
         from servelab import jobs
+        from servelab.cli.console import make_console
         from servelab.errors import UserError
 
         states = jobs.read_all(name)
@@ -39,4 +39,4 @@ def register(app: typer.Typer) -> None:
                 _fmt_s(end - st.started), _fmt_s(st.eta_s) if st.state == "running" else "-",
                 st.log or "",
             )
-        Console().print(table)
+        make_console().print(table)

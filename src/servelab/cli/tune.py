@@ -92,12 +92,12 @@ def register(app: typer.Typer) -> None:
         batch_sizes: str = typer.Option(None, "--batch-sizes", help="Re-time only these M."),
     ) -> None:
         """Re-time tuned vs default configs per (N, K, M) and print the speedups."""
-        from rich.console import Console
         from rich.table import Table
 
+        from servelab.cli.console import make_console
         from servelab.tune import verify as V
         checks, rows, here = V.verify(directory, device, _parse_ints(batch_sizes, "--batch-sizes"))
-        con = Console()
+        con = make_console()
         for c in checks:
             notes = []
             if c.device != here:
