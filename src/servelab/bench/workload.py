@@ -15,6 +15,7 @@ so the same seed gives the same prompts.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -67,8 +68,11 @@ class Workload:
         return all(r.input_len_exact for r in self.requests)
 
 
+@functools.lru_cache(maxsize=4)
 def local_counter(path: str) -> Callable[[str], int]:
-    """Token counter from an HF `tokenizers` file (tokenizer.json, or a folder holding one)."""
+    """Token counter from an HF `tokenizers` file (tokenizer.json, or a folder holding one).
+    Cached per path: each load point needs it twice (prompts, then output counts) and would
+    otherwise parse the file both times."""
     from tokenizers import Tokenizer
 
     p = Path(path)
