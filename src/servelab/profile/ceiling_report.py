@@ -32,12 +32,11 @@ def ceiling_report(
     if measured_tok_s is not None and not measured_tok_s > 0:
         raise UserError(f"--measured must be a positive tokens/s, got {measured_tok_s}")
     wdt, edt = resolve_dtypes(m, weight_dtype, expert_dtype)
-    rows = ceiling(m, g, batches, context, tp, weight_dtype, expert_dtype, kv_dtype, mtp_accept,
-                   mtp_draft, allreduce_latency_us)
-    base = None
-    if mtp_accept is not None:
-        base = ceiling(m, g, batches, context, tp, weight_dtype, expert_dtype, kv_dtype,
-                       allreduce_latency_us=allreduce_latency_us)
+    # the same machine and load for the MTP bound and its plain baseline, passed by name once
+    shared = dict(context=context, tp=tp, weight_dtype=weight_dtype, expert_dtype=expert_dtype,
+                  kv_dtype=kv_dtype, allreduce_latency_us=allreduce_latency_us)
+    rows = ceiling(m, g, batches, mtp_accept=mtp_accept, mtp_draft=mtp_draft, **shared)
+    base = ceiling(m, g, batches, **shared) if mtp_accept is not None else None
     out_rows = []
     for k, r in enumerate(rows):
         d = asdict(r)
