@@ -6,10 +6,12 @@ checkpoint and is always random (seeded).
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import torch
 
+from servelab import atomic
 from servelab.errors import UserError
 from servelab.mini.config import ModelConfig, get_config
 from servelab.mini.model import MiniModel
@@ -26,9 +28,9 @@ def shipped_weights(config_name: str) -> Path | None:
 def save(model: MiniModel, path: Path, meta: dict) -> None:
     """Write config + bf16 state dict + metadata (training recipe, losses)."""
     sd = {k: v.detach().to("cpu", torch.bfloat16) for k, v in model.state_dict().items()}
-    tmp = Path(str(path) + ".tmp")
-    torch.save({"config": model.cfg.to_dict(), "state_dict": sd, "meta": meta}, tmp)
-    tmp.replace(path)
+    buf = io.BytesIO()
+    torch.save({"config": model.cfg.to_dict(), "state_dict": sd, "meta": meta}, buf)
+    atomic.write_bytes(path, buf.getvalue())
 
 
 def load_model(config_name: str, weights: str | Path | None, device: str, seed: int = 0,
@@ -56,9 +58,9 @@ def load_model(config_name: str, weights: str | Path | None, device: str, seed: 
         if not (isinstance(ck, dict) and {"config", "state_dict"} <= ck.keys()):
             raise UserError(f"weights file {path} is not a servelab.mini checkpoint ({why}); "
                             "train one with python -m servelab.mini.train")
-        saved = ck["config"]
-        if saved != cfg.to_dict():
-            diff = sorted(k for k in saved if saved.get(k) != cfg.to_dict().get(k))
+        saved, want = ck["config"], cfg.to_dict()
+        if saved != want:
+            diff = sorted(k for k in saved if saved.get(k) != want.get(k))
             raise UserError(f"checkpoint {path} was trained for a different config "
                             f"(fields differ: {diff}); pass --config {saved.get('name')}")
         state = ck["state_dict"]
