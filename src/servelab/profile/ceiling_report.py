@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import asdict
 from typing import Any
 
@@ -88,10 +87,11 @@ def ceiling_report(
 
 def print_ceiling(doc: dict[str, Any]) -> None:
     """Print the bounds as a table, warnings first."""
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=None if sys.stdout.isatty() else 140)  # pipes: keep rows on one line
+    from servelab.cli.console import make_console
+
+    con = make_console()
     for w in doc["warnings"]:
         con.print(f"[yellow]warning: {w}[/yellow]")
     mtp = doc["mtp"]
