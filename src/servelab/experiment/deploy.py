@@ -288,7 +288,7 @@ class Deployment:
         held: list[int] = []
         old = (
             signal.signal(signal.SIGINT, lambda sig, frame: held.append(sig))
-            if _main_thread()
+            if on_main_thread()
             else None
         )
         try:
@@ -348,7 +348,8 @@ class Deployment:
         self.stop()
 
 
-def _main_thread() -> bool:
+def on_main_thread() -> bool:
+    """Signal handlers can only be set on the main thread."""
     import threading
 
     return threading.current_thread() is threading.main_thread()

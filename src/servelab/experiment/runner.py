@@ -19,9 +19,9 @@ from typing import Any
 from servelab import engines, paths, provenance
 from servelab.engines.base import Engine
 from servelab.errors import UserError
-from servelab.experiment.deploy import DeployError, Deployment
+from servelab.experiment.deploy import DeployError, Deployment, on_main_thread
 from servelab.experiment.schedule import PlannedRun, plan
-from servelab.experiment.spec import ExperimentSpec
+from servelab.experiment.spec import ExperimentSpec, resolve
 from servelab.store import Store
 
 
@@ -140,10 +140,10 @@ class Runner:
         job = Job(spec.name, "experiment", total=len(todo), log=job_log)
         job.update(already_done=len(runs) - len(todo), planned=len(runs))
         ok = failed = 0
-        old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if _main_thread() else None
+        old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if on_main_thread() else None
         try:
             for _, group in groupby(todo, key=lambda p: p.group):
-                for p, status in self._run_group(list(group), job, ok + failed):
+                for p, status in self._run_group(list(group), job):
                     ok += status == "ok"
                     failed += status == "failed"
                     job.update(done=ok + failed, failed=failed)
@@ -175,9 +175,7 @@ class Runner:
 
     # ---- one deployment ------------------------------------------------------------------------
 
-    def _run_group(
-        self, group: list[PlannedRun], job: Any, done_so_far: int
-    ) -> Iterator[tuple[PlannedRun, str]]:
+    def _run_group(self, group: list[PlannedRun], job: Any) -> Iterator[tuple[PlannedRun, str]]:
         """The runs of one group; each arm's deployment is launched at its first run in the group
         (restart 'block': every arm of the block is up at once) and all are stopped at the end."""
         spec = self.spec
@@ -237,9 +235,8 @@ class Runner:
         self.say(f"[red]failed[/red] {p.describe()}: {error}")
 
     def _launch(self, p: PlannedRun) -> tuple[Deployment | None, DeployError | None]:
-        from servelab.experiment.spec import resolve
-
-        spec, t = self.spec, spec_timeouts(self.spec)
+        spec = self.spec
+        t = spec.timeouts
         last: DeployError | None = None
         for attempt in range(spec.retries + 1):
             log_dir = self.log_root / f"{p.seq:04d}-{p.arm}-try{attempt}"
@@ -248,10 +245,10 @@ class Runner:
                 spec.model,
                 resolve(spec, p.arm),
                 log_dir,
-                ready_timeout_s=t["ready_s"],
-                grace_s=t["teardown_s"],
-                port_free_s=t["port_free_s"],
-                gpu_free_s=t["gpu_free_s"],
+                ready_timeout_s=t.ready_s,
+                grace_s=t.teardown_s,
+                port_free_s=t.port_free_s,
+                gpu_free_s=t.gpu_free_s,
             )
             t0 = time.monotonic()
             self._active.append(dep)
@@ -336,15 +333,5 @@ class Runner:
         return status
 
 
-def spec_timeouts(spec: ExperimentSpec) -> dict[str, float]:
-    return spec.timeouts.model_dump()
-
-
 def _fmt(x: object) -> str:
     return f"{x:.4g}" if isinstance(x, int | float) else "n/a"
-
-
-def _main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
