@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from servelab.cli.results import STORE_HELP
 from servelab.errors import UserError
 
 
@@ -57,7 +58,7 @@ def register(app: typer.Typer) -> None:
         tokenizer: str = typer.Option(None, "--tokenizer", help="HF tokenizers file/folder for exact lengths."),
         request_timeout: str = typer.Option("600", "--request-timeout", help="Seconds before a request counts as failed."),
         output: str = typer.Option(None, "--output", help="Write all load points (and provenance) to this JSON file."),
-        store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
+        store: str = typer.Option(None, "--store", help=STORE_HELP),
         label: str = typer.Option(None, "--label", help="A name for these rows in the store."),
         no_store: bool = typer.Option(False, "--no-store", help="Do not write to the results store."),
         quiet: bool = typer.Option(False, "--quiet", help="No live progress."),

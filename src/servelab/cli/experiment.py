@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-_STORE_HELP = "Results store (default: $SERVELAB_HOME/results.db)."
+from servelab.cli.results import STORE_HELP
 
 
 def _attribution(console, data) -> None:
@@ -89,7 +89,7 @@ def register(app: typer.Typer) -> None:
         detach: bool = typer.Option(
             False, "--detach", help="Run in the background; follow with `servelab status NAME`."
         ),
-        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        store: Path = typer.Option(None, "--store", help=STORE_HELP),
         check: bool = typer.Option(
             False, "--check", help="Only validate the file and print the plan."
         ),
@@ -140,7 +140,7 @@ def register(app: typer.Typer) -> None:
     def report(
         name: str = typer.Argument(..., help="Experiment name."),
         out: Path = typer.Option(None, "--out", help="Folder for report.md and report.html."),
-        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        store: Path = typer.Option(None, "--store", help=STORE_HELP),
         noise_band: float = typer.Option(
             None,
             "--noise-band",
@@ -168,7 +168,7 @@ def register(app: typer.Typer) -> None:
             ..., help="Load point id (servelab results) or a bench --output JSON file."
         ),
         b: str = typer.Argument(..., help="The same for the other side (B is compared against A)."),
-        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        store: Path = typer.Option(None, "--store", help=STORE_HELP),
         noise_band: float = typer.Option(
             0.02, "--noise-band", help="Relative band treated as noise."
         ),
@@ -198,7 +198,7 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(
             False, "--quick", help="A shortened variant (CI): fewer prompts."
         ),
-        store: Path = typer.Option(None, "--store", help=_STORE_HELP),
+        store: Path = typer.Option(None, "--store", help=STORE_HELP),
         file: Path = typer.Option(
             None, "--file", help="Experiment file (default: examples/demo.toml)."
         ),

@@ -8,6 +8,8 @@ import typer
 
 from servelab.errors import UserError
 
+STORE_HELP = "Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."
+
 results_app = typer.Typer(help="Stored load points: list them, show one.", no_args_is_help=True)
 import_app = typer.Typer(help="Import SGLang / vLLM benchmark results into the store.",
                          no_args_is_help=True)
@@ -17,7 +19,7 @@ import_app = typer.Typer(help="Import SGLang / vLLM benchmark results into the s
 def results_list(
     source: str = typer.Option(None, "--source", help="Only this source: bench, experiment, import:sglang, import:vllm."),
     limit: str = typer.Option("50", "--limit", help="At most this many rows (newest first)."),
-    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
+    store: str = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """List stored load points, newest first."""
     from servelab.bench.config import parse_number
@@ -45,7 +47,7 @@ def results_show(
     lp_id: str = typer.Argument(..., metavar="ID", help="The id shown by `servelab results list`."),
     as_json: bool = typer.Option(False, "--json", help="Print the row (summary, provenance) as JSON."),
     requests: bool = typer.Option(False, "--requests", help="With --json: add the per-request records."),
-    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
+    store: str = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Show one stored load point: its summary table, or everything as JSON."""
     import orjson
@@ -92,7 +94,7 @@ def _import(kind: str, file: str, label: str | None, store: str | None) -> None:
 def import_sglang(
     file: str = typer.Argument(..., metavar="FILE.jsonl", help="`sglang.bench_serving --output-file` JSONL."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
-    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
+    store: str = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Import SGLang bench_serving results (one load point per line)."""
     _import("sglang", file, label, store)
@@ -102,7 +104,7 @@ def import_sglang(
 def import_vllm(
     file: str = typer.Argument(..., metavar="FILE.json", help="`vllm bench serve --save-result` JSON."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
-    store: str = typer.Option(None, "--store", help="Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
+    store: str = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Import vLLM benchmark_serving results."""
     _import("vllm", file, label, store)
