@@ -32,14 +32,15 @@ def results_list(
         raise UserError(f"--limit must be >= 1, got {limit}")
     with Store(store) as st:
         rows = st.load_points(source=source, limit=n)
+    console = make_console()
     if not rows:
         if source:  # said 'none stored yet' while other sources had rows
-            make_console().print(f"no load points with source {source!r}; sources are bench, "
-                            "experiment, import:sglang, import:vllm")
+            console.print(f"no load points with source {source!r}; sources are bench, "
+                          "experiment, import:sglang, import:vllm")
         else:
-            make_console().print("no load points stored yet: run `servelab bench` or `servelab import`")
+            console.print("no load points stored yet: run `servelab bench` or `servelab import`")
         return
-    make_console().print(list_table(rows))
+    console.print(list_table(rows))
 
 
 @results_app.command("show")
