@@ -219,7 +219,7 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
         ckpt.close()
         backend.close()
         job.update(current="")
-        job.finish(state_name if not rep.failed or state_name != "finished" else "finished")
+        job.finish(state_name)
     files = []
     for n, k in spec.shapes:
         files += _write_shape(spec, info, n, k, rep.units)
