@@ -10,22 +10,25 @@ import typer
 from servelab.cli.results import STORE_HELP
 
 
-def _attribution(console, data) -> None:
+def _verdict_table(title: str, rows: list, verdict):
+    """A Rich table of `rows` (header first), each row green or red by `verdict(row)`."""
     from rich.table import Table
 
-    from servelab.experiment.report import attribution_rows
-    from servelab.experiment.stats import headline
-
-    rows = attribution_rows(data)
-    table = Table(
-        title=f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
-    )
+    table = Table(title=title)
     for h in rows[0]:
         table.add_column(h)
     style = {"better": "green", "worse": "red"}
     for r in rows[1:]:
-        table.add_row(*r, style=style.get(r[5]))
-    console.print(table)
+        table.add_row(*r, style=style.get(verdict(r)))
+    return table
+
+
+def _attribution(console, data) -> None:
+    from servelab.experiment.report import attribution_rows
+    from servelab.experiment.stats import headline
+
+    title = f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
+    console.print(_verdict_table(title, attribution_rows(data), lambda r: r[5]))
     for line in headline(data.analysis, data.primary):
         console.print(line, highlight=False)
     for w in data.analysis.warnings:
@@ -174,8 +177,6 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Compare two bench results metric by metric (B relative to A)."""
-        from rich.table import Table
-
         from servelab.cli.console import make_console
         from servelab.experiment.compare import compare as do_compare
         from servelab.store import Store
@@ -183,13 +184,8 @@ def register(app: typer.Typer) -> None:
         with Store(store) as st:
             res = do_compare(st, a, b, noise_band=noise_band)
         console = make_console()
-        table = Table(title=f"B = {res.b_name} vs A = {res.a_name} ({res.load_key})")
-        for h in res.rows[0]:
-            table.add_column(h)
-        style = {"better": "green", "worse": "red"}
-        for r in res.rows[1:]:
-            table.add_row(*r, style=style.get(r[-1].split(" ")[0]))
-        console.print(table)
+        title = f"B = {res.b_name} vs A = {res.a_name} ({res.load_key})"
+        console.print(_verdict_table(title, res.rows, lambda r: r[-1].split(" ")[0]))
         for w in res.warnings:
             console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
 
