@@ -350,7 +350,3 @@ class KVCache:
     @property
     def scratch_slot(self) -> int:
         return self.slots
-
-    def nbytes(self) -> int:
-        """Bytes held by the cache."""
-        return sum(t.numel() * t.element_size() for t in (*self.kv, *self.ik))

@@ -10,8 +10,6 @@ from __future__ import annotations
 from servelab.mini import tokenizer as tk
 from servelab.mini.sampling import SamplingParams
 
-_VOCAB_TEXT = 256
-
 
 class ApiError(Exception):
     """A client error: HTTP status + message."""
@@ -74,8 +72,7 @@ def _params(body: dict, ctx: int, prompt_len: int, max_key: str, min_key: str,
     seed = body.get("seed")
     if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
         raise ApiError(400, f"'seed' must be an integer, got {seed!r}")
-    n = _num(body, "n", 1, int, 1, 1)
-    del n
+    _num(body, "n", 1, int, 1, 1)  # validated only: one choice per request
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=_num(body, "temperature", 1.0, float, 0.0, 100.0),
@@ -146,6 +143,5 @@ def parse_generate(body: dict, ctx: int) -> tuple[list[int], SamplingParams, boo
     sp = body.get("sampling_params") or {}
     if not isinstance(sp, dict):
         raise ApiError(400, "'sampling_params' must be an object")
-    sp = {**sp, "stop": sp.get("stop")}
     params = _params(sp, ctx, len(ids), "max_new_tokens", "min_new_tokens", 128)
     return ids, params, _bool(body, "stream", False)

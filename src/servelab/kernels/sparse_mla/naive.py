@@ -15,7 +15,6 @@ import triton.language as tl
 from .reference import check_inputs
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 # The compiled kernel of the latest launch, for the benchmark's register/spill report.
 LAST_COMPILED: dict[str, object] = {}
