@@ -23,6 +23,7 @@ import traceback
 
 import torch
 
+from servelab.mini import tokenizer as tk
 from servelab.mini.engine import Engine, EngineArgs
 from servelab.mini.sampling import SamplingParams
 
@@ -54,8 +55,13 @@ def make_prompts(n: int, input_len: int, seed: int) -> list[list[int]]:
         from servelab.mini.train import heldout_prompts
 
         return heldout_prompts(CODE, n, input_len - 1, seed)
+    return random_prompts(n, input_len, seed)
+
+
+def random_prompts(n: int, input_len: int, seed: int) -> list[list[int]]:
+    """BOS + input_len - 1 random printable ASCII bytes, n prompts from one seeded generator."""
     g = torch.Generator().manual_seed(seed)
-    return [[256, *torch.randint(32, 127, (input_len - 1,), generator=g).tolist()]
+    return [[tk.BOS, *torch.randint(32, 127, (input_len - 1,), generator=g).tolist()]
             for _ in range(n)]
 
 
@@ -106,13 +112,8 @@ def run_point(eng: Engine, conc: int, n_req: int, input_len: int, output_len: in
 
 def greedy_ids(eng: Engine, input_len: int, n: int = 4, out_len: int = 64) -> list[list[int]]:
     """Greedy token ids for n fixed prompts (for cross-variant equality checks)."""
-    g = torch.Generator().manual_seed(123)
-    res = []
-    for _ in range(n):
-        p = [256, *torch.randint(32, 127, (input_len - 1,), generator=g).tolist()]
-        res.append(eng.generate(p, SamplingParams(max_tokens=out_len, temperature=0.0,
-                                                  ignore_eos=True))[0])
-    return res
+    params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
+    return [eng.generate(p, params)[0] for p in random_prompts(n, input_len, 123)]
 
 
 def write_dataset(path: str, n: int, input_len: int, output_len: int, seed: int) -> None:
