@@ -195,7 +195,7 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
         if t == "unit":
             sp = (rec["default_us"] / rec["us"]) if rec.get("us") and rec.get("default_us") else None
             best = rec.get("best")
-            label = formats_key(best) if best else "none"
+            label = space.Config.from_engine(best).key if best else "none"
             speed = f", {sp:.2f}x" if sp else ""
             nfail = f", {rec['failed']} failed" if rec.get("failed") else ""
             echo(f"[{total_done}/{len(all_units)}] N={key[0]},K={key[1]},M={key[2]}: {label} "
@@ -226,11 +226,6 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
     rep.files = files
     rep.seconds = time.time() - t0
     return rep
-
-
-def formats_key(engine: dict[str, int]) -> str:
-    """A config's compact id from its engine dict."""
-    return space.Config.from_engine(engine).key
 
 
 def _us(x: float | None) -> str:
