@@ -114,18 +114,18 @@ def _model_from(info: dict[str, Any]) -> str | None:
 async def _remote_counter(session: aiohttp.ClientSession, root: str, model: str | None) -> CountFn | None:
     """A token counter backed by the server's /tokenize, if it answers with a count."""
 
+    def body(text: str) -> dict[str, Any]:
+        return {"prompt": text, **({"model": model} if model else {})}
+
     async def count(text: str) -> int:
-        body: dict[str, Any] = {"prompt": text}
-        if model:
-            body["model"] = model
-        ans = await get_json(session, root + "/tokenize", method="POST", body=body, timeout_s=30)
+        ans = await get_json(session, root + "/tokenize", method="POST", body=body(text),
+                             timeout_s=30)
         if not isinstance(ans, dict):
             raise RuntimeError("/tokenize stopped answering")
         n = ans.get("count")
         return int(n) if isinstance(n, int) else len(ans.get("tokens") or [])
 
-    probe = await get_json(session, root + "/tokenize", method="POST",
-                           body={"prompt": "hello world", **({"model": model} if model else {})})
+    probe = await get_json(session, root + "/tokenize", method="POST", body=body("hello world"))
     if isinstance(probe, dict) and (isinstance(probe.get("count"), int) or isinstance(probe.get("tokens"), list)):
         return count
     return None
