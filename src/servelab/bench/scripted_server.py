@@ -424,14 +424,5 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.run(run())
 
 
-def __getattr__(name: str) -> Any:
-    """`serve_in_thread`, `serve_subprocess`, `Handle`, `script_argv` live in scripted_harness."""
-    if name in ("serve_in_thread", "serve_subprocess", "Handle", "script_argv"):
-        from servelab.bench import scripted_harness
-
-        return getattr(scripted_harness, name)
-    raise AttributeError(name)
-
-
 if __name__ == "__main__":
     main()
