@@ -46,8 +46,12 @@ class FileCheck:
     n: int
     k: int
     device: str
-    batch_sizes: tuple[int, ...]
+    entries: dict[int, dict[str, int]]   # as read and validated, by M in file order
     missing_default: tuple[int, ...]
+
+    @property
+    def batch_sizes(self) -> tuple[int, ...]:
+        return tuple(self.entries)
 
 
 def check_dir(directory: Path) -> list[FileCheck]:
@@ -63,8 +67,7 @@ def check_dir(directory: Path) -> list[FileCheck]:
             entries = formats.read_config_file(p)
         except ValueError as exc:
             raise UserError(f"malformed config file: {exc}") from exc
-        ms = tuple(entries)
-        out.append(FileCheck(p, parsed.fmt, parsed.n, parsed.k, parsed.device, ms,
+        out.append(FileCheck(p, parsed.fmt, parsed.n, parsed.k, parsed.device, entries,
                              tuple(m for m in space.DEFAULT_BATCH_SIZES if m not in entries)))
     if not out:
         raise UserError(f"{directory}: no SGLang/vLLM block-FP8 config files "
@@ -102,9 +105,8 @@ def verify(directory: Path, device: str = "cuda", batch_sizes: tuple[int, ...] |
         if (fc.n, fc.k) in seen:
             continue                              # the same shape in the other engine's name
         seen.add((fc.n, fc.k))
-        entries = formats.read_config_file(fc.path)
         for m in batch_sizes or fc.batch_sizes:
-            tuned = space.Config.from_engine(nearest(entries, m))
+            tuned = space.Config.from_engine(nearest(fc.entries, m))
             prob = Problem(fc.n, fc.k, m, device, seed=fc.n + fc.k + m)
             t, d = [], []
             for _ in range(2):                     # ABAB: drift hits both alike
