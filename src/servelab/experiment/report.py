@@ -13,6 +13,7 @@ from typing import Any
 
 from servelab import atomic, paths
 from servelab.experiment import plots
+from servelab.experiment.spec import LoadSpec
 from servelab.experiment.stats import METRICS, Analysis, RunValue, analyze, headline
 from servelab.store import LoadPointRow, RunRow, Store
 
@@ -32,13 +33,6 @@ class ExperimentData:
         return self.spec.get("primary_metric", "output_throughput_tok_s")
 
 
-def _load_keys(spec: dict[str, Any]) -> list[str]:
-    load = spec["load"]
-    return [f"c={c}" for c in load.get("concurrency", [])] + [
-        f"rate={r:g}" for r in load.get("request_rate", [])
-    ]
-
-
 def collect(store: Store, name: str, noise_band: float | None = None) -> ExperimentData:
     """Everything stored about an experiment, with its statistics."""
     spec = store.experiment(name)
@@ -53,7 +47,8 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
         RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary) for r in ok
     ]
     band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
-    an = analyze(values, baseline=baseline, arms=arms, load_keys=_load_keys(spec), noise_band=band)
+    load_keys = [key for key, _, _ in LoadSpec.model_validate(spec["load"]).keys()]
+    an = analyze(values, baseline=baseline, arms=arms, load_keys=load_keys, noise_band=band)
     an.warnings += aa_notes(
         spec, an, baseline, data_metric=spec.get("primary_metric", "output_throughput_tok_s")
     )
