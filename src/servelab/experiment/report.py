@@ -291,19 +291,21 @@ def _html_table(rows: list[list[str]], verdict_col: int | None = None) -> str:
 
 
 def per_request(
-    data: ExperimentData, store: Store, field: str
-) -> dict[tuple[str, str], list[float]]:
-    """Per-request values of `field` pooled over the ok runs of each arm x load point."""
-    out: dict[tuple[str, str], list[float]] = {}
+    data: ExperimentData, store: Store, fields: tuple[str, ...]
+) -> dict[str, dict[tuple[str, str], list[float]]]:
+    """Per-request values of each of `fields` pooled over the ok runs of each arm x load point
+    (one read of the stored requests for all fields)."""
+    out: dict[str, dict[tuple[str, str], list[float]]] = {f: {} for f in fields}
     for r in data.runs:
         lp = data.load_points.get(r.load_point_id) if r.load_point_id else None
         if r.status != "ok" or lp is None:
             continue
-        vals = out.setdefault((r.arm, r.load_key), [])
+        vals = {f: out[f].setdefault((r.arm, r.load_key), []) for f in fields}
         for rec in store.requests(lp):
-            v = rec.get(field)
-            if isinstance(v, int | float) and math.isfinite(v):
-                vals.append(float(v))
+            for f in fields:
+                v = rec.get(f)
+                if isinstance(v, int | float) and math.isfinite(v):
+                    vals[f].append(float(v))
     return out
 
 
@@ -311,10 +313,12 @@ def render_html(data: ExperimentData, store: Store) -> str:
     """The self-contained HTML report."""
     an, hyp_result = data.analysis, _decision(data)
     imgs = [_img(plots.throughput(an, data.primary), "throughput vs load")]
-    for field, label in (("ttft_ms", "TTFT (ms)"), ("tpot_ms", "TPOT (ms)")):
+    dists = {"ttft_ms": "TTFT (ms)", "tpot_ms": "TPOT (ms)"}
+    pooled = per_request(data, store, tuple(dists))
+    for field, label in dists.items():
         imgs.append(
             _img(
-                plots.distributions(per_request(data, store, field), an.arms, an.load_keys, label),
+                plots.distributions(pooled[field], an.arms, an.load_keys, label),
                 f"{field} distribution",
             )
         )
