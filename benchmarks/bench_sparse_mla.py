@@ -126,14 +126,7 @@ def time_graph(calls, reps: int) -> list[float]:
             c()
     g.replay()
     torch.cuda.synchronize()
-    out = []
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+    out = time_events(g.replay, reps, len(calls))
     del g
     return out
 
@@ -144,15 +137,24 @@ def time_eager(calls, reps: int) -> list[float]:
     for c in calls:
         c()
     torch.cuda.synchronize()
+
+    def run() -> None:
+        for c in calls:
+            c()
+
+    return time_events(run, reps, len(calls))
+
+
+def time_events(run, reps: int, n_calls: int) -> list[float]:
+    """us per call: CUDA events around each of `reps` runs of `run` (which makes n_calls)."""
     out = []
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(reps):
         e0.record()
-        for c in calls:
-            c()
+        run()
         e1.record()
         e1.synchronize()
-        out.append(e0.elapsed_time(e1) * 1e3 / len(calls))
+        out.append(e0.elapsed_time(e1) * 1e3 / n_calls)
     return out
 
 
@@ -270,6 +272,7 @@ def ir_report(log: Log, out: Path, tag: str) -> None:
     from servelab.kernels.sparse_mla import splitkv
 
     k = splitkv.LAST_COMPILED.get("split")
+    info = compiled_info("split")
     asm = getattr(k, "asm", {}) or {}
     ptx, ttgir = asm.get("ptx", ""), asm.get("ttgir", "")
     counts = {
@@ -279,8 +282,8 @@ def ir_report(log: Log, out: Path, tag: str) -> None:
     }  # fmt: skip
     counts["ttgir_async_copy"] = ttgir.count("async_copy_global_to_local")
     counts["ttgir_warp_group_dot"] = ttgir.count("warp_group_dot")
-    log.say(f"ir {tag}: regs={getattr(k, 'n_regs', None)} spills={getattr(k, 'n_spills', None)} "
-            f"smem={getattr(getattr(k, 'metadata', None), 'shared', None)} {counts}")  # fmt: skip
+    log.say(f"ir {tag}: regs={info.get('split_regs')} spills={info.get('split_spills')} "
+            f"smem={info.get('split_smem')} {counts}")
     if ttgir and not (out / "split_kernel.ttgir").exists():
         (out / "split_kernel.ttgir").write_text(ttgir)
 
