@@ -197,7 +197,7 @@ class ExperimentSpec(_Strict):
             raise ValueError("engine 'external' needs url = \"http://host:port\"")
         if self.engine == "command" and not self.command and not self.base.processes:
             raise ValueError('engine \'command\' needs command = ["prog", "--port", "{port}", ...]')
-        if self.engine not in ("external",) and not self.model and self.engine != "command":
+        if self.engine not in ("external", "command") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
         return self
 
