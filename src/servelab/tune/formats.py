@@ -23,6 +23,7 @@ from servelab import atomic
 CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
                "num_stages")
 FORMATS = ("sglang", "vllm")
+CPU_DEVICE_NAME = "Triton_interpreter_CPU"  # the device name of --device cpu runs, in file names
 _NAME_RE = re.compile(
     r"^N=(?P<n>\d+),K=(?P<k>\d+),device_name=(?P<dev>[^,]+),dtype=fp8_w8a8,"
     r"block_shape=\[(?P<bn>\d+),(?P<space> ?)(?P<bk>\d+)\]\.json$"

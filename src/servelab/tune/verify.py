@@ -97,7 +97,7 @@ def verify(directory: Path, device: str = "cuda", batch_sizes: tuple[int, ...] |
         from servelab.tune.timing import warm_up_gpu
         warm_up_gpu()
     else:
-        here = "Triton_interpreter_CPU"
+        here = formats.CPU_DEVICE_NAME
     seen: set[tuple[int, int]] = set()
     rows: list[VerifyRow] = []
     default = space.Config.from_engine(default_config(engine))

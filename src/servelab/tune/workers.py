@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from servelab.tune import formats
 from servelab.tune.space import Config
 
 MAX_ATTEMPTS = 2
@@ -64,7 +65,7 @@ def probe(spec: WorkSpec) -> dict[str, Any]:
     if spec.device == "cuda":
         name = torch.cuda.get_device_name(torch.cuda.current_device())
     else:
-        name = "Triton_interpreter_CPU"
+        name = formats.CPU_DEVICE_NAME
     return {"device_name": name, "triton": triton.__version__, "torch": torch.__version__,
             "pid": os.getpid()}
 
