@@ -61,13 +61,10 @@ def main() -> None:
         hint = f" (see `{ctx.command_path} --help`)" if ctx else ""
         typer.secho(f"error: {exc.format_message()}{hint}", err=True, fg=typer.colors.RED)
         sys.exit(exc.exit_code)
-    except _ABORT:
-        typer.secho("interrupted", err=True)
-        sys.exit(130)
     except UserError as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         sys.exit(2)
-    except KeyboardInterrupt:
+    except (_ABORT, KeyboardInterrupt):
         typer.secho("interrupted", err=True)
         sys.exit(130)
     # like click's standalone mode, always end with SystemExit; typer.Exit(code) comes back as rc
