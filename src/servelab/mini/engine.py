@@ -288,11 +288,12 @@ class Engine:
         kind = "TARGET_VERIFY" if self.k else "DECODE"
         return f"step[{kind} bs={len(self._running)}]"
 
+    def _ids(self, xs: list[int]) -> torch.Tensor:
+        """Token ids, slots or positions as a long tensor on the engine's device."""
+        return torch.tensor(xs, dtype=torch.long, device=self.device)
+
     def _forward(self, tokens: list[int], slots: list[int], positions: list[int]):
-        dev = self.device
-        t = torch.tensor(tokens, dtype=torch.long, device=dev)
-        s = torch.tensor(slots, dtype=torch.long, device=dev)
-        p = torch.tensor(positions, dtype=torch.long, device=dev)
+        t, s, p = self._ids(tokens), self._ids(slots), self._ids(positions)
         if self.graphs is not None and self.graphs.fits(len(tokens)):
             return self.graphs.forward(t, s, p)
         fb = make_batch(self.cfg, s, p, self.ctx, max(positions) + 1)
@@ -301,17 +302,13 @@ class Engine:
     def _mtp(self, hidden: torch.Tensor, next_tokens: list[int], slots: list[int],
              positions: list[int], fb=None) -> tuple[list[int], torch.Tensor]:
         """MTP head at `positions`; returns (its argmax draft per row, its hidden per row)."""
-        dev = self.device
-        nt = torch.tensor(next_tokens, dtype=torch.long, device=dev)
+        nt = self._ids(next_tokens)
         if self.graphs is not None and self.graphs.fits(len(next_tokens)):
-            s = torch.tensor(slots, dtype=torch.long, device=dev)
-            p = torch.tensor(positions, dtype=torch.long, device=dev)
-            logits, m = self.graphs.mtp(hidden, nt, s, p)
+            logits, m = self.graphs.mtp(hidden, nt, self._ids(slots), self._ids(positions))
         else:
             if fb is None:
-                s = torch.tensor(slots, dtype=torch.long, device=dev)
-                p = torch.tensor(positions, dtype=torch.long, device=dev)
-                fb = make_batch(self.cfg, s, p, self.ctx, max(positions) + 1)
+                fb = make_batch(self.cfg, self._ids(slots), self._ids(positions), self.ctx,
+                                max(positions) + 1)
             logits, m = self.model.mtp_flat(hidden, nt, fb, self.cache, self.attn_fn)
         logits[:, tk.BOS:] = float("-inf")  # drafts: bytes only (EOS drafts are rare, cheap)
         return logits.argmax(-1).tolist(), m
