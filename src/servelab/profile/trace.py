@@ -19,7 +19,6 @@ import io
 import re
 import zlib
 from array import array
-from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,15 +296,6 @@ def _looks_truncated(exc: BaseException) -> bool:
     return isinstance(exc, EOFError) or "incomplete" in msg or "premature" in msg or "end" in msg
 
 
-def group_by_corr(trace: Trace) -> dict[int, list[int]]:
-    """GPU activity indices per correlation id (one CUDA-graph launch shares one id)."""
-    out: dict[int, list[int]] = {}
-    for i, c in enumerate(trace.corr):
-        if c >= 0:
-            out.setdefault(c, []).append(i)
-    return out
-
-
 def launch_times(trace: Trace) -> dict[int, tuple[float, bool]]:
     """Correlation id -> (host launch time, launched by a CUDA-graph launch)."""
     return {
@@ -313,9 +303,3 @@ def launch_times(trace: Trace) -> dict[int, tuple[float, bool]]:
         for c, t, g in zip(trace.rt_corr, trace.rt_ts_us, trace.rt_graph, strict=True)
     }
 
-
-def iter_gpu(trace: Trace, idx: Iterable[int] | None = None) -> Iterator[tuple[str, float, float]]:
-    """(name, ts_us, dur_us) of GPU activities (all, or those in `idx`)."""
-    rng = range(trace.n_gpu) if idx is None else idx
-    for i in rng:
-        yield trace.names[trace.name_idx[i]], trace.ts_us[i], trace.dur_us[i]
