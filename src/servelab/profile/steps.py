@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from servelab.errors import UserError
@@ -97,16 +98,20 @@ def union_length(starts: list[float], ends: list[float]) -> float:
     return total + (cur_e - cur_s)
 
 
+def by_device(trace: Trace, idx: Iterable[int]) -> dict[int, list[int]]:
+    """Activity indices `idx` grouped by device, in order of first appearance."""
+    per: dict[int, list[int]] = {}
+    for i in idx:
+        per.setdefault(trace.device[i], []).append(i)
+    return per
+
+
 def busy_by_device(
     trace: Trace, idx: list[int] | tuple[int, ...], from_us: float = float("-inf")
 ) -> dict[int, float]:
     """Union of the intervals of activities `idx` (the parts after `from_us`), per device."""
-    per: dict[int, tuple[list[float], list[float]]] = {}
-    for i in idx:
-        s, e = per.setdefault(trace.device[i], ([], []))
-        s.append(max(trace.ts_us[i], from_us))
-        e.append(max(trace.ts_us[i] + trace.dur_us[i], from_us))
-    return {d: union_length(s, e) for d, (s, e) in sorted(per.items())}
+    per = by_device(trace, idx)
+    return {d: union_length(*clipped_intervals(trace, ix, from_us)) for d, ix in sorted(per.items())}
 
 
 def clipped_intervals(trace: Trace, idx: list[int], from_us: float) -> tuple[list[float], list[float]]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from servelab.errors import UserError
 from servelab.profile.breakdown import Breakdown
-from servelab.profile.steps import StepSet, clipped_intervals
+from servelab.profile.steps import StepSet, by_device, clipped_intervals
 from servelab.profile.trace import Trace
 
 
@@ -143,13 +143,6 @@ class WhatIfResult:
         return self.wall_us / self.new_wall_us if self.new_wall_us > 0 else math.inf
 
 
-def _per_device(trace: Trace, idx: tuple[int, ...]) -> dict[int, list[int]]:
-    per: dict[int, list[int]] = {}
-    for i in idx:
-        per.setdefault(trace.device[i], []).append(i)
-    return per
-
-
 def apply_whatifs(
     trace: Trace, steps: StepSet, bd: Breakdown, whatifs: list[WhatIf]
 ) -> WhatIfResult:
@@ -160,7 +153,7 @@ def apply_whatifs(
     for st in steps.steps:
         saved: list[float] = []
         busy_main = new_main = 0.0
-        for idx in _per_device(trace, st.activities).values():
+        for idx in by_device(trace, st.activities).values():
             starts, ends = clipped_intervals(trace, idx, st.start_us)
             factors = []
             for i in idx:
@@ -203,7 +196,7 @@ def rank_categories(trace: Trace, steps: StepSet, bd: Breakdown) -> list[Gain]:
     excl: dict[str, float] = {}
     for st in steps.steps:
         per_dev: list[dict[str, float]] = []
-        for idx in _per_device(trace, st.activities).values():
+        for idx in by_device(trace, st.activities).values():
             starts, ends = clipped_intervals(trace, idx, st.start_us)
             per_dev.append(exclusive_by_label(starts, ends, [bd.activity_category[i] for i in idx]))
         for row in bd.categories:
