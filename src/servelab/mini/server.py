@@ -30,7 +30,7 @@ from servelab.mini.metrics import render_metrics
 from servelab.mini.protocol import ApiError, parse_chat, parse_completion, parse_generate
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
+def _error(status: int, message: str, kind: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": None,
                                    "code": status}}, status_code=status)
 
@@ -78,6 +78,14 @@ class _Stream:
             if not self.done:  # client went away: free the slot
                 self.engine.abort(self.rid)
 
+    async def collect(self) -> tuple[str, Event]:
+        """Wait for the whole answer (non-streaming): (all text, the final event)."""
+        text, last = [], None
+        async for ev in self.events():
+            text.append(ev.text)
+            last = ev
+        return "".join(text), last
+
 
 def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
     """The FastAPI app around a started engine."""
@@ -107,13 +115,9 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         if not stream:
-            text, last = [], None
-            async for ev in st.events():
-                text.append(ev.text)
-                last = ev
+            content, last = await st.collect()
             if last.finish_reason == "error":
                 return _error(500, f"engine failed: {engine.error!r}", "server_error")
-            content = "".join(text)
             choice = ({"index": 0, "message": {"role": "assistant", "content": content},
                        "finish_reason": last.finish_reason} if chat else
                       {"index": 0, "text": content, "logprobs": None,
@@ -175,11 +179,8 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
                     "spec_verify_ct": ev.spec_verify_ct}
 
         if not stream:
-            text, last = [], None
-            async for ev in st.events():
-                text.append(ev.text)
-                last = ev
-            return JSONResponse({"text": "".join(text), "meta_info": meta(last)})
+            text, last = await st.collect()
+            return JSONResponse({"text": text, "meta_info": meta(last)})
 
         async def gen() -> AsyncIterator[bytes]:
             text = ""
