@@ -349,6 +349,7 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
                     f"{source}: arms.{name}: engine 'external' is not launched by "
                     "servelab, so arms cannot change flags or env"
                 )
+    base_flags = [p.flags for p in resolve_raw_base(spec)]
     for name, arm in spec.arms.items():
         missing = [r for r in arm.roles or [] if r not in roles]
         if missing:  # the delta would silently apply to nothing: the arm would equal the base
@@ -362,7 +363,7 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
             except UserError as exc:
                 raise UserError(f"{source}: arms.{name}.recipe: {exc}") from None
         for k in arm.remove:
-            if all(k not in p.flags for p in resolve_raw_base(spec)):
+            if all(k not in flags for flags in base_flags):
                 raise UserError(f"{source}: arms.{name}.remove: flag '{k}' is not set in the base")
         for proc in resolve(spec, name):
             problems = (
