@@ -112,9 +112,10 @@ def _records(d: Path):
 def compare(fast_dir: Path, exh_dir: Path) -> int:
     """For each exhaustive point: time of the fast pick (in the exhaustive run) / exhaustive best."""
     fast = {(r["n"], r["k"], r["m"]): r for r in _records(fast_dir) if r["t"] == "unit"}
-    exh_units = {(r["n"], r["k"], r["m"]): r for r in _records(exh_dir) if r["t"] == "unit"}
+    exh = _records(exh_dir)
+    exh_units = {(r["n"], r["k"], r["m"]): r for r in exh if r["t"] == "unit"}
     meas: dict = {}
-    for r in _records(exh_dir):
+    for r in exh:
         if r["t"] == "m" and r["us"] is not None:
             meas[(r["n"], r["k"], r["m"], r["cfg_key"])] = r["us"]
     from servelab.tune.space import Config
