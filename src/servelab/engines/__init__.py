@@ -18,8 +18,9 @@ def get(name: str) -> Engine:
     try:
         return REGISTRY[name]()
     except KeyError:
-        raise UserError(f"unknown engine '{name}' (known: {', '.join(sorted(REGISTRY))})") from None
+        raise UserError(f"unknown engine '{name}' (known: {', '.join(names())})") from None
 
 
 def names() -> list[str]:
+    """Every engine name, sorted."""
     return sorted(REGISTRY)
