@@ -111,7 +111,11 @@ class MLA(nn.Module):
 
     def _row(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """The cached latent row [..., D_qk]: normalized latent + rotated shared rope key."""
-        c_kv, k_rope = self.wkv_a(x).split([self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim], -1)
+        return self._row_from(self.wkv_a(x), cos, sin)
+
+    def _row_from(self, kva: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The cached row from the latent projection kva [..., kv_lora_rank + rope dim]."""
+        c_kv, k_rope = kva.split([self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim], -1)
         return torch.cat((self.kv_norm(c_kv), rope(k_rope, cos, sin)), dim=-1)
 
     def _index_q(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,8 +143,7 @@ class MLA(nn.Module):
         c = self.cfg
         n = x.shape[0]
         qa, kva, k_idx, qi, wi = F.linear(x, self.fused_w).split(self.fused_split, -1)
-        c_kv, k_rope = kva.split([c.kv_lora_rank, c.qk_rope_head_dim], -1)
-        row = torch.cat((self.kv_norm(c_kv), rope(k_rope, cos, sin)), dim=-1)  # [N, D_qk]
+        row = self._row_from(kva, cos, sin)  # [N, D_qk]
         kv.index_copy_(0, fb.rows, row.to(kv.dtype))
         ik.index_copy_(0, fb.rows, k_idx.to(ik.dtype))
         indices = fb.dense_indices
@@ -304,6 +307,11 @@ class MiniModel(nn.Module):
             blk.attn.prepare_inference()
         return self
 
+    def _rope_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin rows [N, rope/2] for positions [N], in the model's dtype."""
+        dt = self.head.weight.dtype
+        return self.rope_cos[positions].to(dt), self.rope_sin[positions].to(dt)
+
     def _block_flat(self, blk: Block, x, cos, sin, fb: FlatBatch, kv, ik, attn_fn):
         x = x + blk.attn.forward_flat(blk.attn_norm(x), cos, sin, fb, kv, ik, attn_fn)
         return x + blk.ffn(blk.ffn_norm(x), aux=False)[0]
@@ -312,8 +320,7 @@ class MiniModel(nn.Module):
                      attn_fn: AttentionFn = torch_sparse_mla
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Main model on N tokens -> (logits [N, V] float32, hidden [N, d] before the final norm)."""
-        dt = self.head.weight.dtype
-        cos, sin = self.rope_cos[fb.positions].to(dt), self.rope_sin[fb.positions].to(dt)
+        cos, sin = self._rope_at(fb.positions)
         x = self.embed(tokens)
         for i, blk in enumerate(self.layers):
             x = self._block_flat(blk, x, cos, sin, fb, cache.kv[i], cache.ik[i], attn_fn)
@@ -324,8 +331,7 @@ class MiniModel(nn.Module):
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """MTP module at positions fb.positions: hidden h_i [N, d] and token t_{i+1} [N]
         -> (logits for t_{i+2} [N, V] float32, MTP hidden [N, d], reused for the next draft)."""
-        dt = self.head.weight.dtype
-        cos, sin = self.rope_cos[fb.positions].to(dt), self.rope_sin[fb.positions].to(dt)
+        cos, sin = self._rope_at(fb.positions)
         n = self.cfg.n_layers
         m = self._mtp_in(hidden, next_tokens)
         m = self._block_flat(self.mtp_block, m, cos, sin, fb, cache.kv[n], cache.ik[n], attn_fn)
