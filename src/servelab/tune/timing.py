@@ -96,13 +96,11 @@ class Problem:
                            _quartile_spread(times), len(times))
 
     def _time_cpu(self, cfg: dict[str, int], reps: int) -> list[float]:
+        """One timed call whatever `reps` (interpreter timings are meaningless anyway)."""
         self._launch(cfg)                                   # first call: trace + checks
-        out = []
-        for _ in range(1):                                  # meaningless anyway: one call
-            t0 = time.perf_counter()
-            self._launch(cfg)
-            out.append((time.perf_counter() - t0) * 1e6)
-        return out
+        t0 = time.perf_counter()
+        self._launch(cfg)
+        return [(time.perf_counter() - t0) * 1e6]
 
     def _time_cuda(self, cfg: dict[str, int], reps: int) -> list[float]:
         return cuda_time_us(lambda: self._launch(cfg), reps, min_calls=len(self.sets))
