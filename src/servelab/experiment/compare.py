@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 
 from servelab.errors import UserError
-from servelab.experiment.stats import bootstrap_ratio
+from servelab.experiment.stats import bootstrap_ratio, path_value
 from servelab.store import Store
 
 # (summary key, sub-key or None, label, higher is better, per-request record field)
@@ -94,13 +94,6 @@ def _side(store: Store, ref: str) -> Side:
     return Side(path.name, points)
 
 
-def _get(summary: dict[str, Any], key: str, sub: str | None) -> float:
-    v = summary.get(key)
-    if sub is not None:
-        v = v.get(sub) if isinstance(v, dict) else None
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
-
-
 def _fmt(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{x:.4g}"
 
@@ -128,7 +121,8 @@ def compare(store: Store, a: str, b: str, *, noise_band: float = 0.02) -> Compar
                     f"{sum_b.get(f)!r} in B; these results do not compare"
                 )
         for skey, sub, label, higher, field_ in _ROWS:
-            va, vb = _get(sum_a, skey, sub), _get(sum_b, skey, sub)
+            path = (skey,) if sub is None else (skey, sub)
+            va, vb = path_value(sum_a, path), path_value(sum_b, path)
             ratio = vb / va if math.isfinite(va) and math.isfinite(vb) and va else math.nan
             change, verdict = "n/a" if math.isnan(ratio) else f"{(ratio - 1) * 100:+.1f}%", ""
             if field_ and rec_a and rec_b and higher is not None:

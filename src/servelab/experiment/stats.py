@@ -58,8 +58,14 @@ ACCEPT_DIFF_WARN = 0.05
 
 def metric_value(summary: dict[str, Any], metric: str) -> float:
     """The metric from a load-point summary; NaN when missing (never 0)."""
+    return path_value(summary, METRICS[metric].path)
+
+
+def path_value(summary: dict[str, Any], path: Sequence[str]) -> float:
+    """The number at `path` (e.g. ("ttft_ms", "p99")) in a load-point summary; NaN when missing
+    or not a number (never 0)."""
     node: Any = summary
-    for part in METRICS[metric].path:
+    for part in path:
         if not isinstance(node, dict):
             return math.nan
         node = node.get(part)
