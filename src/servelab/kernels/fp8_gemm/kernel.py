@@ -18,9 +18,7 @@ import triton
 import triton.language as tl
 
 from servelab.kernels.fp8_gemm.reference import FP8_DTYPE, FP8_MAX, GROUP
-
-CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
-               "num_stages")
+from servelab.tune.formats import CONFIG_KEYS
 
 
 @triton.jit(do_not_specialize=["M", "stride_asm", "stride_bsn"])
