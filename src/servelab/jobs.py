@@ -110,10 +110,15 @@ def read_all(name: str | None = None) -> list[JobState]:
     return sorted(out, key=lambda s: s.started, reverse=True)
 
 
+def log_path(name: str) -> Path:
+    """Where `detach` writes the output of job `name`."""
+    return paths.jobs_dir() / f"{name}.log"
+
+
 def detach(argv: list[str], name: str) -> tuple[int, Path]:
     """Re-run this servelab command line (without --detach) in a new session in the background;
     returns its pid and log path."""
-    log = paths.jobs_dir() / f"{name}.log"
+    log = log_path(name)
     args = [a for a in argv if a != "--detach"]
     with open(log, "ab") as f:
         proc = subprocess.Popen(

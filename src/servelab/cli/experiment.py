@@ -75,9 +75,9 @@ def _detached_log(name: str) -> str | None:
     """The job log when stdout is it (a `--detach`ed run), so `servelab status` can show it."""
     import os
 
-    from servelab import paths
+    from servelab import jobs
 
-    log = paths.jobs_dir() / f"{name}.log"
+    log = jobs.log_path(name)
     try:
         out, st = os.fstat(1), log.stat()
     except OSError:
