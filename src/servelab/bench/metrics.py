@@ -121,6 +121,7 @@ def make_record(raw: RawResult, spec: RequestSpec, t0_ns: int,
         k = chunk_tokens[i]
         if k > 0:
             itl.extend([g / k] * k)
+    counted = bool(ev) or raw.completion_tokens is not None  # else no output to count
     if raw.prompt_tokens is not None:
         inp, inp_src = raw.prompt_tokens, "usage"
     elif spec.input_len is not None:
@@ -134,8 +135,8 @@ def make_record(raw: RawResult, spec: RequestSpec, t0_ns: int,
         ttft_ms=ttft if ok else None, tpot_ms=tpot, e2e_ms=e2e,
         itl_ms=tuple(itl) if ok else (), chunk_gap_ms=tuple(gaps) if ok else (),
         chunk_tokens=tuple(chunk_tokens), input_tokens=inp, input_tokens_source=inp_src,
-        output_tokens=out if ev or raw.completion_tokens is not None else None,
-        output_tokens_source=out_src if ev or raw.completion_tokens is not None else None,
+        output_tokens=out if counted else None,
+        output_tokens_source=out_src if counted else None,
         requested_output_tokens=spec.output_len, spec_verify_ct=raw.spec_verify_ct,
         response_id=raw.response_id,
     )
