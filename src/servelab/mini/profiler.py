@@ -28,15 +28,10 @@ class StepProfiler:
         self._prof: torch.profiler.profile | None = None
         self._remaining: int | None = None
         self._out: Path | None = None
-        self.last_trace: str | None = None
 
     @property
     def pending(self) -> bool:
         return self._cmd is not None
-
-    @property
-    def active(self) -> bool:
-        return self._prof is not None
 
     def request(self, cmd: str, wake, timeout_s: float = 30.0, **kw) -> dict:
         """Ask the engine thread to 'start' or 'stop' (wake() rouses it); wait for its answer."""
@@ -78,7 +73,6 @@ class StepProfiler:
         prof.__exit__(None, None, None)
         path = self._out / f"{time.time():.0f}-TP-0.trace.json.gz"
         prof.export_chrome_trace(str(path))
-        self.last_trace = str(path)
         return {"message": "profile written", "trace": str(path)}
 
     @contextlib.contextmanager
