@@ -13,9 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.mini.tokenizer import EOS
-
-FIRST_SPECIAL = 256
+from servelab.mini.tokenizer import BOS, EOS
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +36,7 @@ class SamplingParams:
 def mask_logits(logits: torch.Tensor, allow_eos: torch.Tensor) -> torch.Tensor:
     """logits [N, V]; allow_eos [N] bool. Special tokens other than EOS are never produced."""
     out = logits.clone()
-    out[:, FIRST_SPECIAL:] = float("-inf")
+    out[:, BOS:] = float("-inf")  # the specials follow the 256 byte tokens, BOS first
     out[:, EOS] = torch.where(allow_eos, logits[:, EOS], torch.full_like(logits[:, EOS],
                                                                           float("-inf")))
     return out
