@@ -18,6 +18,7 @@ import orjson
 
 from servelab.errors import UserError
 from servelab.experiment.stats import bootstrap_ratio, path_value
+from servelab.experiment.stats import verdict as ci_verdict
 from servelab.store import Store
 
 # (summary key, sub-key or None, label, higher is better, per-request record field)
@@ -128,13 +129,10 @@ def compare(store: Store, a: str, b: str, *, noise_band: float = 0.02) -> Compar
             if field_ and rec_a and rec_b and higher is not None:
                 xa = [r[field_] for r in rec_a if isinstance(r.get(field_), int | float)]
                 xb = [r[field_] for r in rec_b if isinstance(r.get(field_), int | float)]
-                _, lo, hi = bootstrap_ratio(xa, xb, paired=False, n_boot=4000)
+                boot, lo, hi = bootstrap_ratio(xa, xb, paired=False, n_boot=4000)
                 if math.isfinite(lo):
                     change += f" [{(lo - 1) * 100:+.1f}%, {(hi - 1) * 100:+.1f}%]"
-                    up, down = lo > 1 + noise_band, hi < 1 - noise_band
-                    verdict = (
-                        ("better" if up == higher else "worse") if up or down else "within noise"
-                    )
+                    verdict = ci_verdict(boot, lo, hi, noise_band, higher)
             elif higher is not None and math.isfinite(ratio):
                 beyond = abs(ratio - 1) > noise_band
                 verdict = (
