@@ -13,6 +13,7 @@ from typing import Any
 
 from servelab import atomic, paths
 from servelab.experiment import plots
+from servelab.experiment.schedule import baseline_first
 from servelab.experiment.spec import LoadSpec
 from servelab.experiment.stats import METRICS, Analysis, RunValue, analyze, headline
 from servelab.store import LoadPointRow, RunRow, Store
@@ -38,10 +39,8 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
     spec = store.experiment(name)
     runs = store.runs(name)
     lps = {r.load_point_id: store.load_point(r.load_point_id) for r in runs if r.load_point_id}
-    arms = list(spec["arms"])
-    baseline = spec.get("baseline") or arms[0]
-    arms.remove(baseline)
-    arms.insert(0, baseline)
+    baseline = spec.get("baseline") or next(iter(spec["arms"]))
+    arms = baseline_first(list(spec["arms"]), baseline)
     ok = [r for r in runs if r.status == "ok" and r.load_point_id in lps]
     values = [
         RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary) for r in ok

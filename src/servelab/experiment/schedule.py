@@ -57,12 +57,15 @@ def arm_orders(arms: list[str], repetitions: int, order: str, seed: int) -> list
     raise ValueError(f"unknown order {order!r}")
 
 
+def baseline_first(arms: list[str], baseline: str) -> list[str]:
+    """The arms in file order with the baseline moved to the front."""
+    return [baseline] + [a for a in arms if a != baseline]
+
+
 def plan(spec: ExperimentSpec) -> list[PlannedRun]:
     """Every run of the experiment in the order it is to be run."""
-    arms = list(spec.arms)
     # the baseline leads the first block, so 'interleaved' reads baseline, change, change, baseline
-    arms.remove(spec.baseline_arm)
-    arms.insert(0, spec.baseline_arm)
+    arms = baseline_first(list(spec.arms), spec.baseline_arm)
     loads = spec.load.keys()
     runs: list[PlannedRun] = []
     group = -1
