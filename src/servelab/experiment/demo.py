@@ -27,19 +27,12 @@ def quick_variant(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_demo(file: Path | None, quick: bool) -> spec_mod.ExperimentSpec:
-    import tomllib
-
     path = Path(file) if file else DEMO_FILE
     if not path.is_file():
         raise UserError(
             f"demo file {path} not found; pass --file examples/demo.toml from a checkout"
         )
-    data = tomllib.loads(path.read_text())
-    if quick:
-        data = quick_variant(data)
-    spec = spec_mod.parse(data, str(path))
-    spec_mod.preflight(spec, str(path))
-    return spec
+    return spec_mod.load(path, quick_variant if quick else None)
 
 
 def run_demo(
