@@ -7,6 +7,9 @@ Subcommands (each prints a table; numbers in hardware units):
   compare FAST_DIR EXH_DIR   fast picks vs the exhaustive optimum, from the two checkpoints
   ceilings DIR               tuned kernel vs torch._scaled_mm (per-tensor, cuBLAS) and HBM
   all OUT [SECONDS]          the device plan: every step above under one time budget, logs in OUT
+  multi OUT [SECONDS]        the two-GPU plan (run_multi): one vs two GPUs, cold and warm
+                             Triton cache; exhaustive subset on both GPUs; compare; ceilings
+  scaling OUT                wall time of multi's four fast runs, from their checkpoints
 Usage on the device: PYTHONPATH=src python3 benchmarks/bench_fp8_gemm.py check
 """
 
@@ -207,46 +210,122 @@ SHAPES = ["1024,4096", "1536,4096", "4096,2048", "4096,512", "8192,1024"]   # CO
 BIG = ["7168,18432", "18432,7168"]
 
 
-def run_all(out: Path, budget_s: float) -> int:
-    """check; fast tune 5 shapes x 18 M; verify; big shapes + ceilings; exhaustive subset;
-    compare. Each step has a deadline so a slow one cannot starve the rest."""
+def _run_plan(out: Path, budget_s: float, plan: list) -> int:
+    """Run (name, argv, limit_s[, extra_env]) steps in order, each under its own deadline and
+    the whole plan's budget, so a slow step cannot starve the rest; logs in OUT/<name>.log."""
     import subprocess
+    out.mkdir(parents=True, exist_ok=True)
     t_end = time.time() + budget_s
-    me = [sys.executable, __file__]
-    plan = [
-        ("check", [*me, "check"], 60),
-        ("fast", [*me, "tune", "fp8-gemm", *sum((["--shape", s] for s in SHAPES), []),
-                  "--search", "fast", "--out", str(out / "fast"), "--name", "fast"], 240),
-        ("verify", [*me, "tune", "verify", str(out / "fast")], 60),
-        ("big", [*me, "tune", "fp8-gemm", *sum((["--shape", s] for s in BIG), []),
-                 "--batch-sizes", "16,64,1024,4096", "--budget", "0.05", "--out", str(out / "big"),
-                 "--name", "big"], 55),
-        ("ceilings", [*me, "ceilings", str(out / "big")], 35),
-        ("exhaustive", [*me, "tune", "fp8-gemm", *sum((["--shape", s] for s in SHAPES), []),
-                        "--search", "exhaustive", "--batch-sizes", "1,64,1024",
-                        "--out", str(out / "exh"), "--name", "exh"], 10_000),
-        ("compare", [*me, "compare", str(out / "fast"), str(out / "exh")], 20),
-    ]
     summary = []
-    for name, cmd, limit in plan:
+    for name, cmd, limit, *extra in plan:
         left = t_end - time.time() - (25 if name != "compare" else 0)
         limit = min(limit, left)
         if limit < 10:
             summary.append(f"{name}: NOT RUN (time budget spent)")
             continue
+        env = {**os.environ, **(extra[0] if extra else {})}
         t0 = time.time()
         with open(out / f"{name}.log", "w") as log:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                    env=env)
             try:
                 rc = proc.wait(timeout=limit)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)      # the step's workers and compile pool too
                 proc.wait()
                 rc = "timeout"
-        summary.append(f"{name}: rc={rc} in {time.time() - t0:.0f} s (limit {limit:.0f} s)")
+        summary.append(f"{name}: rc={rc} in {time.time() - t0:.1f} s (limit {limit:.0f} s)")
         print(summary[-1], flush=True)
     (out / "summary.txt").write_text("\n".join(summary) + "\n")
     print("\n".join(summary))
+    return 0
+
+
+def _shape_args(shapes: list[str]) -> list[str]:
+    return sum((["--shape", s] for s in shapes), [])
+
+
+def run_all(out: Path, budget_s: float) -> int:
+    """check; fast tune 5 shapes x 18 M; verify; big shapes + ceilings; exhaustive subset;
+    compare."""
+    me = [sys.executable, __file__]
+    return _run_plan(out, budget_s, [
+        ("check", [*me, "check"], 60),
+        ("fast", [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "fast",
+                  "--out", str(out / "fast"), "--name", "fast"], 240),
+        ("verify", [*me, "tune", "verify", str(out / "fast")], 60),
+        ("big", [*me, "tune", "fp8-gemm", *_shape_args(BIG), "--batch-sizes", "16,64,1024,4096",
+                 "--budget", "0.05", "--out", str(out / "big"), "--name", "big"], 55),
+        ("ceilings", [*me, "ceilings", str(out / "big")], 35),
+        ("exhaustive", [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "exhaustive",
+                        "--batch-sizes", "1,64,1024", "--out", str(out / "exh"), "--name", "exh"],
+         10_000),
+        ("compare", [*me, "compare", str(out / "fast"), str(out / "exh")], 20),
+    ])
+
+
+EXH_M = "1,16,64,256,1024,4096"
+
+
+def run_multi(out: Path, budget_s: float) -> int:
+    """The two-GPU plan: the same fast job (5 shapes x 18 M) on GPU 0 and on GPUs 0,1, each
+    first with an empty Triton cache (cold: compiles every config it times) and then again
+    with that cache warm (a later tune on the machine: only timing left); then an exhaustive
+    run on both GPUs at six batch sizes per shape, the fast picks compared with its optimum;
+    the engine-space optimum of the two large shapes at small M against cuBLAS and HBM."""
+    me = [sys.executable, __file__]
+    c1 = {"TRITON_CACHE_DIR": str(out / "triton-1gpu")}
+    c2 = {"TRITON_CACHE_DIR": str(out / "triton-2gpu")}
+
+    def fast(tag: str, gpus: str, env: dict) -> tuple:
+        return (tag, [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "fast",
+                      "--gpus", gpus, "--out", str(out / tag), "--name", tag], 170, env)
+    return _run_plan(out, budget_s, [
+        ("check", [*me, "check"], 45, c2),
+        fast("fast1-cold", "0", c1),
+        fast("fast2-cold", "0,1", c2),
+        fast("fast1-warm", "0", c1),
+        fast("fast2-warm", "0,1", c2),
+        ("exh", [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "exhaustive",
+                 "--gpus", "0,1", "--batch-sizes", EXH_M, "--out", str(out / "exh"),
+                 "--name", "exh"], 220, c2),
+        ("compare", [*me, "compare", str(out / "fast1-cold"), str(out / "exh")], 20),
+        ("compare2", [*me, "compare", str(out / "fast2-cold"), str(out / "exh")], 20),
+        ("bigexh", [*me, "tune", "fp8-gemm", *_shape_args(BIG), "--search", "exhaustive",
+                    "--gpus", "0,1", "--batch-sizes", "16,64", "--out", str(out / "bigexh"),
+                    "--name", "bigexh"], 90, c2),
+        ("ceilings", [*me, "ceilings", str(out / "bigexh")], 30, c2),
+        ("verify", [*me, "tune", "verify", str(out / "fast2-cold")], 40, c2),
+        ("scaling", [*me, "scaling", str(out)], 10),
+    ])
+
+
+def scaling(out: Path) -> int:
+    """Job time of each of multi's fast runs (the job's own `done: ... S s` line: worker start to
+    files written) and where its units' time went (compile-ahead wait vs the rest), from its log
+    and checkpoint."""
+    import re
+    print(f"{'run':<11} {'gpus':>4} {'units':>5} {'job_s':>7} {'unit_sum_s':>10} {'compile_wait_s':>14}")
+    walls: dict[str, float] = {}
+    for tag in ("fast1-cold", "fast2-cold", "fast1-warm", "fast2-warm"):
+        log = out / f"{tag}.log"
+        m = re.search(r"done: (\d+) points .*?, ([\d.]+) s on", log.read_text()) if log.exists() else None
+        recs = _records(out / tag) if (out / tag).exists() else []
+        starts = [r for r in recs if r["t"] == "start"]
+        ctx = starts[-1]["ctx"] if starts else None
+        units = [r for r in recs if r["t"] == "unit" and r.get("ctx") == ctx]
+        if not m:
+            print(f"{tag:<11} did not finish")
+            continue
+        walls[tag] = float(m.group(2))
+        # compile_s is cumulative per worker process: its last value is that worker's total wait
+        comp = sum(max(r["compile_s"] for r in units if r["pid"] == p) for p in {r["pid"] for r in units})
+        print(f"{tag:<11} {tag[4]:>4} {m.group(1):>5} {walls[tag]:>7.1f} "
+              f"{sum(r['seconds'] for r in units):>10.1f} {comp:>14.1f}")
+    for kind in ("cold", "warm"):
+        a, b = walls.get(f"fast1-{kind}"), walls.get(f"fast2-{kind}")
+        if a and b:
+            print(f"{kind} Triton cache: two GPUs / one GPU = {b / a:.2f}")
     return 0
 
 
@@ -265,6 +344,10 @@ def main(argv: list[str]) -> int:
         return run_all(Path(rest[0]), float(rest[1]) if len(rest) > 1 else 380.0)
     if cmd == "ceilings":
         return ceilings(Path(rest[0]))
+    if cmd == "multi":
+        return run_multi(Path(rest[0]), float(rest[1]) if len(rest) > 1 else 560.0)
+    if cmd == "scaling":
+        return scaling(Path(rest[0]))
     print(__doc__)
     return 2
 
