@@ -274,14 +274,15 @@ def run_multi(out: Path, budget_s: float) -> int:
     run on both GPUs at six batch sizes per shape, the fast picks compared with its optimum;
     the engine-space optimum of the two large shapes at small M against cuBLAS and HBM."""
     me = [sys.executable, __file__]
-    c1 = {"TRITON_CACHE_DIR": str(out / "triton-1gpu")}
-    c2 = {"TRITON_CACHE_DIR": str(out / "triton-2gpu")}
+    import tempfile
+    tmp = Path(tempfile.mkdtemp(prefix="servelab-triton-"))   # caches stay out of OUT (size)
+    c0, c1, c2 = ({"TRITON_CACHE_DIR": str(tmp / t)} for t in ("check", "1gpu", "2gpu"))
 
     def fast(tag: str, gpus: str, env: dict) -> tuple:
         return (tag, [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "fast",
                       "--gpus", gpus, "--out", str(out / tag), "--name", tag], 170, env)
     return _run_plan(out, budget_s, [
-        ("check", [*me, "check"], 45, c2),
+        ("check", [*me, "check"], 45, c0),
         fast("fast1-cold", "0", c1),
         fast("fast2-cold", "0,1", c2),
         fast("fast1-warm", "0", c1),
