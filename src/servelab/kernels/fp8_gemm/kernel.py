@@ -21,6 +21,64 @@ from servelab.kernels.fp8_gemm.reference import FP8_DTYPE, FP8_MAX, GROUP
 from servelab.tune.formats import CONFIG_KEYS
 
 
+@triton.jit
+def _tile_of(pid, M, N, BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr,
+             GROUP_SIZE_M: tl.constexpr):
+    """(pid_m, pid_n) of program `pid` in grouped order: GROUP_SIZE_M row-blocks share each
+    column-block while it is in L2."""
+    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
+    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
+    num_pid_in_group = GROUP_SIZE_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_SIZE_M
+    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
+    pid_m = first_pid_m + (pid % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _k_steps(
+    a_ptr, b_ptr, as_ptr, bs_ptr, pid_m, pid_n, M, N, K, k_lo, k_hi,
+    stride_am, stride_ak, stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
+    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+):
+    """fp32 [BM, BN] tile of C summed over K steps k_lo <= k < k_hi (each BLOCK_SIZE_K wide)."""
+    # Rows/columns past the edge wrap around for loads (always in bounds); stores are masked.
+    offs_m = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M        # [BM]
+    offs_n = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N        # [BN]
+    offs_k = tl.arange(0, BLOCK_SIZE_K)                                     # [BK]
+    a_ptrs = (a_ptr + k_lo * BLOCK_SIZE_K * stride_ak
+              + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak)  # [BM, BK]
+    b_ptrs = (b_ptr + k_lo * BLOCK_SIZE_K * stride_bk
+              + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn)  # [BK, BN]
+    as_ptrs = as_ptr + offs_m * stride_asm                                  # [BM]
+    bs_ptrs = bs_ptr + (offs_n // GROUP_N) * stride_bsn                     # [BN]
+
+    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
+    for k in range(k_lo, k_hi):
+        k_left = K - k * BLOCK_SIZE_K
+        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+        g = (k * BLOCK_SIZE_K) // GROUP_K                                    # scale group of this step
+        a_s = tl.load(as_ptrs + g * stride_ask)                              # [BM]
+        b_s = tl.load(bs_ptrs + g * stride_bsk)                              # [BN]
+        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
+        a_ptrs += BLOCK_SIZE_K * stride_ak
+        b_ptrs += BLOCK_SIZE_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _round_bf16_in_fp32(x):
+    """Round fp32 to the nearest-even bf16 value, kept in fp32. Triton's interpreter truncates
+    fp32->bf16; rounding first makes its cast exact, so it matches the GPU's rounding (only
+    used when interpreting)."""
+    bits = x.to(tl.int32, bitcast=True)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000).to(tl.float32, bitcast=True)
+
+
 @triton.jit(do_not_specialize=["M", "stride_asm", "stride_bsn"])
 def _w8a8_block_fp8_matmul(
     a_ptr, b_ptr, c_ptr, as_ptr, bs_ptr,            # A [M, K] fp8, B [N, K] fp8, C [M, N]
@@ -31,48 +89,74 @@ def _w8a8_block_fp8_matmul(
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
     GROUP_SIZE_M: tl.constexpr, ROUND_BF16_IN_FP32: tl.constexpr = False,
 ):
-    # Grouped ordering: GROUP_SIZE_M row-blocks share each column-block while it is in L2.
-    pid = tl.program_id(axis=0)
-    num_pid_m = tl.cdiv(M, BLOCK_SIZE_M)
-    num_pid_n = tl.cdiv(N, BLOCK_SIZE_N)
-    num_pid_in_group = GROUP_SIZE_M * num_pid_n
-    group_id = pid // num_pid_in_group
-    first_pid_m = group_id * GROUP_SIZE_M
-    group_size_m = min(num_pid_m - first_pid_m, GROUP_SIZE_M)
-    pid_m = first_pid_m + (pid % group_size_m)
-    pid_n = (pid % num_pid_in_group) // group_size_m
-
-    # Rows/columns past the edge wrap around for loads (always in bounds); stores are masked.
-    offs_m = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M        # [BM]
-    offs_n = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N        # [BN]
-    offs_k = tl.arange(0, BLOCK_SIZE_K)                                     # [BK]
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BM, BK]
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn   # [BK, BN]
-    as_ptrs = as_ptr + offs_m * stride_asm                                  # [BM]
-    bs_ptrs = bs_ptr + (offs_n // GROUP_N) * stride_bsn                     # [BN]
-
-    acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_SIZE_K)):
-        k_left = K - k * BLOCK_SIZE_K
-        a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        g = (k * BLOCK_SIZE_K) // GROUP_K                                    # scale group of this step
-        a_s = tl.load(as_ptrs + g * stride_ask)                              # [BM]
-        b_s = tl.load(bs_ptrs + g * stride_bsk)                              # [BN]
-        acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
-        a_ptrs += BLOCK_SIZE_K * stride_ak
-        b_ptrs += BLOCK_SIZE_K * stride_bk
-
+    pid_m, pid_n = _tile_of(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    acc = _k_steps(a_ptr, b_ptr, as_ptr, bs_ptr, pid_m, pid_n, M, N, K, 0, tl.cdiv(K, BLOCK_SIZE_K),
+                   stride_am, stride_ak, stride_bn, stride_bk,
+                   stride_asm, stride_ask, stride_bsn, stride_bsk,
+                   GROUP_N, GROUP_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
     if ROUND_BF16_IN_FP32:
-        # Triton's interpreter truncates fp32->bf16; round to nearest even here so its cast is
-        # exact and the interpreter matches the GPU's rounding (only set when interpreting).
-        bits = acc.to(tl.int32, bitcast=True)
-        acc = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000).to(tl.float32, bitcast=True)
+        acc = _round_bf16_in_fp32(acc)
     c = acc.to(c_ptr.dtype.element_ty)
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     c_ptrs = c_ptr + offs_cm[:, None] * stride_cm + offs_cn[None, :] * stride_cn
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
+
+
+@triton.jit(do_not_specialize=["M", "SPLIT_K", "stride_asm", "stride_bsn", "stride_ws"])
+def _w8a8_block_fp8_matmul_splitk(
+    a_ptr, b_ptr, ws_ptr, as_ptr, bs_ptr,           # A [M, K] fp8, B [N, K] fp8
+    M, N, K, SPLIT_K,                               # workspace fp32 [SPLIT_K, M, N] or [M, N]
+    stride_am, stride_ak, stride_bn, stride_bk,
+    stride_asm, stride_ask, stride_bsn, stride_bsk,
+    stride_ws, stride_wm,                           # workspace strides (split, row); col = 1
+    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
+    BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    GROUP_SIZE_M: tl.constexpr, ATOMIC: tl.constexpr,
+):
+    """Grid (tiles, SPLIT_K): program (t, s) sums the s-th contiguous range of K steps of tile t
+    into fp32. Ranges are whole 128-wide scale groups (BLOCK_SIZE_K divides GROUP_K), split as
+    evenly as the group count allows (sizes differ by at most one group). ATOMIC: atomic_add into
+    a zeroed [M, N] buffer (summation order unspecified); otherwise a plain store into split s
+    of the workspace, reduced in a fixed order by `_splitk_reduce` (deterministic)."""
+    pid_m, pid_n = _tile_of(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
+    pid_k = tl.program_id(axis=1)
+    groups = tl.cdiv(K, GROUP_K)
+    k_lo = (pid_k * groups // SPLIT_K) * (GROUP_K // BLOCK_SIZE_K)
+    k_hi = min(((pid_k + 1) * groups // SPLIT_K) * (GROUP_K // BLOCK_SIZE_K),
+               tl.cdiv(K, BLOCK_SIZE_K))
+    acc = _k_steps(a_ptr, b_ptr, as_ptr, bs_ptr, pid_m, pid_n, M, N, K, k_lo, k_hi,
+                   stride_am, stride_ak, stride_bn, stride_bk,
+                   stride_asm, stride_ask, stride_bsn, stride_bsk,
+                   GROUP_N, GROUP_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+    offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
+    offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
+    mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
+    w_ptrs = ws_ptr + offs_cm[:, None] * stride_wm + offs_cn[None, :]
+    if ATOMIC:
+        tl.atomic_add(w_ptrs, acc, mask=mask, sem="relaxed")
+    else:
+        tl.store(w_ptrs + pid_k * stride_ws, acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M", "SPLIT_K", "stride_ws"])
+def _splitk_reduce(
+    ws_ptr, c_ptr,                                  # workspace fp32 [SPLIT_K, M, N], C [M, N]
+    M, N, SPLIT_K, stride_ws, stride_cm, stride_cn,
+    BLOCK: tl.constexpr, ROUND_BF16_IN_FP32: tl.constexpr,
+):
+    """C = workspace[0] + workspace[1] + ... + workspace[SPLIT_K-1] in fp32, in that order (the
+    same bits every run), cast to C's dtype; with SPLIT_K = 1 it is the atomic path's cast.
+    The workspace is contiguous, so program p takes BLOCK consecutive elements of M*N."""
+    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)              # [BLOCK] of M*N
+    mask = offs < M * N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in range(0, SPLIT_K):
+        acc += tl.load(ws_ptr + s * stride_ws + offs, mask=mask, other=0.0)
+    if ROUND_BF16_IN_FP32:
+        acc = _round_bf16_in_fp32(acc)
+    c_ptrs = c_ptr + (offs // N) * stride_cm + (offs % N) * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -127,6 +211,23 @@ def per_token_group_quant(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Te
     return q, s
 
 
+SPLIT_K_KEY = "SPLIT_K"          # optional launch key beyond the engines' six (default 1)
+SPLIT_K_REDUCTIONS = ("workspace", "atomic")
+REDUCE_BLOCK = 512               # elements of M*N per program of `_splitk_reduce`
+
+
+def split_k_of(config: Mapping[str, int]) -> int:
+    """The config's SPLIT_K (1 when absent), checked: an int >= 1; above 1 only with a
+    BLOCK_SIZE_K that divides the 128-wide scale group (each split is whole scale groups)."""
+    s = config.get(SPLIT_K_KEY, 1)
+    if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+        raise ValueError(f"{SPLIT_K_KEY}={s!r}: must be an int >= 1 (1 = no split)")
+    if s > 1 and int(config["BLOCK_SIZE_K"]) > GROUP:
+        raise ValueError(f"{SPLIT_K_KEY}={s} needs BLOCK_SIZE_K <= {GROUP} (splits are whole "
+                         f"{GROUP}-wide scale groups), got BLOCK_SIZE_K={config['BLOCK_SIZE_K']}")
+    return s
+
+
 def check_config(config: Mapping[str, int]) -> None:
     """Raise ValueError naming the missing keys or bad values of a launch config."""
     missing = [key for key in CONFIG_KEYS if key not in config]
@@ -136,18 +237,27 @@ def check_config(config: Mapping[str, int]) -> None:
         v = int(config[key])
         if v < 16 or v & (v - 1):
             raise ValueError(f"{key}={v}: must be a power of two >= 16")
+    split_k_of(config)
 
 
 def w8a8_block_fp8_matmul(
     a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch.Tensor, b_s: torch.Tensor,
     config: Mapping[str, int], out_dtype: torch.dtype = torch.bfloat16,
-    out: torch.Tensor | None = None,
+    out: torch.Tensor | None = None, split_k_reduce: str = "workspace",
 ) -> torch.Tensor:
     """C [M, N] = dequant(a_q, a_s) @ dequant(b_q, b_s).T with the launch parameters of `config`.
 
     a_q [M, K] fp8, a_s [M, ceil(K/128)] fp32, b_q [N, K] fp8, b_s [ceil(N/128), ceil(K/128)] fp32.
+    `config` may hold SPLIT_K = s (not one of the engines' keys; default 1, the engines' kernel):
+    s programs per output tile each sum a contiguous range of the K scale groups, and the s fp32
+    partials are reduced into C, by `split_k_reduce`: "workspace" (an fp32 [s, M, N] buffer
+    summed in a fixed order by a second kernel: deterministic) or "atomic" (fp32 atomic_add
+    into a zeroed [M, N] buffer, then a cast: the order of the s additions varies run to run).
     """
     check_config(config)
+    split_k = split_k_of(config)
+    if split_k_reduce not in SPLIT_K_REDUCTIONS:
+        raise ValueError(f"split_k_reduce={split_k_reduce!r}: use one of {SPLIT_K_REDUCTIONS}")
     if a_q.dim() != 2 or b_q.dim() != 2 or a_q.shape[1] != b_q.shape[1]:
         raise ValueError(f"shapes A {tuple(a_q.shape)} and B {tuple(b_q.shape)}: need [M, K] and [N, K]")
     m, k = a_q.shape
@@ -163,8 +273,16 @@ def w8a8_block_fp8_matmul(
         out = torch.empty((m, n), dtype=out_dtype, device=a_q.device)
     elif tuple(out.shape) != (m, n):
         raise ValueError(f"out has shape {tuple(out.shape)}, need ({m}, {n})")
+    if split_k > max(1, kg):
+        raise ValueError(f"{SPLIT_K_KEY}={split_k} exceeds the {kg} scale groups of K={k} "
+                         f"(each split takes whole {GROUP}-wide groups): use at most {kg}")
+    if split_k > 1 and split_k * m * n >= 2**31:
+        raise ValueError(f"{SPLIT_K_KEY}={split_k} at M={m}, N={n}: the fp32 partials "
+                         f"({split_k}*M*N) exceed 32-bit offsets; split-K is for small M")
     if m == 0:
         return out
+    if split_k > 1:
+        return _launch_split_k(a_q, a_s, b_q, b_s, out, config, split_k, split_k_reduce)
     bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _w8a8_block_fp8_matmul[grid](
@@ -176,6 +294,36 @@ def w8a8_block_fp8_matmul(
         GROUP_SIZE_M=int(config["GROUP_SIZE_M"]),
         ROUND_BF16_IN_FP32=_interpreting() and out.dtype == torch.bfloat16,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+    )
+    return out
+
+
+def _launch_split_k(a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch.Tensor, b_s: torch.Tensor,
+                    out: torch.Tensor, config: Mapping[str, int], split_k: int,
+                    reduce: str) -> torch.Tensor:
+    """The split-K GEMM into an fp32 buffer, then its reduction into `out` (inputs checked)."""
+    m, k = a_q.shape
+    n = b_q.shape[0]
+    atomic = reduce == "atomic"
+    if atomic:
+        ws = torch.zeros((1, m, n), dtype=torch.float32, device=a_q.device)
+    else:
+        ws = torch.empty((split_k, m, n), dtype=torch.float32, device=a_q.device)
+    bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)
+    _w8a8_block_fp8_matmul_splitk[grid](
+        a_q, b_q, ws, a_s, b_s, m, n, k, split_k,
+        a_q.stride(0), a_q.stride(1), b_q.stride(0), b_q.stride(1),
+        a_s.stride(0), a_s.stride(1), b_s.stride(0), b_s.stride(1), ws.stride(0), ws.stride(1),
+        GROUP_N=GROUP, GROUP_K=GROUP,
+        BLOCK_SIZE_M=bm, BLOCK_SIZE_N=bn, BLOCK_SIZE_K=int(config["BLOCK_SIZE_K"]),
+        GROUP_SIZE_M=int(config["GROUP_SIZE_M"]), ATOMIC=atomic,
+        num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
+    )
+    _splitk_reduce[(triton.cdiv(m * n, REDUCE_BLOCK),)](
+        ws, out, m, n, ws.shape[0], ws.stride(0), out.stride(0), out.stride(1),
+        BLOCK=REDUCE_BLOCK, ROUND_BF16_IN_FP32=_interpreting() and out.dtype == torch.bfloat16,
+        num_warps=4,
     )
     return out
 
