@@ -123,8 +123,8 @@ def _w8a8_block_fp8_matmul_splitk(
     pid_k = tl.program_id(axis=1)
     groups = tl.cdiv(K, GROUP_K)
     k_lo = (pid_k * groups // SPLIT_K) * (GROUP_K // BLOCK_SIZE_K)
-    k_hi = min(((pid_k + 1) * groups // SPLIT_K) * (GROUP_K // BLOCK_SIZE_K),
-               tl.cdiv(K, BLOCK_SIZE_K))
+    k_hi = tl.minimum(((pid_k + 1) * groups // SPLIT_K) * (GROUP_K // BLOCK_SIZE_K),
+                      tl.cdiv(K, BLOCK_SIZE_K))          # a partial last group: fewer steps
     acc = _k_steps(a_ptr, b_ptr, as_ptr, bs_ptr, pid_m, pid_n, M, N, K, k_lo, k_hi,
                    stride_am, stride_ak, stride_bn, stride_bk,
                    stride_asm, stride_ask, stride_bsn, stride_bsk,
