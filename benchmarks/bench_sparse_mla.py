@@ -289,13 +289,13 @@ def ir_report(log: Log, out: Path, tag: str) -> None:
 
 
 def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_splits=None,
-             cache=None):  # fmt: skip
+             cache=None, label=""):  # fmt: skip
     from servelab.kernels.sparse_mla.splitkv import _num_sms, choose_num_splits, default_config
 
     r = rotations(shape, b, cap if variant != "eager" else min(cap, 8))
     sets = make_inputs(shape, b, kv, r, seed=b)
-    rec = {"shape": shape.name, "B": b, "variant": variant + (f"-drop{drop}" if drop else ""),
-           "R": r}  # fmt: skip
+    rec = {"shape": shape.name, "B": b, "R": r,
+           "variant": label or variant + (f"-drop{drop}" if drop else "")}  # fmt: skip
     if variant in ("splitkv", "fp8"):
         cfg = cfg or default_config(b, shape.heads, shape.d_qk, kv.dtype)
         ns = num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, _num_sms(kv.device))
@@ -336,6 +336,97 @@ def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_split
     return rec
 
 
+def compare_jobs(shape: Shape, smoke: bool):
+    """(B, label, variant, config) cells of --compare: merge variants at small B (two-kernel vs
+    PDL vs fused, fused also with fewer splits), then FP8 (first reshape path vs per-chunk
+    scales) vs bf16 on the memory-bound TP slices and V4-Flash."""
+    from dataclasses import replace
+
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
+    def base(b):
+        return default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+
+    for b in [1, 3] if smoke else [1, 2, 4, 8]:
+        c = base(b)
+        yield b, "m-kernel", "splitkv", replace(c, merge="kernel")
+        yield b, "m-pdl", "splitkv", replace(c, merge="pdl")
+        for t in (1, 2, 4):
+            yield b, f"m-fused-t{t}", "splitkv", replace(c, merge="fused", min_tiles_per_split=t)
+    if shape.heads < 64 or shape.name == "v4-flash" or smoke:
+        batches = [1, 3] if smoke else [16, 32, 64, 128]
+        if shape.name == "v4-flash":
+            batches = BATCHES
+        for b in batches:
+            c = base(b)
+            yield b, "bf16", "splitkv", c
+            yield b, "fp8-old", "fp8", replace(c, fp8_chunked=False)
+            yield b, "fp8-new", "fp8", c
+            if shape.heads < 64 and b >= 64:
+                yield b, "fp8-new-bn64", "fp8", replace(c, block_n=64, num_stages=2, ctas_per_sm=1)
+
+
+def compare(log: Log, args, shapes, reps: int, pool: int) -> None:
+    """--compare: compile every cell first (while the GPU tests may still run, see
+    --wait-file), then time them all; a merge table and an FP8 table last."""
+    dtype = torch.float16 if DEVICE == "cpu" else torch.bfloat16
+    data = {}
+    for shape in shapes:
+        torch.manual_seed(0)
+        kv = torch.randn(pool, shape.d_qk, device=DEVICE).to(dtype)
+        data[shape.name] = (kv, fp8_cache(shape, kv))
+        log.row({"check": check_correct(log, shape, kv, data[shape.name][1])})
+    jobs = [(shape, *j) for shape in shapes for j in compare_jobs(shape, args.smoke)]
+    t0 = time.time()
+    for shape, b, label, variant, cfg in jobs:  # compile (and load) everything once
+        kv, cache = data[shape.name]
+        sets = make_inputs(shape, b, kv, 1, seed=b)
+        try:
+            variant_calls(variant, shape, sets, kv, cfg=cfg, cache=cache)[0]()
+        except Exception as e:  # noqa: BLE001 - reported again by run_cell
+            log.say(f"compile {shape.name} B={b} {label}: {type(e).__name__}: {str(e)[:160]}")
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+    log.say(f"compiled {len(jobs)} cells in {time.time() - t0:.0f} s")
+    if args.wait_file:
+        while not Path(args.wait_file).exists():
+            time.sleep(0.5)
+        log.say(f"tests done; timing from {time.time() - t0:.0f} s")
+    res = {}
+    for shape, b, label, variant, cfg in jobs:
+        kv, cache = data[shape.name]
+        rec = run_cell(log, shape, b, kv, variant, reps, 128, cfg=cfg, cache=cache, label=label)
+        res[(shape.name, b, label)] = rec
+    nan = float("nan")
+
+    def us(key):
+        return res.get(key, {}).get("us", nan)
+
+    mlabels = ["m-kernel", "m-pdl", "m-fused-t1", "m-fused-t2", "m-fused-t4"]
+    log.say("\nmerge: us per call (median; splits in brackets); best marked *")
+    log.say(f"{'shape':17} {'B':>3} " + " ".join(f"{m[2:]:>14}" for m in mlabels))
+    for shape in shapes:
+        for b in sorted({k[1] for k in res if k[0] == shape.name and k[2] in mlabels}):
+            vals = [us((shape.name, b, m)) for m in mlabels]
+            best = min(v for v in vals if v == v) if any(v == v for v in vals) else nan
+            cells = [f"{v:7.2f}{'*' if v == best else ' '}[{res.get((shape.name, b, m), {}).get('num_splits', 0):>3}] "
+                     for v, m in zip(vals, mlabels, strict=True)]  # fmt: skip
+            log.say(f"{shape.name:17} {b:>3} " + " ".join(f"{c:>14}" for c in cells))
+    log.say("\nFP8: us per call (median); x = bf16 / fp8-new; TB/s and %floor of fp8-new")
+    log.say(f"{'shape':17} {'B':>4} {'bf16':>7} {'fp8-old':>7} {'fp8-new':>7} {'bn64':>7} "
+            f"{'x old':>6} {'x new':>6} {'TB/s':>5} {'%floor':>6} {'regs':>4} {'smem':>6}")  # fmt: skip
+    for shape in shapes:
+        for b in sorted({k[1] for k in res if k[0] == shape.name and k[2] == "fp8-new"}):
+            k = (shape.name, b)
+            n = res.get((*k, "fp8-new"), {})
+            log.say(f"{shape.name:17} {b:>4} {us((*k, 'bf16')):>7.2f} {us((*k, 'fp8-old')):>7.2f} "
+                    f"{us((*k, 'fp8-new')):>7.2f} {us((*k, 'fp8-new-bn64')):>7.2f} "
+                    f"{us((*k, 'bf16')) / us((*k, 'fp8-old')):>6.2f} "
+                    f"{us((*k, 'bf16')) / us((*k, 'fp8-new')):>6.2f} {n.get('tbs', nan):>5.2f} "
+                    f"{n.get('pct_floor', nan):>6.1f} {n.get('split_regs')!s:>4} "
+                    f"{n.get('split_smem')!s:>6}")  # fmt: skip
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -345,6 +436,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--no-eager", action="store_true")
     ap.add_argument("--sweep-only", action="store_true", help="sweep, then no timing table")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
+    ap.add_argument("--compare", action="store_true",
+                    help="merge variants at B <= 8 and FP8 old/new vs bf16 (issue 5 follow-up)")
+    ap.add_argument("--wait-file", default="",
+                    help="--compare: after compiling, wait for this file before timing")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="start no new shape or sweep once this much time has passed")  # fmt: skip
     args = ap.parse_args(argv)
@@ -368,6 +463,9 @@ def main(argv: list[str]) -> int:
 
     log.say(f"device {name} torch {torch.__version__} triton {triton.__version__} "
             f"date {time.strftime('%Y-%m-%d %H:%M:%S')}")  # fmt: skip
+    if args.compare:
+        compare(log, args, shapes, 2 if args.smoke else 30, pool)
+        return 0
     t0 = time.time()
     table = []
     for shape in shapes:

@@ -55,10 +55,12 @@ def _interpreted_kernels():
         return
     from triton.runtime.interpreter import InterpretedFunction
 
-    from servelab.kernels.sparse_mla import naive, splitkv
+    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv
 
-    for mod, kernel in ((naive, "_sparse_mla_naive_kernel"), (splitkv, "_sparse_mla_split_kernel")):
-        if not isinstance(getattr(mod, kernel), InterpretedFunction):
+    kernels = ((merge, "_sparse_mla_merge_kernel"), (fp8_split, "_sparse_mla_split_fp8_kernel"),
+               (splitkv, "_sparse_mla_split_kernel"), (naive, "_sparse_mla_naive_kernel"))
+    if not all(isinstance(getattr(m, k), InterpretedFunction) for m, k in kernels):
+        for mod, _ in kernels:  # in import order: splitkv binds merge's and fp8_split's names
             importlib.reload(mod)
     yield
 
@@ -229,6 +231,55 @@ def test_many_splits_combine_in_column_slices(device):
     _assert_close("200 splits lse", lg, lse_ex, lse_tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_and_pdl_merges_match_and_reset_counters(device):
+    """merge="fused": the last split program of each (request, head block), found with an
+    atomic counter, merges. Several split counts (6 > 4 tiles: empty splits), two head
+    blocks, padding, an all-padding request and a request whose first splits see only
+    padding; every call repeated on the same poisoned buffers. Each call must match the exact
+    result, and the counters must be back at 0 after every call (no memset between calls).
+    merge="pdl" (the merge kernel as a programmatic dependent; the plain kernel in the
+    interpreter) must match too."""
+    from servelab.kernels.sparse_mla import merge
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 3, 20, 48, 32, 100  # 4 tiles of 32; H 20 = two 16-head blocks
+    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=13)
+    idx[1] = -1
+    idx[2, :70] = -1
+    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    for mode in ("fused", "pdl"):
+        cfg = SplitConfig(block_h=16, block_n=32, num_warps=4, merge=mode)
+        for splits in (1, 2, 3, 4, 6, 2):
+            for rep in range(2):
+                out, lse = _poisoned(b, h, d_v, dtype, device)
+                ws = (
+                    torch.full((b, splits, h, d_v), float("nan"), device=device),
+                    torch.full((b, splits, h), float("nan"), device=device),
+                )
+                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, num_splits=splits,
+                                       config=cfg, out=out, lse=lse, workspace=ws)  # fmt: skip
+                tag = f"{mode} splits={splits} rep={rep}"
+                _assert_close(f"{tag} out", o, out_ex, out_tol)
+                _assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
+                assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1])), tag
+                if mode == "fused":
+                    cnt = merge.counters(q.device, b * 2)
+                    assert int(cnt.abs().sum()) == 0, f"{tag}: counters not reset: {cnt[:6]}"
+
+
+def test_counter_buffer_is_cached_and_grown():
+    from servelab.kernels.sparse_mla import merge
+
+    dev = torch.device("cpu")
+    a = merge.counters(dev, 10)
+    assert a.dtype == torch.int32 and a.numel() >= 10 and merge.counters(dev, 10) is a
+    big = merge.counters(dev, a.numel() + 1)
+    assert big.numel() > a.numel() and int(big.abs().sum()) == 0
+    assert merge.counters(dev, 5) is big
+
+
 def test_choose_num_splits_fills_the_machine():
     from servelab.kernels.sparse_mla.splitkv import SplitConfig, choose_num_splits
 
@@ -287,24 +338,38 @@ FP8_CASES = {"v32_like": (48, 32, 32, 16), "v4_like": (64, 64, 48, 16)}
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", list(FP8_CASES))
 def test_fp8_cache_matches_its_dequantized_values(device, case):
+    """The public call (default config: per-chunk scales), then the chunked kernel with 3
+    splits and the fused merge, then the first (reshape) FP8 path: each against the exact
+    result on the dequantised cache. The chunked kernel never rounds a KV value (raw e4m3 is
+    exact in 16 bits; scales multiply fp32 products), and rounds P x scale once like P, so the
+    kv_rounded bound (which also allows rounding each value) covers both paths."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
 
     d_qk, d_v, d_fp8, tile = FP8_CASES[case]
     dtypes = [torch.float16] if device == "cpu" else [torch.float16, torch.bfloat16]
+    runs = [("public", None, None), ("chunked-fused", SplitConfig(16, 16, 4, 1, merge="fused"), 3),
+            ("reshape", SplitConfig(16, 16, 4, 1, fp8_chunked=False), 2)]  # fmt: skip
     for dtype in dtypes:
         q, kv, idx = _make(device, dtype, 2, 5, d_qk, 45, seed=9)
         idx[1] = -1  # all padding
         cache = quantize_kv(kv, d_fp8, tile)
         exact_kv = dequantize_kv(cache)  # fp32, exact products of e4m3 and fp32 scales
         b, h = q.shape[:2]
-        out, lse = _poisoned(b, h, d_v, dtype, device)
-        o, lg = sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8", out=out, lse=lse)
         out_ex, lse_ex, out_tol, lse_tol = _bounds(
             q, exact_kv, idx, d_qk**-0.5, d_v, dtype, kv_rounded=True
         )
-        _assert_close(f"fp8 {case} {dtype} out", o, out_ex, out_tol)
-        _assert_close(f"fp8 {case} {dtype} lse", lg, lse_ex, lse_tol)
-        assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
+        for name, cfg, splits in runs:
+            out, lse = _poisoned(b, h, d_v, dtype, device)
+            if cfg is None:
+                o, lg = sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8",
+                                          out=out, lse=lse)  # fmt: skip
+            else:
+                o, lg = splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, num_splits=splits,
+                                       config=cfg, out=out, lse=lse)  # fmt: skip
+            _assert_close(f"fp8 {case} {name} {dtype} out", o, out_ex, out_tol)
+            _assert_close(f"fp8 {case} {name} {dtype} lse", lg, lse_ex, lse_tol)
+            assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
 def test_fp8_quantizer_error_and_layout_bytes():
@@ -333,19 +398,38 @@ def test_fp8_quantizer_error_and_layout_bytes():
      (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
     ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64"],
 )  # fmt: skip
-@pytest.mark.parametrize("variant", ["naive", "splitkv", "fp8"])
+@pytest.mark.parametrize("variant", ["naive", "splitkv", "fused", "pdl", "fp8", "fp8_fused",
+                                     "fp8_reshape"])  # fmt: skip
 def test_real_shapes_on_gpu(shape, variant):
+    import dataclasses
+
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import default_config, splitkv_decode
 
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
-        if variant != "fp8":
+        cfg = default_config(b, h, d_qk, dtype)
+        if variant in ("fused", "pdl"):
+            cfg = dataclasses.replace(cfg, merge=variant)
+            out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+            for rep in range(2):  # the second call needs the counters reset by the first
+                out, lse = _poisoned(b, h, d_v, dtype, "cuda")
+                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out,
+                                       lse=lse)  # fmt: skip
+                _assert_close(f"{variant} {shape} rep {rep} out", o, out_ex, out_tol)
+                _assert_close(f"{variant} {shape} rep {rep} lse", lg, lse_ex, lse_tol)
+            continue
+        if not variant.startswith("fp8"):
             _run_and_check(variant, q, kv, idx, d_v)
             continue
         # V3.2: 512 e4m3 columns in 128-wide tiles; V4 (D_qk 512): 448 in 64-wide tiles.
         cache = quantize_kv(kv, 512, 128) if d_qk == 576 else quantize_kv(kv, 448, 64)
-        o, lg = sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8")
+        if variant == "fp8_fused":
+            cfg = dataclasses.replace(cfg, merge="fused")
+        elif variant == "fp8_reshape":
+            cfg = dataclasses.replace(cfg, fp8_chunked=False)
+        o, lg = splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, config=cfg)
         out_ex, lse_ex, out_tol, lse_tol = _bounds(
             q, dequantize_kv(cache), idx, d_qk**-0.5, d_v, dtype, kv_rounded=True
         )
@@ -356,10 +440,11 @@ def test_real_shapes_on_gpu(shape, variant):
 def test_kernel_names_read_as_attention_in_a_profile():
     """`servelab profile` must put our own kernels in the attention category, not 'other' or
     'communication' (a name like `_combine_kernel` matches the all-to-all combine rule)."""
-    from servelab.kernels.sparse_mla import naive, splitkv
+    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv
     from servelab.profile.breakdown import load_rules
 
     rules = load_rules()
     names = [f.fn.__name__ for f in (naive._sparse_mla_naive_kernel, splitkv._sparse_mla_split_kernel,
-                                     splitkv._sparse_mla_merge_kernel)]
-    assert [rules.classify(n) for n in names] == ["attention"] * 3, names
+                                     merge._sparse_mla_merge_kernel,
+                                     fp8_split._sparse_mla_split_fp8_kernel)]
+    assert [rules.classify(n) for n in names] == ["attention"] * 4, names

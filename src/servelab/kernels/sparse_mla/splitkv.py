@@ -7,9 +7,13 @@ online softmax in base 2. All heads of a head block share one gather, so a row i
 ceil(H / BLOCK_H) times per request instead of H times (and those reads mostly hit L2).
 
 With num_splits > 1 each program writes a normalised partial (O_s [BLOCK_H, d_v] fp32,
-lse_s [BLOCK_H]) and `_sparse_mla_merge_kernel` merges them: lse = log sum_s exp(lse_s),
-O = sum_s exp(lse_s - lse) O_s. With num_splits == 1 the first kernel writes the final
-output itself and no combine runs.
+lse_s [BLOCK_H]) and merge.py merges them: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s -
+lse) O_s, either in a second kernel or in the split kernel itself (the last program of each
+(request, head block), found with an atomic counter): ``SplitConfig.merge``. With
+num_splits == 1 the first kernel writes the final output itself and no merge runs.
+
+FP8 caches go to fp8_split.py (scales per column chunk) unless ``fp8_chunked=False`` selects
+the first FP8 path kept here (dequantise the whole tile through a reshape; slower, for A/B).
 
 All-padding rows: out = 0, lse = -inf (a split that sees only padding writes O_s = 0,
 lse_s = -inf, which the merge weighs with exp(-inf) = 0).
@@ -24,6 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
+from . import merge as merge_mod
+from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
+from .merge import MERGES, fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
 
 if TYPE_CHECKING:
@@ -31,7 +38,7 @@ if TYPE_CHECKING:
 
 LOG2E = 1.4426950408889634
 
-MAX_SPLITS = 256  # the combine loads all partials of a column slice at once
+MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
 
 # The compiled kernels of the latest launch, for the benchmark's register/spill report.
 LAST_COMPILED: dict[str, object] = {}
@@ -54,12 +61,18 @@ class SplitConfig:
     waves: float = 1.0  # target programs = waves x ctas_per_sm x SMs
     min_tiles_per_split: int = 1
     prefetch_idx: bool = True  # load tile t+1's indices during tile t
+    # How partials are merged when num_splits > 1 (merge.py): "kernel" (second launch),
+    # "pdl" (second launch, programmatic dependent), "fused" (last split program merges).
+    merge: str = "kernel"
+    fp8_chunked: bool = True  # FP8 cache: per-chunk scales (fp8_split.py), else the reshape
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
+        if self.merge not in MERGES:
+            raise ValueError(f"merge must be one of {MERGES}, got {self.merge!r}")
 
 
 # Chosen from the sweep on the H200 (docs/performance.md (sparse MLA section), 2026-11-29):
@@ -134,6 +147,9 @@ def _sparse_mla_split_kernel(
     idx_ptr,  # [B, topk] int32
     o_ptr,  # final [B, H, d_v] (SINGLE) or partial [B, S, H, d_v] fp32
     lse_ptr,  # final [B, H] or partial [B, S, H] fp32
+    out_ptr,  # FUSED: final [B, H, d_v]
+    flse_ptr,  # FUSED: final [B, H]
+    cnt_ptr,  # FUSED: int32 counters, one per (request, head block), zero between calls
     H,
     topk,
     tiles_per_split,
@@ -148,6 +164,9 @@ def _sparse_mla_split_kernel(
     stride_oh,
     stride_lb,
     stride_ls,
+    stride_fob,
+    stride_foh,
+    stride_flb,
     scale_log2,
     D_V: tl.constexpr,
     D_TAIL: tl.constexpr,
@@ -164,7 +183,12 @@ def _sparse_mla_split_kernel(
     D_FP8: tl.constexpr,
     SCALE_TILE: tl.constexpr,
     N_SCALES: tl.constexpr,  # BLOCK_DV // SCALE_TILE (scales past D_FP8 are masked)
+    FUSED: tl.constexpr,  # the last split program of each (request, head block) merges
+    BLOCK_S: tl.constexpr,  # FUSED: next power of two >= num_splits
+    PDL_TRIGGER: tl.constexpr,  # merge="pdl": let the merge kernel launch early
 ):
+    if PDL_TRIGGER:
+        gdc_launch_dependents()  # the merge kernel waits (griddepcontrol.wait) for our results
     b = tl.program_id(0)
     hb = tl.program_id(1)
     sp = tl.program_id(2)
@@ -269,64 +293,25 @@ def _sparse_mla_split_kernel(
     else:
         tl.store(o_ptrs, o, mask=o_mask)
     tl.store(lse_ptrs, lse, mask=mask_h)
-
-
-@triton.jit
-def _sparse_mla_merge_kernel(
-    po_ptr,  # [B, S, H, d_v] fp32, each split normalised
-    plse_ptr,  # [B, S, H] fp32
-    out_ptr,  # [B, H, d_v]
-    lse_ptr,  # [B, H] fp32
-    num_splits,
-    stride_pob,
-    stride_pos,
-    stride_poh,
-    stride_plb,
-    stride_pls,
-    stride_ob,
-    stride_oh,
-    stride_lb,
-    D_V: tl.constexpr,
-    BLOCK_DVC: tl.constexpr,  # d_v columns per program (grid axis 2)
-    BLOCK_S: tl.constexpr,
-):
-    # One shot, no loop over splits: all S partials of a column slice are loaded together, so
-    # the merge costs one L2 round trip instead of S dependent ones (a split loop made the
-    # merge the largest part of a B=1 call on the H200).
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < num_splits
-    lse_s = tl.load(
-        plse_ptr + b * stride_plb + offs_s * stride_pls + h, mask=mask_s, other=-float("inf")
-    )  # [BLOCK_S]
-    m = tl.max(lse_s, axis=0)
-    m_safe = tl.where(m == -float("inf"), 0.0, m)
-    w = tl.exp(lse_s - m_safe)  # [BLOCK_S], 0 for empty splits
-    total = tl.sum(w, axis=0)
-    w = w / tl.where(total > 0.0, total, 1.0)
-    offs_d = tl.program_id(2) * BLOCK_DVC + tl.arange(0, BLOCK_DVC)
-    mask_d = offs_d < D_V
-    o_s = tl.load(
-        po_ptr + b * stride_pob + offs_s[:, None] * stride_pos + h * stride_poh + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )  # [BLOCK_S, BLOCK_DVC]
-    acc = tl.sum(w[:, None] * o_s, axis=0)
-    tl.store(
-        out_ptr + b * stride_ob + h * stride_oh + offs_d,
-        acc.to(out_ptr.dtype.element_ty),
-        mask=mask_d,
-    )
-    if tl.program_id(2) == 0:
-        # log(0) = -inf for all-padding rows, which is the defined lse there.
-        tl.store(lse_ptr + b * stride_lb + h, m_safe + tl.log(total))
+    if FUSED:
+        fused_merge_epilogue(o_ptr, lse_ptr, out_ptr, flse_ptr, cnt_ptr, b, hb, H,
+                             stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
+                             stride_fob, stride_foh, stride_flb,
+                             D_V, BLOCK_H, BLOCK_DV, BLOCK_S)  # fmt: skip
 
 
 def _num_sms(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 8  # interpreter: any small number; only exercises the multi-split path
+
+
+def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
+    """Whether fp8_split.py serves this layout (V3.2-like or V4-like, at most 8 chunks)."""
+    d_rope = cache.d_qk - cache.d_fp8
+    v32_like = cache.d_fp8 == d_v
+    v4_like = cache.d_fp8 < d_v == cache.d_qk
+    return (v32_like or v4_like) and cache.d_fp8 // cache.tile <= MAX_CHUNKS and d_rope > 0
 
 
 def splitkv_decode(
@@ -343,7 +328,8 @@ def splitkv_decode(
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,  # partial (O, lse)
     drop: str = "",  # diagnostics only: "qk" or "pv" skips that dot (wrong results)
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the split kernel (and the combine when num_splits > 1); returns (out, lse)."""
+    """Launch the split kernel (and the merge kernel when num_splits > 1 and the config's
+    merge is not "fused"); returns (out, lse)."""
     fp8 = not isinstance(kv_cache, torch.Tensor)
     if fp8:
         kv_main, scale, rope = kv_cache.data, kv_cache.scale, kv_cache.rope
@@ -371,10 +357,17 @@ def splitkv_decode(
         out = torch.empty((b, h, d_v), dtype=q.dtype, device=q.device)
     if lse is None:
         lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
-    d_tail = d_qk - d_v
     interpreted = q.device.type == "cpu"
     f32_dot = q.dtype == torch.float32 or (interpreted and q.dtype == torch.bfloat16)
     single = num_splits == 1
+    n_hblk = triton.cdiv(h, cfg.block_h)
+    merge = cfg.merge
+    cnt = None
+    if not single and merge == "fused":
+        cnt = merge_mod.counters(q.device, b * n_hblk)
+        merge = "fused" if cnt is not None else "kernel"  # growing it inside graph capture
+    if merge == "pdl" and (interpreted or merge_mod.gdc_wait is None):
+        merge = "kernel"  # PDL is a Hopper launch attribute; the interpreter has none
     if single:
         o_dst, lse_dst = out, lse
         so = (out.stride(0), 0, out.stride(1))
@@ -392,47 +385,52 @@ def splitkv_decode(
             raise ValueError("workspace must be ([B, S, H, d_v], [B, S, H]) fp32")
         so = (o_dst.stride(0), o_dst.stride(1), o_dst.stride(2))
         sl = (lse_dst.stride(0), lse_dst.stride(1))
-    grid = (b, triton.cdiv(h, cfg.block_h), num_splits)
+    fused = not single and merge == "fused"
+    grid = (b, n_hblk, num_splits)
     block_dv = max(triton.next_power_of_2(d_v), 16)
-    tile = kv_cache.tile if fp8 else 16
-    LAST_COMPILED["split"] = _sparse_mla_split_kernel[grid](
-        q, kv_main, scale, rope, indices, o_dst, lse_dst,
-        h, topk, tiles_per_split,
-        q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
-        indices.stride(0),
-        so[0], so[1], so[2], sl[0], sl[1],
-        sm_scale * LOG2E,
-        D_V=d_v,
-        D_TAIL=d_tail,
-        BLOCK_H=cfg.block_h,
-        BLOCK_N=cfg.block_n,
-        BLOCK_DV=block_dv,
-        BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
-        SINGLE=single,
-        F32_DOT=f32_dot,
-        DROP_QK=drop == "qk",
-        DROP_PV=drop == "pv",
-        PREFETCH_IDX=cfg.prefetch_idx,
-        FP8=fp8,
-        D_FP8=kv_cache.d_fp8 if fp8 else 0,
-        SCALE_TILE=tile,
-        N_SCALES=max(block_dv // tile, 1),
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+    common = dict(
+        BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_DV=block_dv, SINGLE=single, FUSED=fused,
+        BLOCK_S=max(triton.next_power_of_2(num_splits), 2), F32_DOT=f32_dot,
+        PREFETCH_IDX=cfg.prefetch_idx, PDL_TRIGGER=merge == "pdl" and not single,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    if not single:
-        block_s = max(triton.next_power_of_2(num_splits), 2)
-        block_dvc = min(max(triton.next_power_of_2(d_v), 16), max(8192 // block_s, 16))
-        grid_c = (b, h, triton.cdiv(d_v, block_dvc))
-        LAST_COMPILED["combine"] = _sparse_mla_merge_kernel[grid_c](
-            o_dst, lse_dst, out, lse,
-            num_splits,
-            o_dst.stride(0), o_dst.stride(1), o_dst.stride(2),
-            lse_dst.stride(0), lse_dst.stride(1),
-            out.stride(0), out.stride(1), lse.stride(0),
-            D_V=d_v,
-            BLOCK_DVC=block_dvc,
-            BLOCK_S=block_s,
-            num_warps=4,
+    final = (out, lse, cnt if fused else lse)
+    strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
+    if fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v):
+        d_rope = d_qk - kv_cache.d_fp8
+        LAST_COMPILED["split"] = _sparse_mla_split_fp8_kernel[grid](
+            q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
+            h, topk, tiles_per_split,
+            q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
+            indices.stride(0), *strides,
+            sm_scale * LOG2E,
+            D_V=d_v, D_FP8=kv_cache.d_fp8, CW=kv_cache.tile,
+            N_CH=kv_cache.d_fp8 // kv_cache.tile, D_ROPE=d_rope,
+            BLOCK_R=max(triton.next_power_of_2(d_rope), 16),
+            ROPE_IN_V=kv_cache.d_fp8 < d_v,
+            **common,
         )  # fmt: skip
+    else:
+        d_tail = d_qk - d_v
+        tile = kv_cache.tile if fp8 else 16
+        LAST_COMPILED["split"] = _sparse_mla_split_kernel[grid](
+            q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
+            h, topk, tiles_per_split,
+            q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
+            indices.stride(0), *strides,
+            sm_scale * LOG2E,
+            D_V=d_v,
+            D_TAIL=d_tail,
+            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
+            DROP_QK=drop == "qk",
+            DROP_PV=drop == "pv",
+            FP8=fp8,
+            D_FP8=kv_cache.d_fp8 if fp8 else 0,
+            SCALE_TILE=tile,
+            N_SCALES=max(block_dv // tile, 1),
+            **common,
+        )  # fmt: skip
+    if not single and not fused:
+        LAST_COMPILED["combine"] = merge_mod.launch_merge((o_dst, lse_dst), out, lse,
+                                                          pdl=merge == "pdl")  # fmt: skip
     return out, lse

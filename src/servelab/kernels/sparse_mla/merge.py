@@ -1,0 +1,209 @@
+"""Merging split-KV partials: a second kernel, or folded into the split kernel.
+
+Each split s of a (request, head block) leaves a normalised partial O_s [BLOCK_H, d_v] (fp32)
+and lse_s [BLOCK_H]; the merge is lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s
+(an empty split has lse_s = -inf and weighs exp(-inf) = 0; all splits empty -> O = 0,
+lse = -inf).
+
+Three ways to run it (``SplitConfig.merge``):
+
+- ``"kernel"``: `_sparse_mla_merge_kernel`, a second launch with grid (B, H, column slices).
+- ``"pdl"``: the same kernel launched with programmatic dependent launch (Hopper): it is
+  scheduled while the split kernel runs and waits in ``griddepcontrol.wait`` for its results,
+  hiding the launch latency of the second kernel.
+- ``"fused"``: no second kernel. Every split program stores its partial, then increments a
+  per-(request, head block) int32 counter with an acq_rel atomic (after a CTA barrier, so the
+  whole program's stores are ordered before it). The program that reads count == S - 1 is the
+  last: it merges all S partials of its group (loads bypass L1: ``.cg``), writes out/lse and
+  resets the counter to 0, so the buffer is reusable by the next call and by CUDA-graph
+  replays with no memset. The counters (`counters`) are cached per device and zeroed once.
+  Cost: one program reads S x BLOCK_H x d_v x 4 bytes alone, so fusing pays only while that
+  is small (few splits); the benchmark measures where.
+
+Counters are shared by all calls on a device: two fused calls must not run concurrently on
+different streams (one stream, as in a decode step or a graph, is fine).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+try:  # programmatic dependent launch (Triton >= 3.4 on Hopper)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - older Triton: "pdl" is then not offered
+    gdc_wait = gdc_launch_dependents = None
+
+MERGES = ("kernel", "pdl", "fused")
+
+_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def counters(device: torch.device, n: int) -> torch.Tensor | None:
+    """The device's zeroed int32 counter buffer with at least n entries (grown by doubling).
+
+    Returns None when the buffer would have to grow during CUDA-graph capture (a zeroing
+    memset captured into a graph would run on every replay and not now): the caller then
+    uses the merge kernel. Warm the buffer up outside capture, as any graph warm-up does.
+    """
+    key = (device.type, device.index)
+    buf = _COUNTERS.get(key)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    size = max(n, 2 * (buf.numel() if buf is not None else 0), 256)
+    buf = torch.zeros(size, dtype=torch.int32, device=device)
+    _COUNTERS[key] = buf
+    return buf
+
+
+@triton.jit
+def fused_merge_epilogue(
+    po_ptr,  # [B, S, H, d_v] fp32 partials (this program's already stored)
+    plse_ptr,  # [B, S, H] fp32
+    out_ptr,  # [B, H, d_v]
+    lse_ptr,  # [B, H] fp32
+    cnt_ptr,  # [>= B * n_hblk] int32, zero between calls
+    b,
+    hb,
+    H,
+    stride_pob,
+    stride_pos,
+    stride_poh,
+    stride_plb,
+    stride_pls,
+    stride_ob,
+    stride_oh,
+    stride_lb,
+    D_V: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr,  # >= num_splits, power of two
+):
+    """Called by every split program after storing its partial; the last of its (request,
+    head block) merges the group's partials into out/lse and resets the group's counter."""
+    num_splits = tl.num_programs(2)
+    # All threads' partial stores precede the counter increment (barrier), and the release
+    # half of acq_rel publishes them at GPU scope; the acquire half orders the last program's
+    # loads after every other program's stores.
+    tl.debug_barrier()
+    cnt = cnt_ptr + b * tl.num_programs(1) + hb
+    prev = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+    if prev == num_splits - 1:
+        tl.store(cnt, 0)  # every program of the group has arrived: reusable by the next call
+        offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
+        mask_h = offs_h < H
+        offs_s = tl.arange(0, BLOCK_S)
+        plse_b = plse_ptr + b * stride_plb
+        lse_all = tl.load(
+            plse_b + offs_s[:, None] * stride_pls + offs_h[None, :],
+            mask=(offs_s < num_splits)[:, None] & mask_h[None, :],
+            other=-float("inf"),
+            cache_modifier=".cg",
+        )  # [BLOCK_S, BLOCK_H]
+        m = tl.max(lse_all, axis=0)
+        m_safe = tl.where(m == -float("inf"), 0.0, m)
+        total = tl.sum(tl.exp(lse_all - m_safe[None, :]), axis=0)  # [BLOCK_H]
+        inv = 1.0 / tl.where(total > 0.0, total, 1.0)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_o = mask_h[:, None] & (offs_dv < D_V)[None, :]
+        po_rows = po_ptr + b * stride_pob + offs_h[:, None] * stride_poh + offs_dv[None, :]
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+        for s in range(num_splits):
+            lse_s = tl.load(plse_b + s * stride_pls + offs_h, mask=mask_h, other=-float("inf"),
+                            cache_modifier=".cg")  # fmt: skip
+            w = tl.exp(lse_s - m_safe) * inv  # [BLOCK_H], 0 for an empty split
+            o_s = tl.load(po_rows + s * stride_pos, mask=mask_o, other=0.0, cache_modifier=".cg")
+            acc += w[:, None] * o_s
+        tl.store(
+            out_ptr + b * stride_ob + offs_h[:, None] * stride_oh + offs_dv[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=mask_o,
+        )
+        # log(0) = -inf for all-padding rows, which is the defined lse there.
+        tl.store(lse_ptr + b * stride_lb + offs_h, m_safe + tl.log(total), mask=mask_h)
+
+
+@triton.jit
+def _sparse_mla_merge_kernel(
+    po_ptr,  # [B, S, H, d_v] fp32, each split normalised
+    plse_ptr,  # [B, S, H] fp32
+    out_ptr,  # [B, H, d_v]
+    lse_ptr,  # [B, H] fp32
+    num_splits,
+    stride_pob,
+    stride_pos,
+    stride_poh,
+    stride_plb,
+    stride_pls,
+    stride_ob,
+    stride_oh,
+    stride_lb,
+    D_V: tl.constexpr,
+    BLOCK_DVC: tl.constexpr,  # d_v columns per program (grid axis 2)
+    BLOCK_S: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel
+):
+    # One shot, no loop over splits: all S partials of a column slice are loaded together, so
+    # the merge costs one L2 round trip instead of S dependent ones (a split loop made the
+    # merge the largest part of a B=1 call on the H200).
+    if PDL:
+        gdc_wait()  # the split kernel's partials are complete and visible after this
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < num_splits
+    lse_s = tl.load(
+        plse_ptr + b * stride_plb + offs_s * stride_pls + h, mask=mask_s, other=-float("inf")
+    )  # [BLOCK_S]
+    m = tl.max(lse_s, axis=0)
+    m_safe = tl.where(m == -float("inf"), 0.0, m)
+    w = tl.exp(lse_s - m_safe)  # [BLOCK_S], 0 for empty splits
+    total = tl.sum(w, axis=0)
+    w = w / tl.where(total > 0.0, total, 1.0)
+    offs_d = tl.program_id(2) * BLOCK_DVC + tl.arange(0, BLOCK_DVC)
+    mask_d = offs_d < D_V
+    o_s = tl.load(
+        po_ptr + b * stride_pob + offs_s[:, None] * stride_pos + h * stride_poh + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )  # [BLOCK_S, BLOCK_DVC]
+    acc = tl.sum(w[:, None] * o_s, axis=0)
+    tl.store(
+        out_ptr + b * stride_ob + h * stride_oh + offs_d,
+        acc.to(out_ptr.dtype.element_ty),
+        mask=mask_d,
+    )
+    if tl.program_id(2) == 0:
+        # log(0) = -inf for all-padding rows, which is the defined lse there.
+        tl.store(lse_ptr + b * stride_lb + h, m_safe + tl.log(total))
+
+
+def launch_merge(
+    partials: tuple[torch.Tensor, torch.Tensor],  # ([B, S, H, d_v], [B, S, H]) fp32
+    out: torch.Tensor,  # [B, H, d_v]
+    lse: torch.Tensor,  # [B, H] fp32
+    pdl: bool,
+):
+    """Launch the merge kernel over `partials` into out/lse; returns the compiled kernel."""
+    po, plse = partials
+    b, num_splits, h, d_v = po.shape
+    block_s = max(triton.next_power_of_2(num_splits), 2)
+    block_dvc = min(max(triton.next_power_of_2(d_v), 16), max(8192 // block_s, 16))
+    grid = (b, h, triton.cdiv(d_v, block_dvc))
+    extra = {"launch_pdl": True} if pdl else {}
+    return _sparse_mla_merge_kernel[grid](
+        po, plse, out, lse,
+        num_splits,
+        po.stride(0), po.stride(1), po.stride(2),
+        plse.stride(0), plse.stride(1),
+        out.stride(0), out.stride(1), lse.stride(0),
+        D_V=d_v,
+        BLOCK_DVC=block_dvc,
+        BLOCK_S=block_s,
+        PDL=pdl,
+        num_warps=4,
+        **extra,
+    )  # fmt: skip
