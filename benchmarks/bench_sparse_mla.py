@@ -377,6 +377,11 @@ def compare(log: Log, args, shapes, reps: int, pool: int) -> None:
         data[shape.name] = (kv, fp8_cache(shape, kv))
         log.row({"check": check_correct(log, shape, kv, data[shape.name][1])})
     jobs = [(shape, *j) for shape in shapes for j in compare_jobs(shape, args.smoke)]
+    # Most wanted first (a --budget-s cut loses the rest): merges at B=1, FP8 on the TP
+    # slices, then the other merge cells, then V4-Flash FP8.
+    jobs.sort(key=lambda j: 0 if j[1] == 1 and j[2].startswith("m-") else
+              1 if j[0].heads < 64 and not j[2].startswith("m-") else 2 if j[2].startswith("m-")
+              else 3)  # fmt: skip
     t0 = time.time()
     for shape, b, label, variant, cfg in jobs:  # compile (and load) everything once
         kv, cache = data[shape.name]
@@ -394,6 +399,9 @@ def compare(log: Log, args, shapes, reps: int, pool: int) -> None:
         log.say(f"tests done; timing from {time.time() - t0:.0f} s")
     res = {}
     for shape, b, label, variant, cfg in jobs:
+        if time.time() - t0 > args.budget_s:
+            log.say(f"time budget spent: skipping {shape.name} B={b} {label}")
+            continue
         kv, cache = data[shape.name]
         rec = run_cell(log, shape, b, kv, variant, reps, 128, cfg=cfg, cache=cache, label=label)
         res[(shape.name, b, label)] = rec
