@@ -103,7 +103,9 @@ def _w8a8_block_fp8_matmul(
     tl.store(c_ptrs, c, mask=(offs_cm[:, None] < M) & (offs_cn[None, :] < N))
 
 
-@triton.jit(do_not_specialize=["M", "SPLIT_K", "stride_asm", "stride_bsn", "stride_ws"])
+# stride_ws = M*N stays specialized: a multiple of 16 whenever N is, for every M, so the
+# partials are stored with vector instructions and one binary still serves every batch size.
+@triton.jit(do_not_specialize=["M", "SPLIT_K", "stride_asm", "stride_bsn"])
 def _w8a8_block_fp8_matmul_splitk(
     a_ptr, b_ptr, ws_ptr, as_ptr, bs_ptr,           # A [M, K] fp8, B [N, K] fp8
     M, N, K, SPLIT_K,                               # workspace fp32 [SPLIT_K, M, N] or [M, N]
@@ -139,24 +141,25 @@ def _w8a8_block_fp8_matmul_splitk(
         tl.store(w_ptrs + pid_k * stride_ws, acc, mask=mask)
 
 
-@triton.jit(do_not_specialize=["M", "SPLIT_K", "stride_ws"])
+@triton.jit(do_not_specialize=["M", "SPLIT_K"])
 def _splitk_reduce(
     ws_ptr, c_ptr,                                  # workspace fp32 [SPLIT_K, M, N], C [M, N]
-    M, N, SPLIT_K, stride_ws, stride_cm, stride_cn,
-    BLOCK: tl.constexpr, ROUND_BF16_IN_FP32: tl.constexpr,
+    M, N, SPLIT_K, stride_ws, stride_wm, stride_cm, stride_cn,
+    BLOCK_N: tl.constexpr, ROUND_BF16_IN_FP32: tl.constexpr,
 ):
-    """C = workspace[0] + workspace[1] + ... + workspace[SPLIT_K-1] in fp32, in that order (the
-    same bits every run), cast to C's dtype; with SPLIT_K = 1 it is the atomic path's cast.
-    The workspace is contiguous, so program p takes BLOCK consecutive elements of M*N."""
-    offs = tl.program_id(axis=0) * BLOCK + tl.arange(0, BLOCK)              # [BLOCK] of M*N
-    mask = offs < M * N
-    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    """Row program_id(0), columns of block program_id(1): C = workspace[0] + workspace[1] + ...
+    + workspace[SPLIT_K-1] in fp32, in that order (the same bits every run), cast to C's dtype.
+    With SPLIT_K = 1 it is the atomic path's cast."""
+    row = tl.program_id(axis=0)
+    offs_n = tl.program_id(axis=1) * BLOCK_N + tl.arange(0, BLOCK_N)       # [RN]
+    mask = offs_n < N
+    w_ptrs = ws_ptr + row * stride_wm + offs_n
+    acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for s in range(0, SPLIT_K):
-        acc += tl.load(ws_ptr + s * stride_ws + offs, mask=mask, other=0.0)
+        acc += tl.load(w_ptrs + s * stride_ws, mask=mask, other=0.0)
     if ROUND_BF16_IN_FP32:
         acc = _round_bf16_in_fp32(acc)
-    c_ptrs = c_ptr + (offs // N) * stride_cm + (offs % N) * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + row * stride_cm + offs_n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -213,7 +216,7 @@ def per_token_group_quant(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Te
 
 SPLIT_K_KEY = "SPLIT_K"          # optional launch key beyond the engines' six (default 1)
 SPLIT_K_REDUCTIONS = ("workspace", "atomic")
-REDUCE_BLOCK = 512               # elements of M*N per program of `_splitk_reduce`
+REDUCE_BLOCK_N = 512             # columns per `_splitk_reduce` program: 4 fp32 per thread
 
 
 def split_k_of(config: Mapping[str, int]) -> int:
@@ -320,9 +323,9 @@ def _launch_split_k(a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch.Tensor, b_s
         GROUP_SIZE_M=int(config["GROUP_SIZE_M"]), ATOMIC=atomic,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )
-    _splitk_reduce[(triton.cdiv(m * n, REDUCE_BLOCK),)](
-        ws, out, m, n, ws.shape[0], ws.stride(0), out.stride(0), out.stride(1),
-        BLOCK=REDUCE_BLOCK, ROUND_BF16_IN_FP32=_interpreting() and out.dtype == torch.bfloat16,
+    _splitk_reduce[(m, triton.cdiv(n, REDUCE_BLOCK_N))](
+        ws, out, m, n, ws.shape[0], ws.stride(0), ws.stride(1), out.stride(0), out.stride(1),
+        BLOCK_N=REDUCE_BLOCK_N, ROUND_BF16_IN_FP32=_interpreting() and out.dtype == torch.bfloat16,
         num_warps=4,
     )
     return out
