@@ -61,7 +61,7 @@ def _k_steps(
         k_left = K - k * BLOCK_SIZE_K
         a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
         b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
-        g = (k * BLOCK_SIZE_K) // GROUP_K                                    # scale group of this step
+        g = (k * BLOCK_SIZE_K) // GROUP_K                                 # this step's scale group
         a_s = tl.load(as_ptrs + g * stride_ask)                              # [BM]
         b_s = tl.load(bs_ptrs + g * stride_bsk)                              # [BN]
         acc += tl.dot(a, b) * a_s[:, None] * b_s[None, :]
@@ -159,7 +159,8 @@ def _splitk_reduce(
         acc += tl.load(w_ptrs + s * stride_ws, mask=mask, other=0.0)
     if ROUND_BF16_IN_FP32:
         acc = _round_bf16_in_fp32(acc)
-    tl.store(c_ptr + row * stride_cm + offs_n * stride_cn, acc.to(c_ptr.dtype.element_ty), mask=mask)
+    tl.store(c_ptr + row * stride_cm + offs_n * stride_cn, acc.to(c_ptr.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
