@@ -11,10 +11,14 @@ skipped; nothing here is fatal.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable
+from pathlib import Path
 
+from servelab.atomic import write_text
 from servelab.tune.space import Config
 
 _STATE: dict = {}
@@ -55,39 +59,128 @@ def _compile_one(cfg: dict[str, int]) -> str | None:
     return None
 
 
+def _marker_dir() -> Path | None:
+    """Where this kernel's compiled configs are noted, inside Triton's on-disk cache so a note
+    never outlives the binary it stands for; keyed by the kernel source, Triton and the GPU."""
+    try:
+        import torch
+        import triton
+
+        from servelab.kernels.fp8_gemm import kernel as K
+        src = Path(K.__file__).read_bytes()
+        cap = ".".join(map(str, torch.cuda.get_device_capability()))
+        key = hashlib.sha256(src + f"|{triton.__version__}|{cap}".encode()).hexdigest()[:24]
+    except Exception:  # noqa: BLE001 - no notes: every worker compiles what it needs
+        return None
+    root = os.environ.get("TRITON_CACHE_DIR") or str(Path.home() / ".triton" / "cache")
+    return Path(root) / "servelab-compiled" / key
+
+
 class Precompiler:
-    """A pool of compile processes for one GPU; `ensure(configs)` compiles those not yet done."""
+    """A pool of compile processes for one GPU worker.
 
-    def __init__(self, device: str, gpu: str | None, workers: int) -> None:
-        self.device = device
+    `submit(configs)` queues those not compiled yet and returns at once; `wait(config)` blocks
+    until that one is compiled, so timing starts with the first config while the rest compile
+    (the pool works in submission order). Each compiled config is noted in a marker file beside
+    Triton's cache, so the other GPUs' workers and later jobs on the machine skip it (their
+    launch loads the binary from the cache); the pool itself starts only when something needs
+    compiling, so a job whose configs are all cached spawns no compile processes.
+    """
+
+    def __init__(self, device: str, gpu: str | None, workers: int, *,
+                 marker_dir: Path | None | str = "auto",
+                 executor: Callable[[], cf.Executor] | None = None,
+                 compile_fn: Callable[[dict[str, int]], str | None] | None = None) -> None:
+        """`marker_dir`, `executor` and `compile_fn` default to the real thing (a note dir in
+        Triton's cache, a spawn-context process pool, `_compile_one`); tests swap them."""
+        self.device, self.gpu, self.workers = device, gpu, workers
+        self._executor = executor
+        self._compile_fn = compile_fn or _compile_one
         self.done: dict[Config, str | None] = {}
-        self.seconds = 0.0
+        self.seconds = 0.0           # time spent blocked in wait()
+        self.compiled = 0            # configs this worker's pool compiled
+        self.skipped = 0             # configs another worker or job had compiled already
+        self._pending: dict[Config, cf.Future] = {}
         self._pool: cf.ProcessPoolExecutor | None = None
-        self.status = f"on: {workers} processes" if device == "cuda" and workers > 0 else "off"
-        if device == "cuda" and workers > 0:
-            self._pool = cf.ProcessPoolExecutor(
-                max_workers=workers, mp_context=mp.get_context("spawn"),
-                initializer=_init_child, initargs=(gpu,),
-            )
-
-    def ensure(self, configs: list[Config]) -> dict[Config, str]:
-        """Compile the configs not compiled yet; returns {config: error} for those that failed."""
-        todo = [c for c in dict.fromkeys(configs) if c not in self.done]
-        if todo and self._pool is not None:
-            t0 = time.perf_counter()
-            try:
-                for c, err in zip(todo, self._pool.map(_compile_one, [c.as_engine() for c in todo]),
-                                  strict=True):
-                    self.done[c] = err
-            except Exception as exc:         # noqa: BLE001 - compile on first launch from now on
-                self.status = f"off: {type(exc).__name__}: {exc}"[:200]
-                self._pool.shutdown(wait=False, cancel_futures=True)
-                self._pool = None
-            self.seconds += time.perf_counter() - t0
+        self.enabled = device == "cuda" and workers > 0
+        self.status = f"on: {workers} processes" if self.enabled else "off"
+        if not self.enabled:
+            self._markers = None
         else:
+            self._markers = _marker_dir() if marker_dir == "auto" else marker_dir
+
+    def _marker(self, c: Config) -> Path | None:
+        return self._markers / c.key if self._markers is not None else None
+
+    def _known(self, c: Config) -> bool:
+        """Compiled (or failed) already, by this worker or noted by another."""
+        if c in self.done:
+            return True
+        mk = self._marker(c)
+        if mk is not None and mk.exists():
+            err = mk.read_text()
+            self.done[c] = err or None
+            self.skipped += 1
+            return True
+        return False
+
+    def submit(self, configs: list[Config]) -> None:
+        """Queue the configs not compiled yet; returns at once."""
+        todo = [c for c in dict.fromkeys(configs) if c not in self._pending and not self._known(c)]
+        if not todo:
+            return
+        if not self.enabled:
             for c in todo:
                 self.done[c] = None
-        return {c: e for c in configs if (e := self.done.get(c))}
+            return
+        try:
+            if self._pool is None:
+                self._pool = self._executor() if self._executor else cf.ProcessPoolExecutor(
+                    max_workers=self.workers, mp_context=mp.get_context("spawn"),
+                    initializer=_init_child, initargs=(self.gpu,),
+                )
+            for c in todo:
+                self._pending[c] = self._pool.submit(self._compile_fn, c.as_engine())
+        except Exception as exc:  # noqa: BLE001 - compile on first launch from now on
+            self._disable(exc)
+
+    def _disable(self, exc: BaseException) -> None:
+        self.status = f"off: {type(exc).__name__}: {exc}"[:200]
+        self.enabled = False
+        for c in self._pending:
+            self.done.setdefault(c, None)
+        self._pending.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def wait(self, c: Config) -> str | None:
+        """Block until `c` is compiled; its compile error, if any (then the launch reports it)."""
+        fut = self._pending.pop(c, None)
+        if fut is not None:
+            t0 = time.perf_counter()
+            try:
+                err = fut.result()
+            except Exception as exc:  # noqa: BLE001 - a broken pool: compile on first launch
+                self._disable(exc)
+                err = None
+            self.seconds += time.perf_counter() - t0
+            self.done[c] = err
+            self.compiled += 1
+            mk = self._marker(c)
+            if mk is not None:
+                try:
+                    mk.parent.mkdir(parents=True, exist_ok=True)
+                    write_text(mk, err or "")
+                except OSError:
+                    pass                 # a note is an optimisation only
+        return self.done.get(c)
+
+    def ensure(self, configs: list[Config]) -> dict[Config, str]:
+        """Compile the configs not compiled yet and wait for all; {config: error} of failures."""
+        self.submit(configs)
+        errs = {c: self.wait(c) for c in dict.fromkeys(configs)}
+        return {c: e for c, e in errs.items() if e}
 
     def close(self) -> None:
         """Stop the pool without waiting on it (a graceful shutdown was seen to hang on the

@@ -111,14 +111,15 @@ def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
     def measure(configs: list[Config], reps: int) -> list[Measurement]:
         nonlocal reused
         need = [c for c in configs if not (c in cache and (cache[c].time_us is None or cache[c].reps >= reps))]
-        pc.ensure(need)          # compile ahead in parallel; a failure here is re-tried below,
-        out = []                 # so the launch itself reports the real error
+        pc.submit(need)          # compile ahead in parallel while the first ones are timed;
+        out = []                 # a failure there is re-tried at launch, which reports it
         for c in configs:
             old = cache.get(c)
             if old is not None and (old.time_us is None or old.reps >= reps):
                 reused += 1
                 out.append(old)
                 continue
+            pc.wait(c)
             x = problem.time(c, reps)
             cache[c] = x
             emit(measurement_record(spec.ctx, x))
@@ -140,7 +141,8 @@ def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
             "default_us": base.time_us, "timed": res.timed, "candidates": res.candidates,
             "failed": res.failed, "reused": reused, "fail_examples": fails,
             "seconds": time.perf_counter() - t0, "pid": os.getpid(),
-            "compile_s": round(pc.seconds, 2), "compile_ahead": pc.status}
+            "compile_s": round(pc.seconds, 2), "compile_ahead": pc.status,
+            "compiled": pc.compiled, "compile_skipped": pc.skipped}
 
 
 def _check_context() -> None:
