@@ -40,6 +40,7 @@ from pathlib import Path
 HBM_COPY_TBS = 4.24      # H200 device-to-device copy rate measured 2026-11-29 (CONTEXT.md)
 HBM_PEAK_TBS = 4.8       # H200 datasheet
 REDUCTIONS = ("workspace", "atomic")
+REDUCE_ONLY = "splitk_reduce_only"
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +211,19 @@ def _cublas_launcher(prob):
     return launch
 
 
+def _reduce_launcher(prob, split_k: int):
+    """The workspace reduction alone ([s, M, N] fp32 partials into the bf16 output): its share
+    of the split-K time, and so what fusing it into the GEMM could save at most."""
+    import torch
+
+    from servelab.kernels.fp8_gemm import kernel as K
+    parts = torch.randn((split_k, prob.m, prob.n), device=prob.device)
+
+    def launch() -> None:
+        K.splitk_reduce(parts, prob.out)
+    return launch
+
+
 def _times_us(plan: Plan, launch, reps: int, copies: int) -> list[float]:
     """Per-call times: the tuner's CUDA-graph timer on CUDA; one wall-clock call after a warm
     one in the interpreter (meaningless as GPU time; labelled so)."""
@@ -348,6 +362,8 @@ def run_point(plan: Plan, n: int, k: int, m: int, cfgs: list[dict[str, int]], sw
         for reduce in REDUCTIONS:
             finalists.append((split.config, split.split_k, reduce,
                               _gemm_launcher(prob, by_key[split.config], reduce)))
+        finalists.append((REDUCE_ONLY, split.split_k, "workspace",
+                          _reduce_launcher(prob, split.split_k)))
     finalists.append(("cublas_scaled_mm_per_tensor", 1, None, _cublas_launcher(prob)))
     samples: dict[int, list[float]] = {i: [] for i in range(len(finalists))}
     errors: dict[int, str] = {}
@@ -362,12 +378,14 @@ def run_point(plan: Plan, n: int, k: int, m: int, cfgs: list[dict[str, int]], sw
     final = [Timing(n, k, m, name, s, r, statistics.median(samples[i]) if samples[i] else None,
                     _spread(samples[i]), len(samples[i]), errors.get(i))
              for i, (name, s, r, _l) in enumerate(finalists)]
-    pick = {(t.split_k > 1, t.reduce): t for t in final[:-1]}
+    pick = {(t.split_k > 1, t.reduce): t for t in final[:-1] if t.config != REDUCE_ONLY}
+    reduce_only = next((t for t in final if t.config == REDUCE_ONLY), None)
     row = {"n": n, "k": k, "m": m, "swept": len(sweep), "configs": len(cfgs),
            "one_pass": _weight_row(pick.get((False, None)), n, k),
            "split_k": _weight_row(pick.get((True, "workspace")), n, k),
            "split_k_atomic": _weight_row(pick.get((True, "atomic")), n, k),
            "cublas": _weight_row(final[-1], n, k), "cublas_error": final[-1].error,
+           "reduce_only_us": reduce_only.time_us if reduce_only else None,
            "best_by_split_us": {s: (t.time_us if t else None) for s, t in by_split.items()}}
     a, b = row["one_pass"], row["split_k"]
     row["speedup"] = a["time_us"] / b["time_us"] if a and b else None
@@ -424,14 +442,16 @@ def table(rows: list[dict], timing_note: str) -> list[str]:
         return f"{r['time_us']:.1f}" if r else "-"
     head = (f"{'N':>6} {'K':>6} {'M':>3} | {'one-pass config':>17} {'us':>11} {'TB/s':>5} "
             f"{'%4.24':>5} {'%4.8':>5} | {'split-K config':>17} {'us':>11} {'TB/s':>5} "
-            f"{'%4.24':>5} {'%4.8':>5} | {'speedup':>7} {'atomic_us':>9} {'cuBLAS_us':>9}")
+            f"{'%4.24':>5} {'%4.8':>5} | {'speedup':>7} {'atomic_us':>9} {'reduce_us':>9} "
+            f"{'cuBLAS_us':>9}")
     lines = [f"Weight bytes (fp8 + block scales) per time; % of {HBM_COPY_TBS} TB/s (H200 copy) "
              f"and {HBM_PEAK_TBS} TB/s (datasheet). {timing_note}", head, "-" * len(head)]
     for r in rows:
         sp = f"{r['speedup']:.2f}x" if r["speedup"] else "-"
+        red = f"{r['reduce_only_us']:.1f}" if r["reduce_only_us"] is not None else "-"
         lines.append(f"{r['n']:>6} {r['k']:>6} {r['m']:>3} | {cell(r['one_pass'])} | "
                      f"{cell(r['split_k'])} | {sp:>7} {us(r['split_k_atomic']):>9} "
-                     f"{us(r['cublas']):>9}")
+                     f"{red:>9} {us(r['cublas']):>9}")
     return lines
 
 

@@ -131,3 +131,20 @@ def test_bad_split_k_values_are_rejected_with_a_reason():
         K_.w8a8_block_fp8_matmul(aq, as_, bq, bs, dict(BASE, SPLIT_K=2), split_k_reduce="tree")
     # the engines' configs (no SPLIT_K) and a 256-wide K step without a split stay valid
     K_.check_config(dict(BASE, BLOCK_SIZE_K=256))
+
+
+def test_reduce_sums_partials_in_order_then_rounds():
+    """The reduction alone: the same bits as torch's fp32 sum p0 + p1 + ... taken left to right
+    (0 + p0 is exact), then one round-to-nearest-even cast; N not a multiple of its block,
+    a strided output."""
+    g = torch.Generator().manual_seed(3)
+    parts = torch.randn(3, 5, 700, generator=g) * torch.logspace(-4, 4, 700)
+    ordered = (parts[0] + parts[1]) + parts[2]
+    out32 = torch.full((5, 700), float("nan"))
+    assert torch.equal(K_.splitk_reduce(parts, out32), ordered)
+    wide = torch.full((5, 1400), float("nan"), dtype=torch.bfloat16)
+    out16 = K_.splitk_reduce(parts, wide[:, ::2])
+    assert torch.equal(out16, ordered.to(torch.bfloat16))
+    assert wide[:, 1::2].isnan().all(), "wrote outside the strided output"
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        K_.splitk_reduce(parts.double(), out32)

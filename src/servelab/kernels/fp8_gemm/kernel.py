@@ -324,10 +324,26 @@ def _launch_split_k(a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch.Tensor, b_s
         GROUP_SIZE_M=int(config["GROUP_SIZE_M"]), ATOMIC=atomic,
         num_warps=int(config["num_warps"]), num_stages=int(config["num_stages"]),
     )
+    return splitk_reduce(ws, out)
+
+
+def splitk_reduce(partials: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """out [M, N] = partials[0] + partials[1] + ... in fp32, in that order, cast to out's dtype.
+
+    partials: contiguous fp32 [s, M, N], the split-K workspace (s = 1: the atomic path's cast).
+    """
+    if partials.dtype != torch.float32 or partials.dim() != 3 or not partials.is_contiguous():
+        raise ValueError(f"partials must be contiguous fp32 [s, M, N], got {partials.dtype} "
+                         f"{tuple(partials.shape)}")
+    s, m, n = partials.shape
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"out has shape {tuple(out.shape)}, need ({m}, {n})")
+    if m * n == 0:
+        return out
     _splitk_reduce[(m, triton.cdiv(n, REDUCE_BLOCK_N))](
-        ws, out, m, n, ws.shape[0], ws.stride(0), ws.stride(1), out.stride(0), out.stride(1),
-        BLOCK_N=REDUCE_BLOCK_N, ROUND_BF16_IN_FP32=_interpreting() and out.dtype == torch.bfloat16,
-        num_warps=4,
+        partials, out, m, n, s, partials.stride(0), partials.stride(1), out.stride(0),
+        out.stride(1), BLOCK_N=REDUCE_BLOCK_N,
+        ROUND_BF16_IN_FP32=_interpreting() and out.dtype == torch.bfloat16, num_warps=4,
     )
     return out
 
