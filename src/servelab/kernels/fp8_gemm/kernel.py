@@ -6,10 +6,18 @@ launch parameter comes from a config dict with the engines' keys. M and the scal
 (ceil(K/128), ceil(N/128)) are not specialized (`do_not_specialize`), so one compiled kernel per
 config serves every batch size and every shape whose N and K are multiples of 16: the tuner
 compiles each config once for all (shape, M) points.
+
+Beyond the engines' six keys a config may hold SPLIT_K (ours, opt-in; the engines' config
+files never carry it). At decode sizes the one-pass grid has too few programs for the SMs
+(N = 7168: 56-112 column tiles for 132 SMs, each streaming K = 18432 serially: 44-47% of
+4.8 TB/s on the H200, docs/performance.md); SPLIT_K = s gives each tile s programs over
+contiguous ranges of K scale groups and reduces their fp32 partials. SPLIT_K = 1 launches the
+one-pass kernel, unchanged.
 """
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Mapping
 
@@ -224,8 +232,9 @@ def split_k_of(config: Mapping[str, int]) -> int:
     """The config's SPLIT_K (1 when absent), checked: an int >= 1; above 1 only with a
     BLOCK_SIZE_K that divides the 128-wide scale group (each split is whole scale groups)."""
     s = config.get(SPLIT_K_KEY, 1)
-    if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+    if isinstance(s, bool) or not isinstance(s, numbers.Integral) or s < 1:
         raise ValueError(f"{SPLIT_K_KEY}={s!r}: must be an int >= 1 (1 = no split)")
+    s = int(s)
     if s > 1 and int(config["BLOCK_SIZE_K"]) > GROUP:
         raise ValueError(f"{SPLIT_K_KEY}={s} needs BLOCK_SIZE_K <= {GROUP} (splits are whole "
                          f"{GROUP}-wide scale groups), got BLOCK_SIZE_K={config['BLOCK_SIZE_K']}")
