@@ -51,18 +51,25 @@ def _k_steps(
     stride_am, stride_ak, stride_bn, stride_bk, stride_asm, stride_ask, stride_bsn, stride_bsk,
     GROUP_N: tl.constexpr, GROUP_K: tl.constexpr,
     BLOCK_SIZE_M: tl.constexpr, BLOCK_SIZE_N: tl.constexpr, BLOCK_SIZE_K: tl.constexpr,
+    WHOLE_K: tl.constexpr,
 ):
-    """fp32 [BM, BN] tile of C summed over K steps k_lo <= k < k_hi (each BLOCK_SIZE_K wide)."""
+    """fp32 [BM, BN] tile of C summed over K steps k_lo <= k < k_hi (each BLOCK_SIZE_K wide);
+    WHOLE_K: over all of K (k_lo, k_hi unused), in the one-pass kernel's original instruction
+    order (same SASS opcode mix as before the split-K kernel shared this loop)."""
     # Rows/columns past the edge wrap around for loads (always in bounds); stores are masked.
     offs_m = (pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)) % M        # [BM]
     offs_n = (pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)) % N        # [BN]
     offs_k = tl.arange(0, BLOCK_SIZE_K)                                     # [BK]
-    a_ptrs = (a_ptr + k_lo * BLOCK_SIZE_K * stride_ak
-              + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak)  # [BM, BK]
-    b_ptrs = (b_ptr + k_lo * BLOCK_SIZE_K * stride_bk
-              + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn)  # [BK, BN]
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak   # [BM, BK]
+    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn   # [BK, BN]
     as_ptrs = as_ptr + offs_m * stride_asm                                  # [BM]
     bs_ptrs = bs_ptr + (offs_n // GROUP_N) * stride_bsn                     # [BN]
+    if WHOLE_K:
+        k_lo = 0
+        k_hi = tl.cdiv(K, BLOCK_SIZE_K)
+    else:
+        a_ptrs += k_lo * BLOCK_SIZE_K * stride_ak
+        b_ptrs += k_lo * BLOCK_SIZE_K * stride_bk
 
     acc = tl.zeros((BLOCK_SIZE_M, BLOCK_SIZE_N), dtype=tl.float32)
     for k in range(k_lo, k_hi):
@@ -98,10 +105,10 @@ def _w8a8_block_fp8_matmul(
     GROUP_SIZE_M: tl.constexpr, ROUND_BF16_IN_FP32: tl.constexpr = False,
 ):
     pid_m, pid_n = _tile_of(tl.program_id(axis=0), M, N, BLOCK_SIZE_M, BLOCK_SIZE_N, GROUP_SIZE_M)
-    acc = _k_steps(a_ptr, b_ptr, as_ptr, bs_ptr, pid_m, pid_n, M, N, K, 0, tl.cdiv(K, BLOCK_SIZE_K),
+    acc = _k_steps(a_ptr, b_ptr, as_ptr, bs_ptr, pid_m, pid_n, M, N, K, 0, 0,
                    stride_am, stride_ak, stride_bn, stride_bk,
                    stride_asm, stride_ask, stride_bsn, stride_bsk,
-                   GROUP_N, GROUP_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                   GROUP_N, GROUP_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, WHOLE_K=True)
     if ROUND_BF16_IN_FP32:
         acc = _round_bf16_in_fp32(acc)
     c = acc.to(c_ptr.dtype.element_ty)
@@ -138,7 +145,7 @@ def _w8a8_block_fp8_matmul_splitk(
     acc = _k_steps(a_ptr, b_ptr, as_ptr, bs_ptr, pid_m, pid_n, M, N, K, k_lo, k_hi,
                    stride_am, stride_ak, stride_bn, stride_bk,
                    stride_asm, stride_ask, stride_bsn, stride_bsk,
-                   GROUP_N, GROUP_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K)
+                   GROUP_N, GROUP_K, BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, WHOLE_K=False)
     offs_cm = pid_m * BLOCK_SIZE_M + tl.arange(0, BLOCK_SIZE_M)
     offs_cn = pid_n * BLOCK_SIZE_N + tl.arange(0, BLOCK_SIZE_N)
     mask = (offs_cm[:, None] < M) & (offs_cn[None, :] < N)
