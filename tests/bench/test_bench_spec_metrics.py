@@ -97,3 +97,12 @@ def test_sglang_gauge_is_not_reported_for_a_window_without_completed_requests():
     ok.events = [(5, None, "x")]
     a = spec_metrics.acceptance([make_record(ok, RequestSpec(1, "p", 4, 1, True), 0)], {}, after)
     assert a["accept_length_source"] == "metrics:sglang" and a["accept_length"] == 2.5
+
+
+def test_server_without_speculative_metrics_has_no_tau():
+    """/metrics answers but carries no spec_decode/spec_accept metric: the server is not
+    speculating, so tau is None even though the chunk estimate exists (1.0 here)."""
+    s = run(Script(ttft_ms=1, gap_ms=1, tokens_per_chunk=1))
+    assert s["completed"] == 6
+    assert s["accept_length"] is None and s["accept_length_source"] is None
+    assert s["accept_length_by_source"]["estimate:tokens_per_chunk"] == pytest.approx(1.0)

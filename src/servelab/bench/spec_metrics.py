@@ -12,7 +12,9 @@ from the best source at hand, always named:
    average kept by the server, not exactly this window).
 4. `estimate:tokens_per_chunk` - client side: output tokens per streamed chunk after the first:
    sum(output_tokens - first_chunk_tokens) / sum(chunks - 1). Reads high when the server batches
-   several steps into one chunk (SGLang --stream-interval > 1), so it is only an estimate.
+   several steps into one chunk (SGLang --stream-interval > 1), so it is only an estimate, and it
+   is not used when the server's /metrics answered with no speculative metric at all (such a
+   server is not speculating: accept_length is then None).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
+SPEC_PREFIXES = ("vllm:spec_decode", "sglang:spec_")
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 
@@ -102,7 +105,13 @@ def acceptance(records: list[RequestRecord], before: dict[str, float],
     est = estimate(records)
     candidates = {"response:spec_verify_ct": resp, "metrics:vllm": v_tau,
                   "metrics:sglang": s_tau, "estimate:tokens_per_chunk": est}
-    source = next((k for k, v in candidates.items() if v is not None), None)
+    # A server whose /metrics answered without any speculative metric is not speculating: its
+    # chunks can still carry several tokens (held-back partial UTF-8, stream intervals), which
+    # the estimate would misread as acceptance. It stays in by_source, but not as tau.
+    usable = dict(candidates)
+    if after and not any(k.startswith(SPEC_PREFIXES) for k in after):
+        usable["estimate:tokens_per_chunk"] = None
+    source = next((k for k, v in usable.items() if v is not None), None)
     rate = v_rate if source == "metrics:vllm" else s_rate if source == "metrics:sglang" else None
     return {"accept_length": candidates[source] if source else None,
             "accept_length_source": source, "accept_rate": rate,
