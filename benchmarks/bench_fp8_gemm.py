@@ -9,7 +9,8 @@ Subcommands (each prints a table; numbers in hardware units):
   all OUT [SECONDS]          the device plan: every step above under one time budget, logs in OUT
   multi OUT [SECONDS]        the two-GPU plan (run_multi): one vs two GPUs, cold and warm
                              Triton cache; exhaustive subset on both GPUs; compare; ceilings
-  scaling OUT                wall time of multi's four fast runs, from their checkpoints
+  multi-lean OUT [SECONDS]   multi's check and four fast runs only
+  scaling OUT                wall time of multi's four fast runs, from their logs and checkpoints
 Usage on the device: PYTHONPATH=src python3 benchmarks/bench_fp8_gemm.py check
 """
 
@@ -277,7 +278,7 @@ def run_all(out: Path, budget_s: float) -> int:
 EXH_M = "1,16,64,256,1024,4096"
 
 
-def run_multi(out: Path, budget_s: float) -> int:
+def run_multi(out: Path, budget_s: float, lean: bool = False) -> int:
     """The two-GPU plan: the same fast job (5 shapes x 18 M) on GPU 0 and on GPUs 0,1, each
     first with an empty Triton cache (cold: compiles every config it times) and then again
     with that cache warm (a later tune on the machine: only timing left); then an exhaustive
@@ -291,12 +292,15 @@ def run_multi(out: Path, budget_s: float) -> int:
     def fast(tag: str, gpus: str, env: dict) -> tuple:
         return (tag, [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "fast",
                       "--gpus", gpus, "--out", str(out / tag), "--name", tag], 170, env)
+    runs = [("check", [*me, "check"], 45, c0),
+            fast("fast1-cold", "0", c1),
+            fast("fast2-cold", "0,1", c2),
+            fast("fast1-warm", "0", c1),
+            fast("fast2-warm", "0,1", c2)]
+    if lean:                     # `multi-lean`: the one-vs-two-GPU runs only
+        return _run_plan(out, budget_s, [*runs, ("scaling", [*me, "scaling", str(out)], 10)])
     return _run_plan(out, budget_s, [
-        ("check", [*me, "check"], 45, c0),
-        fast("fast1-cold", "0", c1),
-        fast("fast2-cold", "0,1", c2),
-        fast("fast1-warm", "0", c1),
-        fast("fast2-warm", "0,1", c2),
+        *runs,
         ("exh", [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "exhaustive",
                  "--gpus", "0,1", "--batch-sizes", EXH_M, "--out", str(out / "exh"),
                  "--name", "exh"], 220, c2),
@@ -355,8 +359,9 @@ def main(argv: list[str]) -> int:
         return run_all(Path(rest[0]), float(rest[1]) if len(rest) > 1 else 380.0)
     if cmd == "ceilings":
         return ceilings(Path(rest[0]))
-    if cmd == "multi":
-        return run_multi(Path(rest[0]), float(rest[1]) if len(rest) > 1 else 560.0)
+    if cmd in ("multi", "multi-lean"):
+        return run_multi(Path(rest[0]), float(rest[1]) if len(rest) > 1 else 560.0,
+                         lean=cmd == "multi-lean")
     if cmd == "scaling":
         return scaling(Path(rest[0]))
     print(__doc__)
