@@ -148,3 +148,26 @@ def test_reduce_sums_partials_in_order_then_rounds():
     assert wide[:, 1::2].isnan().all(), "wrote outside the strided output"
     with pytest.raises(ValueError, match="contiguous fp32"):
         K_.splitk_reduce(parts.double(), out32)
+
+
+def test_caller_workspace_contents_do_not_matter():
+    """A caller's buffer (as a CUDA graph would hold) full of NaN: the partials overwrite all of
+    it (workspace) or it is zeroed first (atomic); too small or not fp32 is refused."""
+    inputs = _inputs(19, 96, 384, seed=13)
+    aq, as_, bq, bs = inputs
+    cfg = dict(BASE, SPLIT_K=3)
+    own = _run(inputs, cfg)
+    for reduce in K_.SPLIT_K_REDUCTIONS:
+        need = K_.split_k_workspace_numel(19, 96, 3, reduce)
+        assert need == (3 if reduce == "workspace" else 1) * 19 * 96
+        ws = torch.full((need + 5,), float("nan"))
+        out = K_.w8a8_block_fp8_matmul(aq, as_, bq, bs, cfg, split_k_reduce=reduce, workspace=ws)
+        _assert_within_bound(out, inputs, cfg["BLOCK_SIZE_K"], 3)
+        if reduce == "workspace":
+            assert torch.equal(out, own)
+        with pytest.raises(ValueError, match=f">= {need} elements"):
+            K_.w8a8_block_fp8_matmul(aq, as_, bq, bs, cfg, split_k_reduce=reduce,
+                                     workspace=ws[: need - 1])
+    with pytest.raises(ValueError, match="contiguous fp32"):
+        K_.w8a8_block_fp8_matmul(aq, as_, bq, bs, cfg, workspace=torch.zeros(3 * 19 * 96,
+                                                                             dtype=torch.float64))

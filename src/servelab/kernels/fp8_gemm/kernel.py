@@ -264,6 +264,7 @@ def w8a8_block_fp8_matmul(
     a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch.Tensor, b_s: torch.Tensor,
     config: Mapping[str, int], out_dtype: torch.dtype = torch.bfloat16,
     out: torch.Tensor | None = None, split_k_reduce: str = "workspace",
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """C [M, N] = dequant(a_q, a_s) @ dequant(b_q, b_s).T with the launch parameters of `config`.
 
@@ -273,6 +274,8 @@ def w8a8_block_fp8_matmul(
     partials are reduced into C, by `split_k_reduce`: "workspace" (an fp32 [s, M, N] buffer
     summed in a fixed order by a second kernel: deterministic) or "atomic" (fp32 atomic_add
     into a zeroed [M, N] buffer, then a cast: the order of the s additions varies run to run).
+    `workspace`: a contiguous fp32 buffer of >= split_k_workspace_numel(...) elements to use
+    instead of allocating one per call (e.g. in a CUDA graph); its contents do not matter.
     """
     check_config(config)
     split_k = split_k_of(config)
@@ -302,7 +305,8 @@ def w8a8_block_fp8_matmul(
     if m == 0:
         return out
     if split_k > 1:
-        return _launch_split_k(a_q, a_s, b_q, b_s, out, config, split_k, split_k_reduce)
+        return _launch_split_k(a_q, a_s, b_q, b_s, out, config, split_k, split_k_reduce,
+                               workspace)
     bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
     _w8a8_block_fp8_matmul[grid](
@@ -318,17 +322,31 @@ def w8a8_block_fp8_matmul(
     return out
 
 
+def split_k_workspace_numel(m: int, n: int, split_k: int, reduce: str = "workspace") -> int:
+    """fp32 elements of the split-K buffer: s*M*N partials, or M*N for the atomic reduction."""
+    return (1 if reduce == "atomic" else split_k) * m * n
+
+
 def _launch_split_k(a_q: torch.Tensor, a_s: torch.Tensor, b_q: torch.Tensor, b_s: torch.Tensor,
                     out: torch.Tensor, config: Mapping[str, int], split_k: int,
-                    reduce: str) -> torch.Tensor:
+                    reduce: str, workspace: torch.Tensor | None) -> torch.Tensor:
     """The split-K GEMM into an fp32 buffer, then its reduction into `out` (inputs checked)."""
     m, k = a_q.shape
     n = b_q.shape[0]
     atomic = reduce == "atomic"
-    if atomic:
-        ws = torch.zeros((1, m, n), dtype=torch.float32, device=a_q.device)
+    rows = 1 if atomic else split_k
+    need = split_k_workspace_numel(m, n, split_k, reduce)
+    if workspace is None:
+        ws = torch.empty((rows, m, n), dtype=torch.float32, device=a_q.device)
+    elif (workspace.dtype != torch.float32 or not workspace.is_contiguous()
+          or workspace.numel() < need or workspace.device != a_q.device):
+        raise ValueError(f"workspace must be contiguous fp32 on {a_q.device} with >= {need} "
+                         f"elements ({reduce}, SPLIT_K={split_k}, M={m}, N={n}), got "
+                         f"{workspace.dtype} {tuple(workspace.shape)} on {workspace.device}")
     else:
-        ws = torch.empty((split_k, m, n), dtype=torch.float32, device=a_q.device)
+        ws = workspace.view(-1)[:need].view(rows, m, n)
+    if atomic:
+        ws.zero_()
     bm, bn = int(config["BLOCK_SIZE_M"]), int(config["BLOCK_SIZE_N"])
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), split_k)
     _w8a8_block_fp8_matmul_splitk[grid](
