@@ -58,7 +58,7 @@ def _run(inputs, cfg: dict, reduce: str = "workspace", dtype=torch.bfloat16) -> 
     return K_.w8a8_block_fp8_matmul(aq, as_, bq, bs, cfg, out=out, split_k_reduce=reduce)
 
 
-# (M, N, K, config, [(SPLIT_K, reduction), ...]): M never a multiple of BLOCK_SIZE_M (but 1);
+# (M, N, K, config, [(SPLIT_K, reduction), ...]): M never a multiple of BLOCK_SIZE_M;
 # K = 640 has 5 scale groups, so SPLIT_K 2, 3 do not divide them and 5 gives one group each;
 # K = 200 ends in a partial group; BLOCK_SIZE_K 32 puts 4 steps in a group.
 CASES = [
