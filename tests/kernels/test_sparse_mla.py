@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -267,6 +268,62 @@ def test_fused_and_pdl_merges_match_and_reset_counters(device):
                 if mode == "fused":
                     cnt = merge.counters(q.device, b * 2)
                     assert int(cnt.abs().sum()) == 0, f"{tag}: counters not reset: {cnt[:6]}"
+
+
+# H200, 2026-11-29, `bench_sparse_mla.py --compare` (us per call, two kernels vs PDL):
+# (H, topk, B) -> (kernel_us, pdl_us). The default merge must pick the faster one, or one
+# within 0.5% of it.
+MEASURED_MERGE = {
+    (64, 640, 1): (8.46, 8.08), (64, 640, 2): (10.19, 9.73), (64, 640, 4): (11.83, 11.25),
+    (64, 640, 8): (15.11, 15.20), (32, 640, 1): (8.07, 7.41), (32, 640, 2): (8.33, 7.99),
+    (32, 640, 4): (10.28, 9.75), (32, 640, 8): (12.72, 12.10), (16, 2048, 1): (10.05, 9.37),
+    (16, 2048, 2): (11.19, 11.04), (16, 2048, 4): (13.66, 14.17), (16, 2048, 8): (17.69, 18.18),
+    (128, 2048, 1): (14.90, 15.48), (128, 2048, 2): (18.94, 19.10),
+    (128, 2048, 4): (29.21, 29.33), (128, 2048, 8): (33.67, 33.58),
+    (128, 1152, 1): (12.39, 11.81), (128, 1152, 2): (14.18, 13.59),
+    (128, 1152, 4): (19.69, 20.04), (128, 1152, 8): (25.80, 24.79),
+}  # fmt: skip
+
+
+def test_default_merge_picks_the_measured_faster(monkeypatch):
+    from servelab.kernels.sparse_mla import merge
+    from servelab.kernels.sparse_mla.splitkv import choose_num_splits as choose
+    from servelab.kernels.sparse_mla.splitkv import default_config, resolve_merge
+
+    monkeypatch.setattr(merge, "pdl_supported", lambda device: True)
+    for (h, topk, b), (k_us, p_us) in MEASURED_MERGE.items():
+        d_qk = 576 if topk == 2048 else 512
+        cfg = default_config(b, h, d_qk, torch.bfloat16)
+        s = choose(b, h, topk, cfg, 132)
+        got = resolve_merge(cfg, b, h, s, 132, torch.device("cuda"))
+        chosen, other = (p_us, k_us) if got == "pdl" else (k_us, p_us)
+        assert got in ("pdl", "kernel") and chosen <= other * 1.005, (h, topk, b, got)
+    # Forced choices are kept; one split needs no merge; no PDL without the hardware.
+    cfg = default_config(1, 64, 512, torch.bfloat16)
+    for m in ("kernel", "pdl", "fused"):
+        assert resolve_merge(replace(cfg, merge=m), 1, 64, 20, 132, torch.device("cuda")) == m
+    assert resolve_merge(cfg, 1, 64, 1, 132, torch.device("cuda")) == "none"
+    monkeypatch.setattr(merge, "pdl_supported", lambda device: False)
+    assert resolve_merge(replace(cfg, merge="pdl"), 1, 64, 20, 132, torch.device("cpu")) == "kernel"
+
+
+# Same run, FP8: (H, scale tile, B) -> (reshape kernel us, per-chunk kernel us).
+MEASURED_FP8 = {
+    (64, 64, 1): (11.03, 13.41), (64, 64, 2): (16.80, 14.33), (64, 64, 4): (24.76, 19.70),
+    (64, 64, 8): (33.55, 27.12), (64, 64, 16): (26.73, 38.43), (64, 64, 128): (82.15, 147.87),
+    (32, 64, 16): (34.16, 28.04), (32, 64, 128): (155.91, 146.29),
+    (16, 128, 16): (28.71, 31.30), (16, 128, 128): (168.48, 192.16),
+}  # fmt: skip
+
+
+def test_default_fp8_kernel_is_the_measured_faster():
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
+    for (h, tile, b), (old_us, new_us) in MEASURED_FP8.items():
+        d_qk = 576 if tile == 128 else 512
+        chunked = default_config(b, h, d_qk, torch.bfloat16, fp8_tile=tile).fp8_chunked
+        assert chunked == (new_us < old_us), (h, tile, b)
+    assert default_config(2, 32, 512, torch.bfloat16).fp8_chunked  # 16-bit cache: unused
 
 
 def test_counter_buffer_is_cached_and_grown():

@@ -5,7 +5,8 @@ and lse_s [BLOCK_H]; the merge is lse = log sum_s exp(lse_s), O = sum_s exp(lse_
 (an empty split has lse_s = -inf and weighs exp(-inf) = 0; all splits empty -> O = 0,
 lse = -inf).
 
-Three ways to run it (``SplitConfig.merge``):
+Three ways to run it (``SplitConfig.merge``; the default "auto" picks "pdl" or "kernel" by how
+full the split grid is, see splitkv.resolve_merge):
 
 - ``"kernel"``: `_sparse_mla_merge_kernel`, a second launch with grid (B, H, column slices).
 - ``"pdl"``: the same kernel launched with programmatic dependent launch (Hopper): it is
@@ -17,8 +18,10 @@ Three ways to run it (``SplitConfig.merge``):
   last: it merges all S partials of its group (loads bypass L1: ``.cg``), writes out/lse and
   resets the counter to 0, so the buffer is reusable by the next call and by CUDA-graph
   replays with no memset. The counters (`counters`) are cached per device and zeroed once.
-  Cost: one program reads S x BLOCK_H x d_v x 4 bytes alone, so fusing pays only while that
-  is small (few splits); the benchmark measures where.
+  Cost: one program reads S x BLOCK_H x d_v x 4 bytes alone, one dependent load per split.
+  Measured on the H200 (2026-11-29) it lost everywhere it was tried (B <= 8, five shapes):
+  V4-Flash B=1 8.46 us (two kernels) -> 19.3 us (fused, 20 splits: 655 KB merged by one
+  program) and 15.8 us with 5 splits (4 tiles per split); kept as an option, never a default.
 
 Counters are shared by all calls on a device: two fused calls must not run concurrently on
 different streams (one stream, as in a decode step or a graph, is fine).
@@ -35,9 +38,17 @@ try:  # programmatic dependent launch (Triton >= 3.4 on Hopper)
 except ImportError:  # pragma: no cover - older Triton: "pdl" is then not offered
     gdc_wait = gdc_launch_dependents = None
 
-MERGES = ("kernel", "pdl", "fused")
+MERGES = ("auto", "kernel", "pdl", "fused")
 
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch needs a compiled launch (not the interpreter), Hopper or
+    newer (griddepcontrol is sm_90+) and a Triton that exposes it."""
+    if device.type != "cuda" or gdc_wait is None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def counters(device: torch.device, n: int) -> torch.Tensor | None:

@@ -21,7 +21,7 @@ lse_s = -inf, which the merge weighs with exp(-inf) = 0).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,8 +62,9 @@ class SplitConfig:
     min_tiles_per_split: int = 1
     prefetch_idx: bool = True  # load tile t+1's indices during tile t
     # How partials are merged when num_splits > 1 (merge.py): "kernel" (second launch),
-    # "pdl" (second launch, programmatic dependent), "fused" (last split program merges).
-    merge: str = "kernel"
+    # "pdl" (second launch, programmatic dependent), "fused" (last split program merges),
+    # "auto" (pdl or kernel by how full the split grid is: `resolve_merge`).
+    merge: str = "auto"
     fp8_chunked: bool = True  # FP8 cache: per-chunk scales (fp8_split.py), else the reshape
 
     def __post_init__(self) -> None:
@@ -87,11 +88,50 @@ NARROW = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, ctas_per
 NARROW_TP = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2)
 
 
-def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype) -> SplitConfig:
-    """Config by batch and head count (d_qk and dtype kept for future per-shape tables)."""
+# PDL lets the merge kernel's programs be placed while the split kernel still runs; they then
+# hold SM slots the split programs need. H200, 2026-11-29 (bench --compare, 20 cells at
+# B <= 8): PDL won 4-8% wherever the split grid used <= 3/4 of the program slots
+# (V4-Flash B=1 8.46 -> 8.08 us, H32 8.07 -> 7.41, H16 10.05 -> 9.37, V4-Pro 12.39 -> 11.81)
+# and lost up to 4% at a full grid (V3.2 B=1, 256 programs: 14.90 -> 15.48).
+# B > 8 was not measured with PDL, so "auto" keeps the two plain kernels there.
+PDL_MAX_FILL = 0.75
+PDL_MAX_B = 8
+
+
+def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
+                   fp8_tile: int | None = None) -> SplitConfig:  # fmt: skip
+    """Config by batch and head count; ``fp8_tile`` (the FP8 cache's scale tile, None for a
+    16-bit cache) picks the FP8 kernel. d_qk and dtype are kept for per-shape tables.
+
+    FP8 (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
+    with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
+    34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
+    kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
+    (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
     if h >= 64:
-        return WIDE if b * h >= 1024 else NARROW
-    return NARROW_TP
+        cfg = WIDE if b * h >= 1024 else NARROW
+    else:
+        cfg = NARROW_TP
+    if fp8_tile is not None:
+        return replace(cfg, fp8_chunked=cfg.block_h == 16 and fp8_tile <= 64 and b >= 2)
+    return cfg
+
+
+def resolve_merge(cfg: SplitConfig, b: int, h: int, num_splits: int, num_sms: int,
+                  device: torch.device) -> str:  # fmt: skip
+    """The merge a launch uses: "none" for one split; "auto" -> "pdl" when B <= PDL_MAX_B and
+    the split grid (B x head blocks x splits) fills at most PDL_MAX_FILL of the program slots
+    (ctas_per_sm x SMs), else "kernel"; "pdl" -> "kernel" where the device cannot
+    (interpreter, before Hopper)."""
+    if num_splits == 1:
+        return "none"
+    merge = cfg.merge
+    if merge == "auto":
+        fill = b * triton.cdiv(h, cfg.block_h) * num_splits / (cfg.ctas_per_sm * num_sms)
+        merge = "pdl" if b <= PDL_MAX_B and fill <= PDL_MAX_FILL else "kernel"
+    if merge == "pdl" and not merge_mod.pdl_supported(device):
+        merge = "kernel"
+    return merge
 
 
 def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int) -> int:
@@ -345,7 +385,7 @@ def splitkv_decode(
         kv_main = scale = rope = kv_cache
     if q.stride(-1) != 1 or kv_main.stride(-1) != 1 or indices.stride(-1) != 1:
         raise ValueError("q, kv_cache and indices need a contiguous last dimension")
-    cfg = config or default_config(b, h, d_qk, q.dtype)
+    cfg = config or default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None)
     n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
     if num_splits is None:
         num_splits = choose_num_splits(b, h, topk, cfg, _num_sms(q.device))
@@ -361,13 +401,11 @@ def splitkv_decode(
     f32_dot = q.dtype == torch.float32 or (interpreted and q.dtype == torch.bfloat16)
     single = num_splits == 1
     n_hblk = triton.cdiv(h, cfg.block_h)
-    merge = cfg.merge
+    merge = resolve_merge(cfg, b, h, num_splits, _num_sms(q.device), q.device)
     cnt = None
-    if not single and merge == "fused":
+    if merge == "fused":
         cnt = merge_mod.counters(q.device, b * n_hblk)
         merge = "fused" if cnt is not None else "kernel"  # growing it inside graph capture
-    if merge == "pdl" and (interpreted or merge_mod.gdc_wait is None):
-        merge = "kernel"  # PDL is a Hopper launch attribute; the interpreter has none
     if single:
         o_dst, lse_dst = out, lse
         so = (out.stride(0), 0, out.stride(1))
