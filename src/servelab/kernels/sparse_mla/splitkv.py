@@ -90,7 +90,7 @@ NARROW_TP = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, ctas_
 
 # PDL lets the merge kernel's programs be placed while the split kernel still runs; they then
 # hold SM slots the split programs need. H200, 2026-11-29 (bench --compare, 20 cells at
-# B <= 8): PDL won 4-8% wherever the split grid used <= 3/4 of the program slots
+# B <= 8): PDL won 1-8% wherever the split grid used <= 3/4 of the program slots
 # (V4-Flash B=1 8.46 -> 8.08 us, H32 8.07 -> 7.41, H16 10.05 -> 9.37, V4-Pro 12.39 -> 11.81)
 # and lost up to 4% at a full grid (V3.2 B=1, 256 programs: 14.90 -> 15.48).
 # B > 8 was not measured with PDL, so "auto" keeps the two plain kernels there.
