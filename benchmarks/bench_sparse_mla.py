@@ -6,6 +6,9 @@ One invocation does everything and prints a compact table last:
   3. the timing table per shape and batch for eager / naive / splitkv,
   4. diagnostics for splitkv (a dot dropped, combine cost, registers and spills).
 Full results go to OUT/bench_sparse_mla.jsonl and OUT/bench_sparse_mla.log.
+--compare instead times the merge variants at B <= 8 (two kernels, PDL, fused) and the two
+FP8 kernels against bf16 (issue 5 follow-up), compiling all cells first; --wait-file lets GPU
+tests run during that compile phase and holds the timing until they are done.
 
 Timing: R calls with R different (q, indices) sets are captured in one CUDA graph, so the
 rows a call gathers were evicted by the R-1 calls before it (R x working set >= 4 x L2), and
@@ -15,6 +18,7 @@ Roofline floor = max(bytes / 4.24e12 B/s, FLOPs / 701e12 FLOP/s), the copy bandw
 matmul rate measured on this H200 (CONTEXT.md).
 
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla.py --out $OUT [--quick] [--sweep]
+    PYTHONPATH=src python3 benchmarks/bench_sparse_mla.py --compare --out $OUT [--wait-file F]
 """
 
 from __future__ import annotations
@@ -297,7 +301,8 @@ def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_split
     rec = {"shape": shape.name, "B": b, "R": r,
            "variant": label or variant + (f"-drop{drop}" if drop else "")}  # fmt: skip
     if variant in ("splitkv", "fp8"):
-        cfg = cfg or default_config(b, shape.heads, shape.d_qk, kv.dtype)
+        fp8_tile = cache.tile if variant == "fp8" else None
+        cfg = cfg or default_config(b, shape.heads, shape.d_qk, kv.dtype, fp8_tile)
         ns = num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, _num_sms(kv.device))
         rec.update(config=asdict(cfg), num_splits=ns)
     else:
@@ -310,15 +315,7 @@ def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_split
         rec["error"] = f"{type(e).__name__}: {str(e)[:200]}"
         log.say(f"{shape.name} B={b} {rec['variant']}: {rec['error']}")
         log.row(rec)
-        if variant != "fp8" or cfg.block_h == 16:
-            return rec
-        # FP8 dequantisation needs registers/shared memory the 64-head tile may not have:
-        # fall back to the 16-head tile and say so in the record.
-        from servelab.kernels.sparse_mla.splitkv import NARROW
-
-        fb = run_cell(log, shape, b, kv, variant, reps, cap, cfg=NARROW, cache=cache)
-        fb["fallback_from"] = rec["error"]
-        return fb
+        return rec
     rec.update(summarize(ts))
     fl = mla_flops(b, shape.heads, shape.topk, shape.d_qk, shape.d_v)
     per_tok = cache.bytes_per_token if variant == "fp8" else None
@@ -554,7 +551,7 @@ def main(argv: list[str]) -> int:
     hdr = (f"{'shape':17} {'B':>4} {'eager':>8} {'naive':>8} {'split':>7} {'S':>3} "
            f"{'TFLOP/s':>7} {'TB/s':>5} {'%floor':>6} {'x naive':>7} {'x eager':>7} "
            f"{'fp8':>7} {'fp8 %fl':>7} {'x bf16':>6} {'regs':>4}")  # fmt: skip
-    log.say("us per call (median); splitkv = bf16 split-KV; fp8 = same kernel, FP8 KV cache")
+    log.say("us per call (median); splitkv = bf16 split-KV; fp8 = the default FP8 kernel, FP8 KV")
     log.say(hdr)
     nan = float("nan")
     for shape, b, cells in table:
