@@ -350,6 +350,9 @@ def compare_jobs(shape: Shape, smoke: bool):
         yield b, "m-pdl", "splitkv", replace(c, merge="pdl")
         for t in (1, 2, 4):
             yield b, f"m-fused-t{t}", "splitkv", replace(c, merge="fused", min_tiles_per_split=t)
+        if b <= 2:  # the B=1 follow-up: half the partial bytes (16-bit or half the splits)
+            yield b, "m-pdl-p16", "splitkv", replace(c, merge="pdl", partial_dtype="input")
+            yield b, "m-pdl-t2", "splitkv", replace(c, merge="pdl", min_tiles_per_split=2)
     if shape.heads < 64 or shape.name == "v4-flash" or smoke:
         batches = [1, 3] if smoke else [16, 32, 64, 128]
         if shape.name == "v4-flash":
@@ -386,7 +389,8 @@ def compare(log: Log, args, shapes, reps: int, pool: int) -> None:
         kv = torch.randn(pool, shape.d_qk, device=DEVICE).to(dtype)
         data[shape.name] = (kv, fp8_cache(shape, kv))
         log.row({"check": check_correct(log, shape, kv, data[shape.name][1])})
-    jobs = [(shape, *j) for shape in shapes for j in compare_jobs(shape, args.smoke)]
+    jobs = [(shape, *j) for shape in shapes for j in compare_jobs(shape, args.smoke)
+            if not args.only or j[1].startswith(tuple(args.only.split(",")))]  # fmt: skip
     # Most wanted first (a --budget-s cut loses the rest): merges at B=1, FP8 on the TP
     # slices, then the other merge cells, then V4-Flash FP8.
     jobs.sort(key=lambda j: 0 if j[1] == 1 and j[2].startswith("m-") else
@@ -420,7 +424,8 @@ def compare(log: Log, args, shapes, reps: int, pool: int) -> None:
     def us(key):
         return res.get(key, {}).get("us", nan)
 
-    mlabels = ["m-kernel", "m-pdl", "m-fused-t1", "m-fused-t2", "m-fused-t4"]
+    mlabels = ["m-kernel", "m-pdl", "m-pdl-p16", "m-pdl-t2", "m-fused-t1", "m-fused-t2",
+               "m-fused-t4"]
     log.say("\nmerge: us per call (median; splits in brackets); best marked *")
     log.say(f"{'shape':17} {'B':>3} " + " ".join(f"{m[2:]:>14}" for m in mlabels))
     for shape in shapes:
@@ -458,6 +463,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
     ap.add_argument("--compare", action="store_true",
                     help="merge variants at B <= 8 and FP8 old/new vs bf16 (issue 5 follow-up)")
+    ap.add_argument("--only", default="",
+                    help="--compare: only cells whose label starts with one of these (a,b)")
     ap.add_argument("--wait-file", default="",
                     help="--compare: after compiling, wait for this file before timing")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=1e9,

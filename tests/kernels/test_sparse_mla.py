@@ -70,12 +70,14 @@ def _gamma(n: int) -> float:
     return n * U32 / (1 - n * U32)
 
 
-def _bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False):
+def _bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=False):
     """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above.
 
     kv_rounded: the kernel rounds each KV value to `dtype` once first (the FP8 path
     dequantises to the query dtype): adds u_in sum|q||k| to Delta and u_in to the weights'
-    relative error."""
+    relative error. partial_rounded: each split's normalised partial O_s is rounded to
+    `dtype` before the merge: |sum_s w_s (O_s rounded - O_s)| <= u_in sum_s w_s |O_s| <= u_in M,
+    so u_in more relative error on M."""
     out_ex, lse_ex = sparse_mla_decode_reference(
         q, kv, idx, sm_scale, d_v, compute_dtype=torch.float64, out_dtype=torch.float64
     )
@@ -97,6 +99,7 @@ def _bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False):
     u_p = 0.0 if dtype == torch.float32 else u_in
     g = _gamma(topk + 16)
     rel = torch.expm1(2 * delta)[..., None] + u_p + g + (u_in if kv_rounded else 0.0)
+    rel = rel + (u_in if partial_rounded else 0.0)
     out_tol = 2 * (rel * m + u_in * out_ex.abs())
     lse_tol = 2 * (delta + g * (1 + lse.abs().nan_to_num(posinf=0.0)))
     return out_ex.cpu(), lse.cpu(), out_tol.cpu(), lse_tol.cpu()
@@ -213,6 +216,39 @@ def test_split_counts_agree(device):
         )  # fmt: skip
         _assert_close(f"{cfg} splits={splits} out", o, out_ex, out_tol)
         _assert_close(f"{cfg} splits={splits} lse", lg, lse_ex, lse_tol)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_16_bit_partials(device):
+    """partial_dtype="input": partials rounded to q's dtype (half the bytes the merge moves),
+    with every merge and both FP8 kernels; the bound adds u_in M for that rounding. Also: a
+    partial buffer of the wrong dtype is refused."""
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100
+    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=17)
+    idx[1, :64] = -1
+    cache = quantize_kv(kv, 32, 16)
+    for src, kv_ref in ((kv, kv), (cache, dequantize_kv(cache))):
+        fp8 = src is cache
+        ex_o, ex_l, tol_o, tol_l = _bounds(q, kv_ref, idx, d_qk**-0.5, d_v, dtype,
+                                           kv_rounded=fp8, partial_rounded=True)  # fmt: skip
+        for merge_mode in ("kernel", "fused"):
+            for chunked in (True, False) if fp8 else (True,):
+                cfg = SplitConfig(16, 32, 4, merge=merge_mode, partial_dtype="input",
+                                  fp8_chunked=chunked)  # fmt: skip
+                out, lse = _poisoned(b, h, d_v, dtype, device)
+                o, lg = splitkv_decode(q, src, idx, d_qk**-0.5, d_v, num_splits=3, config=cfg,
+                                       out=out, lse=lse)  # fmt: skip
+                tag = f"16-bit partials fp8={fp8} {merge_mode} chunked={chunked}"
+                _assert_close(f"{tag} out", o, ex_o, tol_o)
+                _assert_close(f"{tag} lse", lg, ex_l, tol_l)
+    bad = (torch.empty(b, 3, h, d_v, dtype=torch.bfloat16, device=device),
+           torch.empty(b, 3, h, device=device))  # fmt: skip
+    with pytest.raises(ValueError, match="workspace"):
+        splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, num_splits=3, workspace=bad)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -64,16 +64,13 @@ def _pv(acc, p, sc_c, k_c, alpha, F32_DOT: tl.constexpr):
 
 @triton.jit
 def _store_cols(o_rows, acc, inv, mask_h, COL0: tl.constexpr, W: tl.constexpr,
-                N_VALID: tl.constexpr, SINGLE: tl.constexpr):  # fmt: skip
+                N_VALID: tl.constexpr):  # fmt: skip
     """Store acc * inv[:, None] [BLOCK_H, W] at columns [COL0, COL0 + min(W, N_VALID))."""
     offs = tl.arange(0, W)
     val = acc * inv[:, None]
     ptrs = o_rows + COL0 + offs[None, :]
     mask = mask_h[:, None] & (offs < N_VALID)[None, :]
-    if SINGLE:
-        tl.store(ptrs, val.to(o_rows.dtype.element_ty), mask=mask)
-    else:
-        tl.store(ptrs, val, mask=mask)
+    tl.store(ptrs, val.to(o_rows.dtype.element_ty), mask=mask)  # final, or the partial's dtype
 
 
 @triton.jit
@@ -249,23 +246,23 @@ def _sparse_mla_split_fp8_kernel(
     inv = (1.0 / 256.0) / tl.where(has_any, l_i, 1.0)  # rows with nothing stay 0
     lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # -inf when l_i == 0
     o_rows = o_ptr + b * stride_ob + sp * stride_os + offs_h[:, None] * stride_oh
-    _store_cols(o_rows, acc0, inv, mask_h, 0, CW, CW, SINGLE)
+    _store_cols(o_rows, acc0, inv, mask_h, 0, CW, CW)
     if N_CH > 1:
-        _store_cols(o_rows, acc1, inv, mask_h, CW, CW, CW, SINGLE)
+        _store_cols(o_rows, acc1, inv, mask_h, CW, CW, CW)
     if N_CH > 2:
-        _store_cols(o_rows, acc2, inv, mask_h, 2 * CW, CW, CW, SINGLE)
+        _store_cols(o_rows, acc2, inv, mask_h, 2 * CW, CW, CW)
     if N_CH > 3:
-        _store_cols(o_rows, acc3, inv, mask_h, 3 * CW, CW, CW, SINGLE)
+        _store_cols(o_rows, acc3, inv, mask_h, 3 * CW, CW, CW)
     if N_CH > 4:
-        _store_cols(o_rows, acc4, inv, mask_h, 4 * CW, CW, CW, SINGLE)
+        _store_cols(o_rows, acc4, inv, mask_h, 4 * CW, CW, CW)
     if N_CH > 5:
-        _store_cols(o_rows, acc5, inv, mask_h, 5 * CW, CW, CW, SINGLE)
+        _store_cols(o_rows, acc5, inv, mask_h, 5 * CW, CW, CW)
     if N_CH > 6:
-        _store_cols(o_rows, acc6, inv, mask_h, 6 * CW, CW, CW, SINGLE)
+        _store_cols(o_rows, acc6, inv, mask_h, 6 * CW, CW, CW)
     if N_CH > 7:
-        _store_cols(o_rows, acc7, inv, mask_h, 7 * CW, CW, CW, SINGLE)
+        _store_cols(o_rows, acc7, inv, mask_h, 7 * CW, CW, CW)
     if ROPE_IN_V:
-        _store_cols(o_rows, acc_r, inv, mask_h, D_FP8, BLOCK_R, D_V - D_FP8, SINGLE)
+        _store_cols(o_rows, acc_r, inv, mask_h, D_FP8, BLOCK_R, D_V - D_FP8)
     tl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h, lse, mask=mask_h)
     if FUSED:
         fused_merge_epilogue(o_ptr, lse_ptr, out_ptr, flse_ptr, cnt_ptr, b, hb, H,

@@ -66,6 +66,9 @@ class SplitConfig:
     # "auto" (pdl or kernel by how full the split grid is: `resolve_merge`).
     merge: str = "auto"
     fp8_chunked: bool = True  # FP8 cache: per-chunk scales (fp8_split.py), else the reshape
+    # Partial O of each split: fp32, or rounded to q's dtype ("input": half the partial bytes,
+    # one extra rounding of u per partial; an untimed option for the B=1 gap, notes file).
+    partial_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -74,6 +77,8 @@ class SplitConfig:
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
         if self.merge not in MERGES:
             raise ValueError(f"merge must be one of {MERGES}, got {self.merge!r}")
+        if self.partial_dtype not in ("fp32", "input"):
+            raise ValueError(f"partial_dtype must be 'fp32' or 'input', got {self.partial_dtype!r}")
 
 
 # Chosen from the sweep on the H200 (docs/performance.md (sparse MLA section), 2026-11-29):
@@ -328,10 +333,7 @@ def _sparse_mla_split_kernel(
     o_ptrs = o_ptr + b * stride_ob + sp * stride_os + offs_h[:, None] * stride_oh + offs_dv[None, :]
     o_mask = mask_h[:, None] & mask_dv[None, :]
     lse_ptrs = lse_ptr + b * stride_lb + sp * stride_ls + offs_h
-    if SINGLE:
-        tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=o_mask)
-    else:
-        tl.store(o_ptrs, o, mask=o_mask)
+    tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=o_mask)  # final, or fp32/16-bit partial
     tl.store(lse_ptrs, lse, mask=mask_h)
     if FUSED:
         fused_merge_epilogue(o_ptr, lse_ptr, out_ptr, flse_ptr, cnt_ptr, b, hb, H,
@@ -412,15 +414,17 @@ def splitkv_decode(
         sl = (lse.stride(0), 0)
     else:
         if workspace is None:
+            p_dtype = torch.float32 if cfg.partial_dtype == "fp32" else q.dtype
             workspace = (
-                torch.empty((b, num_splits, h, d_v), dtype=torch.float32, device=q.device),
+                torch.empty((b, num_splits, h, d_v), dtype=p_dtype, device=q.device),
                 torch.empty((b, num_splits, h), dtype=torch.float32, device=q.device),
             )
         o_dst, lse_dst = workspace
         if tuple(o_dst.shape) != (b, num_splits, h, d_v) or tuple(lse_dst.shape) != (
             b, num_splits, h,
-        ):  # fmt: skip
-            raise ValueError("workspace must be ([B, S, H, d_v], [B, S, H]) fp32")
+        ) or o_dst.dtype not in (torch.float32, q.dtype) or lse_dst.dtype != torch.float32:  # fmt: skip
+            raise ValueError("workspace must be ([B, S, H, d_v], [B, S, H]) (O fp32 or q's "
+                             "dtype, lse fp32)")
         so = (o_dst.stride(0), o_dst.stride(1), o_dst.stride(2))
         sl = (lse_dst.stride(0), lse_dst.stride(1))
     fused = not single and merge == "fused"
