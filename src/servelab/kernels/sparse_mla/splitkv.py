@@ -6,14 +6,15 @@ dots (scores = Q K^T, then P V with V = the first d_v columns of the same rows),
 online softmax in base 2. All heads of a head block share one gather, so a row is read
 ceil(H / BLOCK_H) times per request instead of H times (and those reads mostly hit L2).
 
-With num_splits > 1 each program writes a normalised partial (O_s [BLOCK_H, d_v] fp32,
-lse_s [BLOCK_H]) and merge.py merges them: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s -
+With num_splits > 1 each program writes a normalised partial (O_s [BLOCK_H, d_v], fp32 or
+q's dtype per ``SplitConfig.partial_dtype``; lse_s [BLOCK_H] fp32) and merge.py merges them: lse = log sum_s exp(lse_s), O = sum_s exp(lse_s -
 lse) O_s, either in a second kernel or in the split kernel itself (the last program of each
 (request, head block), found with an atomic counter): ``SplitConfig.merge``. With
 num_splits == 1 the first kernel writes the final output itself and no merge runs.
 
-FP8 caches go to fp8_split.py (scales per column chunk) unless ``fp8_chunked=False`` selects
-the first FP8 path kept here (dequantise the whole tile through a reshape; slower, for A/B).
+FP8 caches go to fp8_split.py (scales per column chunk) or, with ``fp8_chunked=False``, to
+the first FP8 path kept here (dequantise the whole tile through a reshape); `default_config`
+picks per shape and batch from the H200 measurements (neither is faster everywhere).
 
 All-padding rows: out = 0, lse = -inf (a split that sees only padding writes O_s = 0,
 lse_s = -inf, which the merge weighs with exp(-inf) = 0).
