@@ -233,8 +233,28 @@ def test_detach_reports_progress_through_status(tmp_path, scripted, live_procs):
     assert live_procs(marker) == []
 
 
-def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(tmp_path, scripted, live_procs):
+def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(
+    tmp_path, scripted, live_procs, monkeypatch
+):
+    from servelab.experiment import deploy
     from servelab.experiment.runner import bench_measure
+
+    # teardown order: the last launched stops first, so each deployment's GPU-memory baseline
+    # (read at its launch) is what is still up when it waits at its stop (seen on the H200:
+    # stopping the first-launched arm first waited 120 s on the others' memory)
+    events: list[tuple[str, int]] = []
+    real_start, real_stop = deploy.Deployment.start, deploy.Deployment.stop
+
+    def start(self, *a, **k):
+        events.append(("start", id(self)))
+        return real_start(self, *a, **k)
+
+    def stop(self, *a, **k):
+        events.append(("stop", id(self)))
+        return real_stop(self, *a, **k)
+
+    monkeypatch.setattr(deploy.Deployment, "start", start)
+    monkeypatch.setattr(deploy.Deployment, "stop", stop)
 
     text, marker = scripted("blk", reps=2, restart="block")
     f = tmp_path / "blk.toml"
@@ -262,6 +282,10 @@ def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(tmp_path, sc
     # the first run of each block sees one engine (the other is launched on first use), then two
     assert alive_during == [1, 2, 2, 2, 1, 2, 2, 2]
     assert live_procs(marker) == []
+    kinds = [k for k, _ in events]
+    assert kinds == ["start", "start", "stop", "stop"] * 2, events
+    for blk in (events[:4], events[4:]):
+        assert [i for _, i in blk[2:]] == [i for _, i in reversed(blk[:2])]
 
 
 def test_external_engine_open_loop_shuffled(tmp_path):

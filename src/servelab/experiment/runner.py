@@ -201,7 +201,9 @@ class Runner:
                 else:
                     yield p, self._measure_one(p, d.url, d, job)
         finally:
-            for arm, d in deps.items():
+            # last launched, first stopped: each deployment's GPU-memory baseline (read at its
+            # launch) then holds exactly the deployments still up when it waits at its own stop
+            for arm, d in reversed(list(deps.items())):
                 if isinstance(d, Deployment):
                     d.stop()
                     if d.warning:
