@@ -9,7 +9,7 @@ Subcommands (each prints a table; numbers in hardware units):
   all OUT [SECONDS]          the device plan: every step above under one time budget, logs in OUT
   multi OUT [SECONDS]        the two-GPU plan (run_multi): one vs two GPUs, cold and warm
                              Triton cache; exhaustive subset on both GPUs; compare; ceilings
-  multi-lean OUT [SECONDS]   multi's check and four fast runs only
+  multi-lean OUT [SECONDS]   multi's four fast runs only (no check)
   scaling OUT                wall time of multi's four fast runs, from their logs and checkpoints
 Usage on the device: PYTHONPATH=src python3 benchmarks/bench_fp8_gemm.py check
 """
@@ -298,7 +298,7 @@ def run_multi(out: Path, budget_s: float, lean: bool = False) -> int:
             fast("fast1-warm", "0", c1),
             fast("fast2-warm", "0,1", c2)]
     if lean:                     # `multi-lean`: the one-vs-two-GPU runs only
-        return _run_plan(out, budget_s, [*runs, ("scaling", [*me, "scaling", str(out)], 10)])
+        return _run_plan(out, budget_s, [*runs[1:], ("scaling", [*me, "scaling", str(out)], 10)])
     return _run_plan(out, budget_s, [
         *runs,
         ("exh", [*me, "tune", "fp8-gemm", *_shape_args(SHAPES), "--search", "exhaustive",
