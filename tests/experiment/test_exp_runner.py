@@ -239,26 +239,35 @@ def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(
     from servelab.experiment import deploy
     from servelab.experiment.runner import bench_measure
 
-    # teardown order: the last launched stops first, so each deployment's GPU-memory baseline
-    # (read at its launch) is what is still up when it waits at its stop (seen on the H200:
-    # stopping the first-launched arm first waited 120 s on the others' memory)
-    events: list[tuple[str, int]] = []
+    # Teardown: the last launched stops first, and only the first launched (stopped last)
+    # waits for GPU memory. Simulated nvidia-smi: 1000 MiB per live engine, +600 once a later
+    # engine has launched beside it (engines grow while serving). A stop that waited with
+    # another engine still up would see that growth and time out (seen on the H200: 120 s).
+    events: list[tuple[str, int, bool]] = []
+    live: dict[int, int] = {}
     real_start, real_stop = deploy.Deployment.start, deploy.Deployment.stop
 
     def start(self, *a, **k):
-        events.append(("start", id(self)))
-        return real_start(self, *a, **k)
+        events.append(("start", id(self), False))
+        url = real_start(self, *a, **k)          # reads its baseline before it is live
+        for i in live:
+            live[i] = 1600
+        live[id(self)] = 1000
+        return url
 
-    def stop(self, *a, **k):
-        events.append(("stop", id(self)))
-        return real_stop(self, *a, **k)
+    def stop(self, wait_gpu=True):
+        events.append(("stop", id(self), wait_gpu))
+        live.pop(id(self), None)
+        real_stop(self, wait_gpu=wait_gpu)
+        assert self.warning is None, self.warning
 
+    monkeypatch.setattr(deploy, "gpu_memory_used_mib", lambda: [sum(live.values()), 0])
     monkeypatch.setattr(deploy.Deployment, "start", start)
     monkeypatch.setattr(deploy.Deployment, "stop", stop)
 
     text, marker = scripted("blk", reps=2, restart="block")
     f = tmp_path / "blk.toml"
-    f.write_text(text)
+    f.write_text(text.replace("[timeouts]\n", "[timeouts]\ngpu_free_s = 3\n"))
     spec = spec_mod.load(f)
     alive_during: list[int] = []
 
@@ -282,10 +291,10 @@ def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(
     # the first run of each block sees one engine (the other is launched on first use), then two
     assert alive_during == [1, 2, 2, 2, 1, 2, 2, 2]
     assert live_procs(marker) == []
-    kinds = [k for k, _ in events]
-    assert kinds == ["start", "start", "stop", "stop"] * 2, events
+    assert [k for k, _, _ in events] == ["start", "start", "stop", "stop"] * 2, events
     for blk in (events[:4], events[4:]):
-        assert [i for _, i in blk[2:]] == [i for _, i in reversed(blk[:2])]
+        first, second = blk[0][1], blk[1][1]
+        assert [(i, w) for _, i, w in blk[2:]] == [(second, False), (first, True)]
 
 
 def test_external_engine_open_loop_shuffled(tmp_path):

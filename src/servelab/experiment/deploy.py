@@ -281,9 +281,12 @@ class Deployment:
             out.extend(descendants(r.proc.pid))
         return out
 
-    def stop(self) -> None:
+    def stop(self, wait_gpu: bool = True) -> None:
         """Tear down in reverse order: SIGTERM to each process group and stray descendants,
-        SIGKILL after the grace period; then wait for ports (and GPU memory) to be free."""
+        SIGKILL after the grace period; then wait for ports (and, with `wait_gpu`, GPU memory)
+        to be free. GPU memory is read per GPU, not per process, so a deployment stopped while
+        others stay up (restart 'block') must not wait for its launch-time level: the others'
+        memory moves meanwhile; the runner lets only the block's first-launched one wait."""
         # Ctrl-C during teardown must not leave it half done: it is held and re-raised after.
         held: list[int] = []
         old = (
@@ -296,7 +299,8 @@ class Deployment:
                 self._terminate(r)
             for r in self.running:
                 wait_port_free(r.plan.host, r.plan.port, self.port_free_s)
-            self._wait_gpu()
+            if wait_gpu:
+                self._wait_gpu()
         finally:
             self.running = []
             if old is not None:

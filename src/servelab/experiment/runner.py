@@ -201,15 +201,17 @@ class Runner:
                 else:
                     yield p, self._measure_one(p, d.url, d, job)
         finally:
-            # last launched, first stopped: each deployment's GPU-memory baseline (read at its
-            # launch) then holds exactly the deployments still up when it waits at its own stop
-            for arm, d in reversed(list(deps.items())):
-                if isinstance(d, Deployment):
-                    d.stop()
-                    if d.warning:
-                        self.say(f"[yellow]warning:[/yellow] arm {arm}: {d.warning}")
-                    if d in self._active:
-                        self._active.remove(d)
+            # last launched, first stopped; only the first launched (stopped last) waits for
+            # the GPU memory to return to its launch-time level, which held none of the block's
+            # engines: the others' memory grows while they serve (seen on the H200: a stop that
+            # waited with other arms still up timed out after 120 s)
+            launched = [(arm, d) for arm, d in deps.items() if isinstance(d, Deployment)]
+            for i, (arm, d) in reversed(list(enumerate(launched))):
+                d.stop(wait_gpu=i == 0)
+                if d.warning:
+                    self.say(f"[yellow]warning:[/yellow] arm {arm}: {d.warning}")
+                if d in self._active:
+                    self._active.remove(d)
 
     def _store_run(self, p: PlannedRun, **outcome: Any) -> None:
         """Store one planned run: its place in the plan plus `outcome` (status, error, ...)."""
