@@ -157,8 +157,9 @@ class Runner:
             )
             raise
         finally:
-            while self._active:
-                self._active.pop().stop()
+            while self._active:                      # last launched first; the last one
+                d = self._active.pop()                # stopped waits for the GPU memory
+                d.stop(wait_gpu=not self._active)
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
         job.finish("finished" if ok or not todo else "failed")
