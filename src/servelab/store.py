@@ -187,11 +187,19 @@ class Store:
             q += f" LIMIT {int(limit)}"
         return [self._lp(r) for r in self._db.execute(q, args).fetchall()]
 
+    def requests_file(self, lp: LoadPointRow) -> Path | None:
+        """Where a load point's per-request records are kept (None when none were kept)."""
+        return self.path.parent / lp.requests_path if lp.requests_path else None
+
     def requests(self, lp: LoadPointRow) -> Iterator[dict[str, Any]]:
-        """The per-request records of a load point (empty when none were kept)."""
-        if not lp.requests_path:
+        """The per-request records of a load point (empty when none were kept); UserError when
+        their file is gone (the load point's summary in the database is intact)."""
+        path = self.requests_file(lp)
+        if path is None:
             return iter(())
-        path = self.path.parent / lp.requests_path
+        if not path.exists():
+            raise UserError(f"the per-request records of load point {lp.id} are missing: {path} "
+                            f"(moved or deleted); its summary is intact")
 
         def gen() -> Iterator[dict[str, Any]]:
             with gzip.open(path, "rb") as f:

@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 
+from servelab.errors import UserError
 from servelab.experiment import spec as spec_mod
 from servelab.experiment.report import write
 from servelab.experiment.runner import Runner
@@ -139,3 +140,17 @@ def test_report_noise_band_overrides_the_files(finished, tmp_path):
     bad = CliRunner().invoke(app, args)
     assert isinstance(bad.exception, UserError)  # the CLI's main prints it as one line, exit 2
     assert "--noise-band 2: give a fraction in [0, 1)" in str(bad.exception)
+
+
+def test_missing_request_files_are_a_warning_not_a_crash(finished, tmp_path):
+    """A store copied without its results-requests/ files (seen when a device run's output came
+    back partly): the report is written from the summaries and says what is missing."""
+    runs = [r for r in finished.runs("rep") if r.status == "ok"]
+    gone = finished.requests_file(finished.load_point(runs[0].load_point_id))
+    gone.unlink()
+    md, page, data = write(finished, "rep", tmp_path / "out")
+    assert "per-request records of 1 of 8 runs are missing" in md.read_text()
+    assert "| fast | c=1 | 2 |" in md.read_text()
+    assert page.read_text().count('class="plot"') >= 4
+    with pytest.raises(UserError, match="per-request records of load point .* are missing"):
+        list(finished.requests(finished.load_point(runs[0].load_point_id)))

@@ -52,6 +52,13 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
         spec, an, baseline, data_metric=spec.get("primary_metric", "output_throughput_tok_s")
     )
     an.warnings += mixed_provenance([lps[r.load_point_id].provenance for r in ok])
+    gone = [r for r in ok if (f := store.requests_file(lps[r.load_point_id])) and not f.exists()]
+    if gone:
+        an.warnings.append(
+            f"the per-request records of {len(gone)} of {len(ok)} runs are missing (files under "
+            f"{store.path.parent / 'results-requests'} moved or deleted): the TTFT/TPOT "
+            f"distribution plots leave them out; every table and effect uses the stored summaries"
+        )
     return ExperimentData(name, spec, runs, lps, an)
 
 
@@ -300,6 +307,9 @@ def per_request(
         if r.status != "ok" or lp is None:
             continue
         vals = {f: out[f].setdefault((r.arm, r.load_key), []) for f in fields}
+        f_req = store.requests_file(lp)
+        if f_req is not None and not f_req.exists():
+            continue                            # said among the warnings (collect)
         for rec in store.requests(lp):
             for f in fields:
                 v = rec.get(f)
