@@ -149,23 +149,8 @@ def compare(fast_dir: Path, exh_dir: Path) -> int:
 
 
 def _copy_tbs() -> float:
-    """Device-to-device copy rate (read + write) of a 1 GiB tensor, timed with CUDA events
-    outside any graph: captured into a graph the copy becomes a memcpy node that the copy engine
-    serves at ~2.7 TB/s (seen on the H200, 2026-11-29), not the SMs' ~4.2 TB/s."""
-    import torch
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ts = []
-    for i in range(8):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        dst.copy_(src)
-        e.record()
-        torch.cuda.synchronize()
-        if i >= 2:                                   # first copies: clocks ramping
-            ts.append(s.elapsed_time(e) * 1e-3)
-    ts.sort()
-    return 2 * src.numel() / ts[len(ts) // 2] / 1e12
+    from servelab.tune.timing import copy_rate_tbs
+    return copy_rate_tbs()
 
 
 def _scaled_mm_us(m: int, n: int, k: int) -> float:
