@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from servelab.tune.compile import Precompiler
@@ -69,3 +70,16 @@ def test_off_on_cpu_marks_done_without_compiling(tmp_path: Path) -> None:
     pc = Precompiler("cpu", None, 4, marker_dir=tmp_path, compile_fn=fake)
     assert pc.ensure(enumerate_space("tiny")) == {} and fake.calls == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_broken_pool_notes_nothing_and_turns_compile_ahead_off(tmp_path: Path) -> None:
+    def broken(cfg: dict[str, int]) -> str | None:
+        raise BrokenProcessPool("a compile process died")
+
+    pc = Precompiler("cuda", None, 2, marker_dir=tmp_path,
+                     executor=lambda: cf.ThreadPoolExecutor(1), compile_fn=broken)
+    cfgs = enumerate_space("tiny")[:3]
+    assert pc.ensure(cfgs) == {}                 # the launches will compile (and report)
+    assert pc.status.startswith("off: BrokenProcessPool") and not pc.enabled
+    assert list(tmp_path.iterdir()) == [] and pc.compiled == 0
+    pc.close()

@@ -160,15 +160,15 @@ class Precompiler:
         if fut is not None:
             t0 = time.perf_counter()
             try:
-                err = fut.result()
+                err, ran = fut.result(), True
             except Exception as exc:  # noqa: BLE001 - a broken pool: compile on first launch
                 self._disable(exc)
-                err = None
+                err, ran = None, False
             self.seconds += time.perf_counter() - t0
             self.done[c] = err
-            self.compiled += 1
+            self.compiled += ran
             mk = self._marker(c)
-            if mk is not None:
+            if mk is not None and ran:           # never note a config the pool did not compile
                 try:
                     mk.parent.mkdir(parents=True, exist_ok=True)
                     write_text(mk, err or "")
