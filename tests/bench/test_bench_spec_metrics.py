@@ -106,3 +106,13 @@ def test_server_without_speculative_metrics_has_no_tau():
     assert s["completed"] == 6
     assert s["accept_length"] is None and s["accept_length_source"] is None
     assert s["accept_length_by_source"]["estimate:tokens_per_chunk"] == pytest.approx(1.0)
+
+
+def test_speculating_from_metrics():
+    """vLLM: spec counters exist only when speculating; SGLang: the gauge exists always, 0 when
+    not speculating."""
+    assert spec_metrics.speculating({"vllm:spec_decode_num_drafts": 0.0})
+    assert not spec_metrics.speculating({"vllm:num_requests_running": 1.0})
+    assert not spec_metrics.speculating({spec_metrics.SGLANG_ACCEPT_LENGTH: 0.0,
+                                         "sglang:num_running_reqs": 2.0})
+    assert spec_metrics.speculating({spec_metrics.SGLANG_ACCEPT_LENGTH: 2.4})

@@ -13,8 +13,8 @@ from the best source at hand, always named:
 4. `estimate:tokens_per_chunk` - client side: output tokens per streamed chunk after the first:
    sum(output_tokens - first_chunk_tokens) / sum(chunks - 1). Reads high when the server batches
    several steps into one chunk (SGLang --stream-interval > 1), so it is only an estimate, and it
-   is not used when the server's /metrics answered with no speculative metric at all (such a
-   server is not speculating: accept_length is then None).
+   is not used when the server's /metrics answered with no sign of speculation (`speculating`:
+   such a server is not speculating, so accept_length is None).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
-SPEC_PREFIXES = ("vllm:spec_decode", "sglang:spec_")
+VLLM_SPEC_PREFIX = "vllm:spec_decode"
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 
@@ -83,6 +83,13 @@ def from_sglang(after: dict[str, float]) -> tuple[float | None, float | None]:
     return (tau if tau and tau > 0 else None), after.get(SGLANG_ACCEPT_RATE)
 
 
+def speculating(metrics: dict[str, float]) -> bool:
+    """Whether scraped metrics show speculation: vLLM exports its spec_decode counters only when
+    speculating; SGLang exports `sglang:spec_accept_length` always (0 without speculation)."""
+    return any(k.startswith(VLLM_SPEC_PREFIX) for k in metrics) or bool(
+        metrics.get(SGLANG_ACCEPT_LENGTH, 0.0) > 0)
+
+
 def estimate(records: list[RequestRecord]) -> float | None:
     """Client-side tau estimate: tokens per content chunk, the first (prefill) chunk excluded."""
     toks = chunks = 0
@@ -105,11 +112,11 @@ def acceptance(records: list[RequestRecord], before: dict[str, float],
     est = estimate(records)
     candidates = {"response:spec_verify_ct": resp, "metrics:vllm": v_tau,
                   "metrics:sglang": s_tau, "estimate:tokens_per_chunk": est}
-    # A server whose /metrics answered without any speculative metric is not speculating: its
+    # A server whose /metrics answered with no sign of speculation is not speculating: its
     # chunks can still carry several tokens (held-back partial UTF-8, stream intervals), which
     # the estimate would misread as acceptance. It stays in by_source, but not as tau.
     usable = dict(candidates)
-    if after and not any(k.startswith(SPEC_PREFIXES) for k in after):
+    if after and not speculating(after):
         usable["estimate:tokens_per_chunk"] = None
     source = next((k for k, v in usable.items() if v is not None), None)
     rate = v_rate if source == "metrics:vllm" else s_rate if source == "metrics:sglang" else None
