@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import weakref
 from dataclasses import replace
 
 import pytest
@@ -368,9 +369,14 @@ def test_counter_buffer_is_cached_and_grown():
     dev = torch.device("cpu")
     a = merge.counters(dev, 10)
     assert a.dtype == torch.int32 and a.numel() >= 10 and merge.counters(dev, 10) is a
-    big = merge.counters(dev, a.numel() + 1)
-    assert big.numel() > a.numel() and int(big.abs().sum()) == 0
+    old = weakref.ref(a)
+    a_ptr = a.data_ptr()
+    del a
+    big = merge.counters(dev, merge.counters(dev, 1).numel() + 1)
+    assert big.numel() > 10 and int(big.abs().sum()) == 0
     assert merge.counters(dev, 5) is big
+    # the replaced buffer stays alive: a graph captured with it keeps replaying onto it
+    assert old() is not None and old().data_ptr() == a_ptr
 
 
 def test_choose_num_splits_fills_the_machine():

@@ -151,6 +151,9 @@ def _check_context() -> None:
     try:
         torch.cuda.synchronize()
     except Exception:                        # noqa: BLE001
+        pc = _PROC.get("precompiler")         # os._exit skips the worker's finally: end the
+        if pc is not None:                    # compile processes (each holds a CUDA context)
+            pc.close()
         os._exit(3)
 
 

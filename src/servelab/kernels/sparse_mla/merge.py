@@ -41,6 +41,9 @@ except ImportError:  # pragma: no cover - older Triton: "pdl" is then not offere
 MERGES = ("auto", "kernel", "pdl", "fused")
 
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+# Buffers replaced by a larger one stay referenced for the process's life: a CUDA graph
+# captured with the old one keeps its raw pointer and must not replay onto freed memory.
+_RETIRED: list[torch.Tensor] = []
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -65,6 +68,8 @@ def counters(device: torch.device, n: int) -> torch.Tensor | None:
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return None
     size = max(n, 2 * (buf.numel() if buf is not None else 0), 256)
+    if buf is not None:
+        _RETIRED.append(buf)
     buf = torch.zeros(size, dtype=torch.int32, device=device)
     _COUNTERS[key] = buf
     return buf
