@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import sqlite3
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,9 +203,13 @@ class Store:
                             f"(moved or deleted); its summary is intact")
 
         def gen() -> Iterator[dict[str, Any]]:
-            with gzip.open(path, "rb") as f:
-                for line in f:
-                    yield orjson.loads(line)
+            try:
+                with gzip.open(path, "rb") as f:
+                    for line in f:
+                        yield orjson.loads(line)
+            except (OSError, EOFError, zlib.error, orjson.JSONDecodeError) as exc:
+                raise UserError(f"the per-request records of load point {lp.id} are unreadable: "
+                                f"{path}: {exc}; its summary is intact") from None
 
         return gen()
 

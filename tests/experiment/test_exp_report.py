@@ -154,3 +154,14 @@ def test_missing_request_files_are_a_warning_not_a_crash(finished, tmp_path):
     assert page.read_text().count('class="plot"') >= 4
     with pytest.raises(UserError, match="per-request records of load point .* are missing"):
         list(finished.requests(finished.load_point(runs[0].load_point_id)))
+
+
+def test_truncated_request_file_is_a_warning_not_a_crash(finished, tmp_path):
+    runs = [r for r in finished.runs("rep") if r.status == "ok"]
+    f = finished.requests_file(finished.load_point(runs[1].load_point_id))
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])      # came back partly
+    md, page, _ = write(finished, "rep", tmp_path / "out")
+    assert "are unreadable" in md.read_text() and "leave that run out" in md.read_text()
+    assert page.read_text().count('class="plot"') >= 4
+    with pytest.raises(UserError, match="unreadable"):
+        list(finished.requests(finished.load_point(runs[1].load_point_id)))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab import atomic, paths
+from servelab.errors import UserError
 from servelab.experiment import plots
 from servelab.experiment.schedule import baseline_first
 from servelab.experiment.spec import LoadSpec
@@ -310,11 +311,18 @@ def per_request(
         f_req = store.requests_file(lp)
         if f_req is not None and not f_req.exists():
             continue                            # said among the warnings (collect)
-        for rec in store.requests(lp):
-            for f in fields:
-                v = rec.get(f)
-                if isinstance(v, int | float) and math.isfinite(v):
-                    vals[f].append(float(v))
+        got: dict[str, list[float]] = {f: [] for f in fields}
+        try:
+            for rec in store.requests(lp):
+                for f in fields:
+                    v = rec.get(f)
+                    if isinstance(v, int | float) and math.isfinite(v):
+                        got[f].append(float(v))
+        except UserError as exc:                # a damaged file: left out, and said
+            data.analysis.warnings.append(f"{exc}: the distribution plots leave that run out")
+            continue
+        for f in fields:
+            vals[f] += got[f]
     return out
 
 
@@ -406,6 +414,7 @@ def write(
     data = collect(store, name, noise_band)
     out = Path(out_dir) if out_dir else paths.home() / "reports" / name
     md, page = out / "report.md", out / "report.html"
+    page_html = render_html(data, store)      # first: reading the request files may add warnings
     atomic.write_text(md, markdown(data))
-    atomic.write_text(page, render_html(data, store))
+    atomic.write_text(page, page_html)
     return md, page, data
