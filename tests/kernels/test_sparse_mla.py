@@ -225,7 +225,7 @@ def test_16_bit_partials(device):
     with every merge and both FP8 kernels; the bound adds u_in M for that rounding. Also: a
     partial buffer of the wrong dtype is refused."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100
@@ -244,6 +244,9 @@ def test_16_bit_partials(device):
                 o, lg = splitkv_decode(q, src, idx, d_qk**-0.5, d_v, num_splits=3, config=cfg,
                                        out=out, lse=lse)  # fmt: skip
                 tag = f"16-bit partials fp8={fp8} {merge_mode} chunked={chunked}"
+                want = "fp8_chunked" if fp8 and chunked else "fp8_reshape" if fp8 else "16bit"
+                assert LAST_PATH == {"split": want, "merge": merge_mode,
+                                     "partials": "float16"}, (tag, LAST_PATH)  # fmt: skip
                 _assert_close(f"{tag} out", o, ex_o, tol_o)
                 _assert_close(f"{tag} lse", lg, ex_l, tol_l)
     bad = (torch.empty(b, 3, h, d_v, dtype=torch.bfloat16, device=device),
@@ -279,7 +282,7 @@ def test_fused_and_pdl_merges_match_and_reset_counters(device):
     merge="pdl" (the merge kernel as a programmatic dependent; the plain kernel in the
     interpreter) must match too."""
     from servelab.kernels.sparse_mla import merge
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 100  # 4 tiles of 32; H 20 = two 16-head blocks
@@ -299,6 +302,10 @@ def test_fused_and_pdl_merges_match_and_reset_counters(device):
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, num_splits=splits,
                                        config=cfg, out=out, lse=lse, workspace=ws)  # fmt: skip
                 tag = f"{mode} splits={splits} rep={rep}"
+                # on the CPU "pdl" runs as the plain merge kernel (no griddepcontrol there)
+                want = "single" if splits == 1 else "kernel" if mode == "pdl" and (
+                    device == "cpu") else mode  # fmt: skip
+                assert LAST_PATH["merge"] == want, (tag, LAST_PATH)
                 _assert_close(f"{tag} out", o, out_ex, out_tol)
                 _assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
                 assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1])), tag
@@ -360,7 +367,6 @@ def test_default_fp8_kernel_is_the_measured_faster():
         d_qk = 576 if tile == 128 else 512
         chunked = default_config(b, h, d_qk, torch.bfloat16, fp8_tile=tile).fp8_chunked
         assert chunked == (new_us < old_us), (h, tile, b)
-    assert default_config(2, 32, 512, torch.bfloat16).fp8_chunked  # 16-bit cache: unused
 
 
 def test_counter_buffer_is_cached_and_grown():
@@ -443,7 +449,12 @@ def test_fp8_cache_matches_its_dequantized_values(device, case):
     exact in 16 bits; scales multiply fp32 products), and rounds P x scale once like P, so the
     kv_rounded bound (which also allows rounding each value) covers both paths."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import (
+        LAST_PATH,
+        SplitConfig,
+        _fp8_chunkable,
+        splitkv_decode,
+    )
 
     d_qk, d_v, d_fp8, tile = FP8_CASES[case]
     dtypes = [torch.float16] if device == "cpu" else [torch.float16, torch.bfloat16]
@@ -466,6 +477,10 @@ def test_fp8_cache_matches_its_dequantized_values(device, case):
             else:
                 o, lg = splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, num_splits=splits,
                                        config=cfg, out=out, lse=lse)  # fmt: skip
+                assert _fp8_chunkable(cache, d_v)  # both cases fit the per-chunk kernel
+                want = "fp8_chunked" if cfg.fp8_chunked else "fp8_reshape"
+                assert LAST_PATH["split"] == want, (name, LAST_PATH)
+                assert cfg.merge != "fused" or LAST_PATH["merge"] == "fused", (name, LAST_PATH)
             _assert_close(f"fp8 {case} {name} {dtype} out", o, out_ex, out_tol)
             _assert_close(f"fp8 {case} {name} {dtype} lse", lg, lse_ex, lse_tol)
             assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))

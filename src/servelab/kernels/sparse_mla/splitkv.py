@@ -43,6 +43,8 @@ MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at onc
 
 # The compiled kernels of the latest launch, for the benchmark's register/spill report.
 LAST_COMPILED: dict[str, object] = {}
+# Which paths the latest launch took (split kernel, merge, partials' dtype), for tests and logs.
+LAST_PATH: dict[str, str] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +68,13 @@ class SplitConfig:
     # "pdl" (second launch, programmatic dependent), "fused" (last split program merges),
     # "auto" (pdl or kernel by how full the split grid is: `resolve_merge`).
     merge: str = "auto"
-    fp8_chunked: bool = True  # FP8 cache: per-chunk scales (fp8_split.py), else the reshape
+    # FP8 cache: per-chunk scales (fp8_split.py), else the reshape kernel. `default_config`
+    # sets it per shape from the H200 measurements; a hand-made config keeps True, which was
+    # 1.4-1.8x slower than the reshape kernel with 64-head tiles (registers spill).
+    fp8_chunked: bool = True
     # Partial O of each split: fp32, or rounded to q's dtype ("input": half the partial bytes,
-    # one extra rounding of u per partial; an untimed option for the B=1 gap, notes file).
+    # one extra rounding of u per partial). Timed on the H200: faster only for the 64-split
+    # H16 slice at B <= 2 (9.37 -> 8.30 us), slower elsewhere; so not a default.
     partial_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
@@ -437,9 +443,13 @@ def splitkv_decode(
         PREFETCH_IDX=cfg.prefetch_idx, PDL_TRIGGER=merge == "pdl" and not single,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    chunked = bool(fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v))
+    LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else "16bit",
+                     merge="single" if single else merge,
+                     partials="" if single else str(o_dst.dtype).removeprefix("torch."))
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
-    if fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v):
+    if chunked:
         d_rope = d_qk - kv_cache.d_fp8
         LAST_COMPILED["split"] = _sparse_mla_split_fp8_kernel[grid](
             q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
