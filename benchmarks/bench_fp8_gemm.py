@@ -148,11 +148,6 @@ def compare(fast_dir: Path, exh_dir: Path) -> int:
     return 0
 
 
-def _copy_tbs() -> float:
-    from servelab.tune.timing import copy_rate_tbs
-    return copy_rate_tbs()
-
-
 def _scaled_mm_us(m: int, n: int, k: int) -> float:
     """Median per-call time of torch._scaled_mm per-tensor fp8 (cuBLAS), inputs rotated."""
     import torch
@@ -176,7 +171,8 @@ def ceilings(big_dir: Path) -> int:
     """Tuned kernel (from big_dir's side files) vs torch._scaled_mm per-tensor and vs HBM."""
 
     from servelab.kernels.fp8_gemm import reference as R
-    copy_tbs = _copy_tbs()
+    from servelab.tune.timing import copy_rate_tbs
+    copy_tbs = copy_rate_tbs()
     print(f"device-to-device copy: {copy_tbs:.2f} TB/s (read+write)")
     rows = []
     for side in sorted(big_dir.glob("*.servelab.json")):

@@ -39,6 +39,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from servelab.tune.timing import copy_rate_tbs, quartile_spread  # stdlib-only module (no torch)
+
 HBM_COPY_TBS = 4.24      # H200 device-to-device copy rate measured 2026-11-29 (CONTEXT.md)
 HBM_PEAK_TBS = 4.8       # H200 datasheet
 REDUCTIONS = ("workspace", "atomic")
@@ -240,13 +242,6 @@ def _times_us(plan: Plan, launch, reps: int, copies: int) -> list[float]:
     return [(time.perf_counter() - t0) * 1e6]
 
 
-def _spread(xs: list[float]) -> float | None:
-    if len(xs) < 2:
-        return None
-    q = statistics.quantiles(xs, n=4, method="inclusive")
-    return (q[2] - q[0]) / 2
-
-
 @dataclass(frozen=True, slots=True)
 class Timing:
     """One (config, reduction) timed on one (N, K, M); time_us None when it failed."""
@@ -271,7 +266,7 @@ def _time(plan: Plan, prob, name: str, split_k: int, reduce: str | None, launch,
         return Timing(prob.n, prob.k, prob.m, name, split_k, reduce, None, None, 0,
                       f"{type(exc).__name__}: {str(exc).strip()[:200]}")
     return Timing(prob.n, prob.k, prob.m, name, split_k, reduce, statistics.median(ts),
-                  _spread(ts), len(ts))
+                  quartile_spread(ts), len(ts))
 
 
 # ---- correctness at one M ----------------------------------------------------------------------
@@ -390,7 +385,7 @@ def run_point(plan: Plan, n: int, k: int, m: int, cfgs: list[dict[str, int]], sw
             except Exception as exc:  # noqa: BLE001 - e.g. _scaled_mm without CPU fp8 support
                 errors[i] = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
     final = [Timing(n, k, m, name, s, r, statistics.median(samples[i]) if samples[i] else None,
-                    _spread(samples[i]), len(samples[i]), errors.get(i))
+                    quartile_spread(samples[i]), len(samples[i]), errors.get(i))
              for i, (name, s, r, _l) in enumerate(finalists)]
     pick = {(t.split_k > 1, t.reduce): t for t in final[:-1] if t.config != REDUCE_ONLY}
     reduce_only = next((t for t in final if t.config == REDUCE_ONLY), None)
@@ -473,13 +468,6 @@ def table(rows: list[dict], timing_note: str) -> list[str]:
 
 # ---- the run -----------------------------------------------------------------------------------
 
-def _copy_tbs() -> float:
-    """Device-to-device copy rate (read + write) of 1 GiB, this run's HBM ceiling (timed outside
-    graphs: a graphed copy is a copy-engine memcpy node, ~2.6 TB/s on the H200)."""
-    from servelab.tune.timing import copy_rate_tbs
-    return copy_rate_tbs()
-
-
 def run(plan: Plan, out: Path) -> int:
     from servelab import atomic, provenance
     from servelab.tune.timing import CPU_METHOD, CUDA_METHOD, warm_up_gpu
@@ -507,7 +495,7 @@ def run(plan: Plan, out: Path) -> int:
         log(f"  compile failed in the pool: {name}: {err}")
     if plan.device == "cuda":
         warm_up_gpu(1.0)
-        doc["copy_tbs_measured"] = _copy_tbs()
+        doc["copy_tbs_measured"] = copy_rate_tbs()
         log(f"device-to-device copy this run: {doc['copy_tbs_measured']:.2f} TB/s (read+write); "
             f"percentages below use the reference {HBM_COPY_TBS} and {HBM_PEAK_TBS} TB/s")
     n_points = len(plan.shapes) * len(plan.ms)

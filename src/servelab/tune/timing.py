@@ -42,7 +42,8 @@ class Measurement:
     error: str | None = None
 
 
-def _quartile_spread(xs: list[float]) -> float | None:
+def quartile_spread(xs: list[float]) -> float | None:
+    """Half the interquartile range (None for fewer than two values)."""
     if len(xs) < 2:
         return None
     q = statistics.quantiles(xs, n=4, method="inclusive")
@@ -93,7 +94,7 @@ class Problem:
             msg = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
             return Measurement(self.n, self.k, self.m, config, None, None, 0, msg[:300])
         return Measurement(self.n, self.k, self.m, config, statistics.median(times),
-                           _quartile_spread(times), len(times))
+                           quartile_spread(times), len(times))
 
     def _time_cpu(self, cfg: dict[str, int], reps: int) -> list[float]:
         """One timed call whatever `reps` (interpreter timings are meaningless anyway)."""
