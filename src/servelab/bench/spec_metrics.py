@@ -26,8 +26,8 @@ from servelab.bench.metrics import RequestRecord
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+VLLM_SPEC_PREFIX = "vllm:spec_decode"   # every vLLM speculative counter starts with it
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
-VLLM_SPEC_PREFIX = "vllm:spec_decode"
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 
