@@ -57,9 +57,10 @@ def _interpreted_kernels():
         return
     from triton.runtime.interpreter import InterpretedFunction
 
-    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv
+    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv, splitkv_rp
 
     kernels = ((merge, "_sparse_mla_merge_kernel"), (fp8_split, "_sparse_mla_split_fp8_kernel"),
+               (splitkv_rp, "_sparse_mla_split_rp_kernel"),
                (splitkv, "_sparse_mla_split_kernel"), (naive, "_sparse_mla_naive_kernel"))
     if not all(isinstance(getattr(m, k), InterpretedFunction) for m, k in kernels):
         for mod, _ in kernels:  # in import order: splitkv binds merge's and fp8_split's names
@@ -198,14 +199,16 @@ def test_duplicates_and_all_padding_rows(device, variant):
 def test_split_counts_agree(device):
     """Any split count, including more splits than tiles (empty splits), gives the exact
     result within tolerance; partial buffers are NaN-poisoned so an unwritten one shows."""
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
 
     dtype = torch.float16
-    b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100  # 4 tiles of 32
+    b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100  # 4 tiles of 32 (7 of 16)
     q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=3)
+    idx[1, :50] = -1  # the first splits of request 1 see only padding
     out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
     cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
-    for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6)]:
+    cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, prefetch_kv=True))
+    for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
         out, lse = _poisoned(b, h, d_v, dtype, device)
         ws = (
             torch.full((b, splits, h, d_v), float("nan"), device=device),
@@ -217,6 +220,7 @@ def test_split_counts_agree(device):
         )  # fmt: skip
         _assert_close(f"{cfg} splits={splits} out", o, out_ex, out_tol)
         _assert_close(f"{cfg} splits={splits} lse", lg, lse_ex, lse_tol)
+        assert LAST_PATH["split"] == ("16bit_rp" if cfg.prefetch_kv else "16bit"), LAST_PATH
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -512,18 +516,29 @@ def test_fp8_quantizer_error_and_layout_bytes():
      (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
     ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64"],
 )  # fmt: skip
-@pytest.mark.parametrize("variant", ["naive", "splitkv", "fused", "pdl", "fp8", "fp8_fused",
+@pytest.mark.parametrize("variant", ["naive", "splitkv", "fused", "pdl", "rp", "fp8", "fp8_fused",
                                      "fp8_reshape"])  # fmt: skip
 def test_real_shapes_on_gpu(shape, variant):
     import dataclasses
 
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import default_config, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
 
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         cfg = default_config(b, h, d_qk, dtype)
+        if variant == "rp":  # the register-prefetch kernel, both tile geometries
+            for bh, warps in ((64, 8), (16, 4)) if h >= 64 else ((16, 4),):
+                c = dataclasses.replace(cfg, block_h=bh, block_n=32, num_warps=warps,
+                                        prefetch_kv=True, ctas_per_sm=1)  # fmt: skip
+                out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+                out, lse = _poisoned(b, h, d_v, dtype, "cuda")
+                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
+                assert LAST_PATH["split"] == "16bit_rp", LAST_PATH
+                _assert_close(f"rp {bh} {shape} out", o, out_ex, out_tol)
+                _assert_close(f"rp {bh} {shape} lse", lg, lse_ex, lse_tol)
+            continue
         if variant in ("fused", "pdl"):
             cfg = dataclasses.replace(cfg, merge=variant)
             out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
@@ -549,6 +564,57 @@ def test_real_shapes_on_gpu(shape, variant):
         )
         _assert_close(f"fp8 {shape} out", o, out_ex, out_tol)
         _assert_close(f"fp8 {shape} lse", lg, lse_ex, lse_tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(1, 64, 512, 512, 640), (4, 16, 576, 512, 2048),
+                                   (32, 128, 576, 512, 2048)], ids=["v4flash_b1", "h16_b4",
+                                                                   "v32_b32"])  # fmt: skip
+@pytest.mark.parametrize("mode", ["auto", "kernel", "fused", "rp"])
+def test_replayed_inside_a_cuda_graph(shape, mode):
+    """What the engine does: capture one call, then replay it with new queries and indices
+    copied into the captured inputs. The PDL edge (auto at small B), the fused merge's
+    counters (reset by each replay's last program) and the partial workspace allocated during
+    capture must all hold over replays; outputs are NaN-poisoned before each replay."""
+    import dataclasses
+
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
+
+    b, h, d_qk, d_v, topk = shape
+    dtype = torch.bfloat16
+    q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
+    cfg = default_config(b, h, d_qk, dtype)
+    if mode == "rp":
+        cfg = dataclasses.replace(cfg, block_n=32, prefetch_kv=True)
+    else:
+        cfg = dataclasses.replace(cfg, merge=mode)
+    out, lse = _poisoned(b, h, d_v, dtype, "cuda")
+    scale = d_qk**-0.5
+    splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)  # compile outside
+    path = dict(LAST_PATH)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)
+    assert dict(LAST_PATH) == path, (path, LAST_PATH)
+    if mode in ("kernel", "fused") and path["merge"] != "single":
+        assert path["merge"] == mode, path
+    assert path["split"] == ("16bit_rp" if mode == "rp" else "16bit"), path
+    for seed in (22, 23, 24):
+        q2, _, idx2 = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
+        if seed == 24:
+            idx2[0] = -1  # an all-padding request inside the graph: out 0, lse -inf
+        q.copy_(q2)
+        idx.copy_(idx2)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, scale, d_v, dtype)
+        _assert_close(f"graph {mode} {shape} seed {seed} out", out, out_ex, out_tol)
+        _assert_close(f"graph {mode} {shape} seed {seed} lse", lse, lse_ex, lse_tol)
+    del g
 
 
 def test_kernel_names_read_as_attention_in_a_profile():

@@ -33,6 +33,7 @@ from . import merge as merge_mod
 from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
 from .merge import MERGES, fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
+from .splitkv_rp import _sparse_mla_split_rp_kernel
 
 if TYPE_CHECKING:
     from .fp8 import Fp8KVCache
@@ -76,6 +77,10 @@ class SplitConfig:
     # one extra rounding of u per partial). Timed on the H200: faster only for the 64-split
     # H16 slice at B <= 2 (9.37 -> 8.30 us), slower elsewhere; so not a default.
     partial_dtype: str = "fp32"
+    # 16-bit KV: splitkv_rp.py, the next tile's gather issued into registers before this
+    # tile's dots (hand-pipelined, num_stages unused) instead of Triton's cp.async pipeline.
+    # Not with the fused merge (that config falls back to this file's kernel).
+    prefetch_kv: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -444,12 +449,24 @@ def splitkv_decode(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     chunked = bool(fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v))
-    LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else "16bit",
+    rp = cfg.prefetch_kv and not fp8 and not drop and not fused
+    LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else
+                     "16bit_rp" if rp else "16bit",
                      merge="single" if single else merge,
                      partials="" if single else str(o_dst.dtype).removeprefix("torch."))
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
-    if chunked:
+    if rp:
+        d_tail = d_qk - d_v
+        LAST_COMPILED["split"] = _sparse_mla_split_rp_kernel[grid](
+            q, kv_main, indices, o_dst, lse_dst, h, topk, tiles_per_split,
+            q.stride(0), q.stride(1), kv_main.stride(0), indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
+            D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_DV=block_dv,
+            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), F32_DOT=f32_dot,
+            PDL_TRIGGER=common["PDL_TRIGGER"], num_warps=cfg.num_warps, num_stages=1,
+        )  # fmt: skip
+    elif chunked:
         d_rope = d_qk - kv_cache.d_fp8
         LAST_COMPILED["split"] = _sparse_mla_split_fp8_kernel[grid](
             q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,

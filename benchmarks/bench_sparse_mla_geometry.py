@@ -1,0 +1,148 @@
+"""Split-kernel geometries side by side on one GPU: the shipped default against candidates.
+
+Each candidate is a `SplitConfig` (named below); every cell is first checked against the fp32
+reference (relative error, padding rows), then timed exactly like bench_sparse_mla.py (CUDA
+graphs of rotated inputs so the gathered rows come from HBM, median of replays; the roofline
+floor uses the same measured 4.24 TB/s and 701 TFLOP/s). All cells compile first, so GPU tests
+can run meanwhile (--wait-file), and --budget-s stops starting new cells. A table is printed
+last; OUT/bench_sparse_mla.jsonl holds every cell with its p10/p90 and compiler report.
+
+    PYTHONPATH=src python3 benchmarks/bench_sparse_mla_geometry.py --out $OUT \\
+        [--shapes v4-flash,v3.2] [--batches 32,64,128] [--only rp64-bn32,default]
+    PYTHONPATH=src python3 benchmarks/bench_sparse_mla_geometry.py --smoke --out /tmp/x  # CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_sparse_mla as bsm  # noqa: E402
+
+
+def candidates(shape: bsm.Shape, b: int) -> dict:
+    """label -> SplitConfig (None = the shipped default for this cell)."""
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
+    base = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+    out = {"default": None}
+    narrow_rp = dict(block_h=16, num_warps=4, ctas_per_sm=2, prefetch_kv=True, prefetch_idx=False)
+    if shape.heads >= 64 and b * shape.heads >= 1024:
+        out["wide-s3"] = replace(base, num_stages=3)  # indices pipelined a stage ahead
+        out["rp64-bn32"] = C(64, 32, 8, 1, 1, prefetch_idx=False, prefetch_kv=True)
+        out["rp64-bn16"] = C(64, 16, 8, 1, 1, prefetch_idx=False, prefetch_kv=True)
+    out["rp16-bn32"] = C(block_n=32, **narrow_rp)
+    out["rp16-bn16"] = C(block_n=16, **narrow_rp)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path("out"))
+    ap.add_argument("--shapes", default="v4-flash,v3.2,v4-pro,v4-flash-tp2-h32,v3.2-tp8-h16")
+    ap.add_argument("--batches", default="1,2,8,32,64,128")
+    ap.add_argument("--only", default="", help="only these candidate labels (a,b)")
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--wait-file", default="", help="after compiling, wait for this file")
+    ap.add_argument("--budget-s", type=float, default=1e9, help="start no cell after this")
+    ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
+    args = ap.parse_args(argv)
+    log = bsm.Log(args.out)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+        bsm.DEVICE, bsm.ROT_CAP = "cpu", 2
+        shapes, batches, reps, pool = bsm.SMOKE_SHAPES, [1, 3], 2, 500
+    else:
+        by_name = {s.name: s for s in bsm.SHAPES}
+        unknown = [n for n in args.shapes.split(",") if n not in by_name]
+        if unknown:
+            ap.error(f"unknown shape(s) {unknown}; choose from {sorted(by_name)}")
+        shapes = [by_name[n] for n in args.shapes.split(",")]
+        batches = [int(x) for x in args.batches.split(",")]
+        reps, pool = args.reps, 1 << 20
+    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    dtype = torch.float16 if bsm.DEVICE == "cpu" else torch.bfloat16
+    only = set(filter(None, args.only.split(",")))
+    t0 = time.time()
+    data, jobs = {}, []
+    for shape in shapes:
+        torch.manual_seed(0)
+        data[shape.name] = torch.randn(pool, shape.d_qk, device=bsm.DEVICE).to(dtype)
+        for b in batches:
+            for label, cfg in candidates(shape, b).items():
+                if not only or label in only:
+                    jobs.append((shape, b, label, cfg))
+    # Check (and so compile) every cell against the fp32 reference, with padding.
+    checks = {}
+    for shape, b, label, cfg in jobs:
+        kv = data[shape.name]
+        (q, idx), = bsm.make_inputs(shape, max(b, 3), kv, 1, seed=7)  # fmt: skip
+        idx[0, ::5] = -1
+        idx[1, :] = -1  # all padding: out 0, lse -inf
+        scale = shape.d_qk**-0.5
+        try:
+            o, lg = splitkv_decode(q, kv, idx, scale, shape.d_v, config=cfg)
+            ref_o, ref_l = sparse_mla_decode_reference(q, kv, idx, scale, shape.d_v)
+            rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
+            fin = torch.isfinite(ref_l)
+            pad_ok = bool(torch.all(o[1] == 0)) and bool(torch.all(torch.isneginf(lg[1])))
+            checks[(shape.name, b, label)] = dict(
+                rel_err=rel, lse_err=(lg[fin] - ref_l[fin]).abs().max().item(), pad_ok=pad_ok,
+                path=dict(LAST_PATH))  # fmt: skip
+        except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
+            checks[(shape.name, b, label)] = dict(error=f"{type(e).__name__}: {str(e)[:160]}")
+        log.say(f"check {shape.name} B={b} {label}: {checks[(shape.name, b, label)]}")
+    if bsm.DEVICE == "cuda":
+        torch.cuda.synchronize()
+    log.say(f"checked {len(jobs)} cells in {time.time() - t0:.0f} s")
+    if args.wait_file:
+        while not Path(args.wait_file).exists():
+            time.sleep(0.5)
+        log.say(f"tests done; timing from {time.time() - t0:.0f} s")
+    res = {}
+    for shape, b, label, cfg in jobs:
+        if "error" in checks[(shape.name, b, label)]:
+            continue
+        if time.time() - t0 > args.budget_s:
+            log.say(f"time budget spent: skipping {shape.name} B={b} {label}")
+            continue
+        rec = bsm.run_cell(log, shape, b, data[shape.name], "splitkv", reps, 128, cfg=cfg,
+                           label=label)  # fmt: skip
+        rec.update(checks[(shape.name, b, label)])
+        res[(shape.name, b, label)] = rec
+        log.say(f"{shape.name} B={b} {label}: {rec.get('us', float('nan')):.2f} us "
+                f"[{rec.get('num_splits')}] regs={rec.get('split_regs')} "
+                f"spills={rec.get('split_spills')} smem={rec.get('split_smem')}")  # fmt: skip
+    nan = float("nan")
+    labels = sorted({k[2] for k in res}, key=lambda x: (x != "default", x))
+    log.say(f"\nelapsed {time.time() - t0:.0f} s; us per call (median) [splits], %floor of "
+            "the best; * = best")
+    log.say(f"{'shape':17} {'B':>4} " + " ".join(f"{x:>14}" for x in labels)
+            + f" {'%floor':>7} {'x default':>9}")
+    for shape in shapes:
+        for b in batches:
+            row = {x: res.get((shape.name, b, x), {}) for x in labels}
+            if not any(row.values()):
+                continue
+            best = min(labels, key=lambda x: row[x].get("us", float("inf")))
+            cells = [f"{row[x].get('us', nan):7.2f}{'*' if x == best else ' '}"
+                     f"[{row[x].get('num_splits', 0):>3}]" for x in labels]  # fmt: skip
+            d = row.get("default", {}).get("us", nan)
+            log.say(f"{shape.name:17} {b:>4} " + " ".join(f"{c:>14}" for c in cells)
+                    + f" {row[best].get('pct_floor', nan):>7.1f}"
+                    f" {d / row[best].get('us', nan):>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
