@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -30,17 +29,15 @@ import bench_sparse_mla as bsm  # noqa: E402
 def candidates(shape: bsm.Shape, b: int) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell)."""
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
-    from servelab.kernels.sparse_mla.splitkv import default_config
 
-    base = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
     out = {"default": None}
-    narrow_rp = dict(block_h=16, num_warps=4, ctas_per_sm=2, prefetch_kv=True, prefetch_idx=False)
-    if shape.heads >= 64 and b * shape.heads >= 1024:
-        out["wide-s3"] = replace(base, num_stages=3)  # indices pipelined a stage ahead
-        out["rp64-bn32"] = C(64, 32, 8, 1, 1, prefetch_idx=False, prefetch_kv=True)
-        out["rp64-bn16"] = C(64, 16, 8, 1, 1, prefetch_idx=False, prefetch_kv=True)
-    out["rp16-bn32"] = C(block_n=32, **narrow_rp)
-    out["rp16-bn16"] = C(block_n=16, **narrow_rp)
+    if b >= 32:  # large B: the Gluon kernel's ring geometries (64-head tiles; H < 64 masked)
+        for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
+            out[f"gluon-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
+                                              kernel="gluon")  # fmt: skip
+    else:  # small B: the register-prefetch kernel with 16-head tiles
+        for bn in (16, 32):
+            out[f"rp16-bn{bn}"] = C(16, bn, 4, 2, 2, prefetch_idx=False, kernel="rp")
     return out
 
 
@@ -48,7 +45,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--shapes", default="v4-flash,v3.2,v4-pro,v4-flash-tp2-h32,v3.2-tp8-h16")
-    ap.add_argument("--batches", default="1,2,8,32,64,128")
+    ap.add_argument("--batches", default="1,2,4,8,32,64,128")
     ap.add_argument("--only", default="", help="only these candidate labels (a,b)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--wait-file", default="", help="after compiling, wait for this file")

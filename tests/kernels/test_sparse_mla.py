@@ -207,7 +207,9 @@ def test_split_counts_agree(device):
     idx[1, :50] = -1  # the first splits of request 1 see only padding
     out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
     cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
-    cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, prefetch_kv=True))
+    cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="rp"))
+    if device == "cuda":  # Gluon has no interpreter
+        cfgs.append(SplitConfig(64, 16, 8, 3, kernel="gluon"))
     for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
         out, lse = _poisoned(b, h, d_v, dtype, device)
         ws = (
@@ -220,7 +222,8 @@ def test_split_counts_agree(device):
         )  # fmt: skip
         _assert_close(f"{cfg} splits={splits} out", o, out_ex, out_tol)
         _assert_close(f"{cfg} splits={splits} lse", lg, lse_ex, lse_tol)
-        assert LAST_PATH["split"] == ("16bit_rp" if cfg.prefetch_kv else "16bit"), LAST_PATH
+        assert LAST_PATH["split"] == {"rp": "16bit_rp", "gluon": "16bit_gluon"}.get(
+            cfg.kernel, "16bit"), LAST_PATH  # fmt: skip
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -516,8 +519,8 @@ def test_fp8_quantizer_error_and_layout_bytes():
      (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
     ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64"],
 )  # fmt: skip
-@pytest.mark.parametrize("variant", ["naive", "splitkv", "fused", "pdl", "rp", "fp8", "fp8_fused",
-                                     "fp8_reshape"])  # fmt: skip
+@pytest.mark.parametrize("variant", ["naive", "splitkv", "fused", "pdl", "rp", "gluon", "fp8",
+                                     "fp8_fused", "fp8_reshape"])  # fmt: skip
 def test_real_shapes_on_gpu(shape, variant):
     import dataclasses
 
@@ -528,10 +531,21 @@ def test_real_shapes_on_gpu(shape, variant):
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         cfg = default_config(b, h, d_qk, dtype)
+        if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
+            for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
+                c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
+                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1)  # fmt: skip
+                out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+                out, lse = _poisoned(b, h, d_v, dtype, "cuda")
+                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
+                assert LAST_PATH["split"] == "16bit_gluon", LAST_PATH
+                _assert_close(f"gluon bn{bn} {shape} out", o, out_ex, out_tol)
+                _assert_close(f"gluon bn{bn} {shape} lse", lg, lse_ex, lse_tol)
+            continue
         if variant == "rp":  # the register-prefetch kernel, both tile geometries
             for bh, warps in ((64, 8), (16, 4)) if h >= 64 else ((16, 4),):
                 c = dataclasses.replace(cfg, block_h=bh, block_n=32, num_warps=warps,
-                                        prefetch_kv=True, ctas_per_sm=1)  # fmt: skip
+                                        kernel="rp", ctas_per_sm=1)  # fmt: skip
                 out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
                 out, lse = _poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
@@ -571,7 +585,7 @@ def test_real_shapes_on_gpu(shape, variant):
 @pytest.mark.parametrize("shape", [(1, 64, 512, 512, 640), (4, 16, 576, 512, 2048),
                                    (32, 128, 576, 512, 2048)], ids=["v4flash_b1", "h16_b4",
                                                                    "v32_b32"])  # fmt: skip
-@pytest.mark.parametrize("mode", ["auto", "kernel", "fused", "rp"])
+@pytest.mark.parametrize("mode", ["auto", "kernel", "fused", "rp", "gluon"])
 def test_replayed_inside_a_cuda_graph(shape, mode):
     """What the engine does: capture one call, then replay it with new queries and indices
     copied into the captured inputs. The PDL edge (auto at small B), the fused merge's
@@ -586,7 +600,10 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
     cfg = default_config(b, h, d_qk, dtype)
     if mode == "rp":
-        cfg = dataclasses.replace(cfg, block_n=32, prefetch_kv=True)
+        cfg = dataclasses.replace(cfg, block_n=32, kernel="rp")
+    elif mode == "gluon":
+        cfg = dataclasses.replace(cfg, block_h=64, block_n=32, num_warps=8, num_stages=3,
+                                  kernel="gluon")  # fmt: skip
     else:
         cfg = dataclasses.replace(cfg, merge=mode)
     out, lse = _poisoned(b, h, d_v, dtype, "cuda")
@@ -600,7 +617,7 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     assert dict(LAST_PATH) == path, (path, LAST_PATH)
     if mode in ("kernel", "fused") and path["merge"] != "single":
         assert path["merge"] == mode, path
-    assert path["split"] == ("16bit_rp" if mode == "rp" else "16bit"), path
+    assert path["split"] == {"rp": "16bit_rp", "gluon": "16bit_gluon"}.get(mode, "16bit"), path
     for seed in (22, 23, 24):
         q2, _, idx2 = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
         if seed == 24:
@@ -615,6 +632,56 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
         _assert_close(f"graph {mode} {shape} seed {seed} out", out, out_ex, out_tol)
         _assert_close(f"graph {mode} {shape} seed {seed} lse", lse, lse_ex, lse_tol)
     del g
+
+
+_GLUON_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from servelab.kernels.sparse_mla import splitkv_gluon
+if not splitkv_gluon.AVAILABLE:
+    print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
+from triton.experimental.gluon._runtime import GluonASTSource
+d_tail, bn, nbuf = map(int, sys.argv[1:4])
+k = splitkv_gluon._sparse_mla_split_gluon_kernel
+ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
+          MAX_T=64, num_warps=8)
+ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")
+sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
+       for n in k.arg_names}
+# what the launcher specializes at the real shapes: pointers and strides 16-aligned
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
+         if sig[n] not in ("constexpr", "fp32") and n != "tiles_per_split"}
+c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=8))
+ptx = c.asm["ptx"]
+print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                  "cp_async": ptx.count("cp.async.c")}))
+"""
+
+
+@pytest.mark.parametrize("d_tail, bn, nbuf", [(0, 32, 3), (64, 32, 3), (0, 64, 2)],
+                         ids=["v4_bn32", "v32_bn32", "v4_bn64"])  # fmt: skip
+def test_gluon_kernel_compiles_for_hopper(d_tail, bn, nbuf):
+    """Gluon has no CPU interpreter, so without a GPU the kernel is at least compiled for
+    sm_90a (the H200) by the installed Triton, in a fresh process (this module sets
+    TRITON_INTERPRET, under which Gluon cannot compile): the code must lower to wgmma and
+    cp.async, and the q tile plus the KV ring must fit Hopper's 227 KB of shared memory per
+    block. The GPU tests check its numbers."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _GLUON_COMPILE, str(d_tail), str(bn), str(nbuf)],
+                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert got["wgmma"] > 0 and got["cp_async"] > 0, got
+    ring = nbuf * bn * (512 + d_tail) * 2 + 64 * (512 + d_tail) * 2
+    assert ring <= got["shared"] <= 227 * 1024, got
 
 
 def test_kernel_names_read_as_attention_in_a_profile():

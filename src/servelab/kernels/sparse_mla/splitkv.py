@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from . import merge as merge_mod
+from . import splitkv_gluon
 from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
 from .merge import MERGES, fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
@@ -77,10 +78,12 @@ class SplitConfig:
     # one extra rounding of u per partial). Timed on the H200: faster only for the 64-split
     # H16 slice at B <= 2 (9.37 -> 8.30 us), slower elsewhere; so not a default.
     partial_dtype: str = "fp32"
-    # 16-bit KV: splitkv_rp.py, the next tile's gather issued into registers before this
-    # tile's dots (hand-pipelined, num_stages unused) instead of Triton's cp.async pipeline.
-    # Not with the fused merge (that config falls back to this file's kernel).
-    prefetch_kv: bool = False
+    # Split kernel for a 16-bit cache: "tl" (this file), "rp" (splitkv_rp.py: the next tile's
+    # gather issued into registers before this tile's dots, num_stages unused) or "gluon"
+    # (splitkv_gluon.py: Hopper, 64-head tiles, 8 warps; num_stages = ring depth). A config
+    # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
+    # runs the "tl" kernel; LAST_PATH["split"] says which ran.
+    kernel: str = "tl"
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -89,6 +92,8 @@ class SplitConfig:
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
         if self.merge not in MERGES:
             raise ValueError(f"merge must be one of {MERGES}, got {self.merge!r}")
+        if self.kernel not in ("tl", "rp", "gluon"):
+            raise ValueError(f"kernel must be 'tl', 'rp' or 'gluon', got {self.kernel!r}")
         if self.partial_dtype not in ("fp32", "input"):
             raise ValueError(f"partial_dtype must be 'fp32' or 'input', got {self.partial_dtype!r}")
 
@@ -360,6 +365,19 @@ def _num_sms(device: torch.device) -> int:
     return 8  # interpreter: any small number; only exercises the multi-split path
 
 
+def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int) -> bool:
+    """Whether splitkv_gluon.py can run this launch: a Hopper GPU (wgmma), a Triton with
+    Gluon, 64-head tiles over 8 warps (two warpgroups), d_v a power of two <= 512 (each
+    warpgroup's half is one wgmma N <= 256), a ring of >= 2 tiles of >= 16 tokens, and KV
+    rows and the score-only tail in 16-byte units (cp.async moves 16 B)."""
+    d_tail = kv.shape[1] - d_v
+    return (splitkv_gluon.AVAILABLE and q.device.type == "cuda"
+            and torch.cuda.get_device_capability(q.device)[0] == 9
+            and cfg.block_h == 64 and cfg.num_warps == 8 and cfg.block_n >= 16
+            and cfg.num_stages >= 2 and 32 <= d_v <= 512 and d_v & (d_v - 1) == 0
+            and kv.stride(0) % 8 == 0 and d_tail % 8 == 0 and kv.element_size() == 2)  # fmt: skip
+
+
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
     """Whether fp8_split.py serves this layout (V3.2-like or V4-like, at most 8 chunks)."""
     d_rope = cache.d_qk - cache.d_fp8
@@ -449,14 +467,29 @@ def splitkv_decode(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     chunked = bool(fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v))
-    rp = cfg.prefetch_kv and not fp8 and not drop and not fused
+    plain = not fp8 and not drop and not fused
+    rp = plain and cfg.kernel == "rp"
+    gluon = plain and cfg.kernel == "gluon" and _gluon_serves(cfg, q, kv_main, d_v)
     LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else
-                     "16bit_rp" if rp else "16bit",
+                     "16bit_rp" if rp else "16bit_gluon" if gluon else "16bit",
                      merge="single" if single else merge,
                      partials="" if single else str(o_dst.dtype).removeprefix("torch."))
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
-    if rp:
+    if gluon:
+        d_tail = d_qk - d_v
+        if merge == "pdl":  # the Gluon kernel does not trigger dependents: plain launch
+            merge = "kernel"
+            LAST_PATH["merge"] = merge
+        LAST_COMPILED["split"] = splitkv_gluon._sparse_mla_split_gluon_kernel[grid](
+            q, kv_main, indices, o_dst, lse_dst, h, topk, tiles_per_split,
+            q.stride(0), q.stride(1), kv_main.stride(0) // 8, indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
+            D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
+            MAX_T=triton.next_power_of_2(tiles_per_split + cfg.num_stages - 1), num_warps=8,
+        )  # fmt: skip
+    elif rp:
         d_tail = d_qk - d_v
         LAST_COMPILED["split"] = _sparse_mla_split_rp_kernel[grid](
             q, kv_main, indices, o_dst, lse_dst, h, topk, tiles_per_split,

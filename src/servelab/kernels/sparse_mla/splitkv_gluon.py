@@ -1,0 +1,215 @@
+"""Split-KV sparse MLA decode written in Gluon (Triton's explicit-layout dialect), Hopper only.
+
+Same grid, online softmax, partials and merge as splitkv.py (16-bit KV, 64-head tiles, 8
+warps). What Triton's automatic passes did not give the tl kernel, written out here:
+
+- **Gathers ahead of the dots.** A ring of NBUF shared-memory tiles filled by cp.async: the
+  gather of tile j + NBUF - 1 is issued at the top of iteration j, before tile j's dots, so
+  NBUF - 1 gathers are in flight while a tile computes. (Triton 3.6's pipeliner issued the
+  next gather after both dots and waited for it at the top of the next tile.)
+- **Indices once.** The split's whole index range is loaded up front into shared memory
+  (at most a few KB), so no gather waits on a dependent index load inside the loop.
+- **No duplicated score dot.** With a chained dot (S feeds P V) Triton lays 8 warps along M
+  (`warpsPerCTA [8, 1]`); with 64 heads on M that makes both warpgroups compute the same
+  64 x BLOCK_N scores. Here S uses `[4, 2]` (each warpgroup half the tokens) and the row
+  max / sum cross the two warpgroups through shared memory.
+
+The P V dot keeps d_v split over the two warpgroups (64 x 256 fp32 accumulator each).
+Gluon does not run in Triton's CPU interpreter: tests run it on the GPU; on the CPU they
+compile it for sm_90a and check the compiler's resource report.
+"""
+
+from __future__ import annotations
+
+try:  # Gluon is experimental; a Triton without it (or with another API) disables this path
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+
+    # cp.async into shared memory: `async_copy_global_to_shared` in Triton 3.6 (the H200
+    # machine), renamed `async_load` later (same arguments).
+    _cp_load = getattr(cp, "async_load", None) or cp.async_copy_global_to_shared
+    # CTA barrier: `thread_barrier` in 3.6, `barrier` later.
+    _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+    AVAILABLE = True
+except ImportError:  # pragma: no cover - depends on the installed Triton
+    AVAILABLE = False
+
+if AVAILABLE:
+
+    @gluon.jit
+    def _sparse_mla_split_gluon_kernel(
+        q_ptr,  # [B, H, D_qk]
+        kv_ptr,  # [T, D_qk]
+        idx_ptr,  # [B, topk] int32
+        o_ptr,  # final [B, H, d_v] or partial [B, S, H, d_v]
+        lse_ptr,  # final [B, H] or partial [B, S, H] fp32
+        H,
+        topk,
+        tiles_per_split,
+        stride_qb,
+        stride_qh,
+        stride_kvt8,  # KV row stride / 8: rows start 16-byte aligned, so cp.async moves 16 B
+        stride_ib,
+        stride_ob,
+        stride_os,
+        stride_oh,
+        stride_lb,
+        stride_ls,
+        scale_log2,
+        D_V: gl.constexpr,
+        D_TAIL: gl.constexpr,  # score-only columns after d_v (V3.2: 64), 0 if none
+        BLOCK_H: gl.constexpr,  # 64: one wgmma M
+        BLOCK_N: gl.constexpr,
+        BLOCK_T: gl.constexpr,  # D_TAIL padded to a power of two >= 16
+        NBUF: gl.constexpr,  # ring depth: NBUF - 1 gathers in flight
+        MAX_T: gl.constexpr,  # power of two >= tiles per split + NBUF
+        num_warps: gl.constexpr,
+    ):
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        # Register layouts. Gathers: 16-byte vectors, a warp per row slice.
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+        ld_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+        ix: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # [t, n]
+        # Scores: the two warpgroups split the tokens (no duplicated dot).
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+        # Output: the two warpgroups split d_v.
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D_V // 2, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype)
+        sh_ix: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])  # per index tile
+
+        b = gl.program_id(0)
+        hb = gl.program_id(1)
+        sp = gl.program_id(2)
+        n_tiles = gl.cdiv(topk, BLOCK_N)
+        t_start = sp * tiles_per_split
+        n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
+        n_lim = gl.minimum(topk, (t_start + n_local) * BLOCK_N)
+
+        # This split's indices, once, into shared memory ([tile, slot]; -1 past the split),
+        # by cp.async (one row per tile: a 1-D view per row keeps the layouts simple).
+        idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], sh_ix)
+        offs_in = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ix))
+        for t in range(0, n_local + NBUF - 1):
+            slot = (t_start + t) * BLOCK_N + offs_in
+            _cp_load(idx_smem.index(t), idx_ptr + b * stride_ib + slot,
+                                           mask=slot < n_lim)  # fmt: skip
+        cp.commit_group()
+
+        # q (and its score-only tail) into shared memory for the score dots.
+        offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+        offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
+        q_rows = q_ptr + b * stride_qb + offs_h_ld[:, None] * stride_qh
+        q = gl.load(q_rows + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None], other=0.0)
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q, q)
+        kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_V], sh_kv)
+        offs_n_ld = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
+        offs_n_lt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_t))
+        offs_t_lt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, ld_t))
+        if D_TAIL > 0:
+            sh_qt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_T], dtype)
+            sh_kt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_T], dtype)
+            offs_h_lt = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_t))
+            qt = gl.load(q_ptr + b * stride_qb + offs_h_lt[:, None] * stride_qh + D_V
+                         + offs_t_lt[None, :],
+                         mask=(offs_h_lt < H)[:, None] & (offs_t_lt < D_TAIL)[None, :],
+                         other=0.0)  # fmt: skip
+            qt_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], sh_qt, qt)
+            kt_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, BLOCK_T], sh_kt)
+        cp.wait_group(0)
+        _cta_barrier()  # the index tiles are read back by other threads
+
+        # Prologue: gathers of the first NBUF - 1 tiles (masked off past the split).
+        for j in gl.static_range(NBUF - 1):
+            # Slots past the split were not copied (their shared memory holds anything):
+            # validity is by position first, then by index.
+            rid = idx_smem.index(j).load(gl.SliceLayout(1, ld))
+            ok = ((t_start + j) * BLOCK_N + offs_n_ld < n_lim) & (rid >= 0)
+            rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
+            _cp_load(kv_smem.index(j),
+                                           kv_ptr + rows[:, None] + offs_d_ld[None, :],
+                                           mask=ok[:, None])  # fmt: skip
+            if D_TAIL > 0:
+                rid_t = idx_smem.index(j).load(gl.SliceLayout(1, ld_t))
+                ok_t = ((t_start + j) * BLOCK_N + offs_n_lt < n_lim) & (rid_t >= 0)
+                rows_t = gl.where(ok_t, rid_t, 0).to(gl.int64) * (stride_kvt8 * 8)
+                _cp_load(
+                    kt_smem.index(j), kv_ptr + rows_t[:, None] + D_V + offs_t_lt[None, :],
+                    mask=ok_t[:, None] & (offs_t_lt < D_TAIL)[None, :])  # fmt: skip
+            cp.commit_group()
+
+        m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
+        # Carried as an in-flight wgmma result: each tile's P V dot finishes under the next
+        # tile's gather issue and score dot.
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_l))
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+        offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+        for j in range(0, n_local):
+            # The previous tile's P V dot read the buffer refilled below: let it finish.
+            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()  # ...in both warpgroups, before any warp refills it
+            jn = j + NBUF - 1
+            buf_n = jn % NBUF
+            rid = idx_smem.index(jn).load(gl.SliceLayout(1, ld))
+            ok = ((t_start + jn) * BLOCK_N + offs_n_ld < n_lim) & (rid >= 0)
+            rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
+            _cp_load(kv_smem.index(buf_n),
+                                           kv_ptr + rows[:, None] + offs_d_ld[None, :],
+                                           mask=ok[:, None])  # fmt: skip
+            if D_TAIL > 0:
+                rid_t = idx_smem.index(jn).load(gl.SliceLayout(1, ld_t))
+                ok_t = ((t_start + jn) * BLOCK_N + offs_n_lt < n_lim) & (rid_t >= 0)
+                rows_t = gl.where(ok_t, rid_t, 0).to(gl.int64) * (stride_kvt8 * 8)
+                _cp_load(
+                    kt_smem.index(buf_n), kv_ptr + rows_t[:, None] + D_V + offs_t_lt[None, :],
+                    mask=ok_t[:, None] & (offs_t_lt < D_TAIL)[None, :])  # fmt: skip
+            cp.commit_group()
+            # Tile j has landed (this thread's copies), then everyone's, then for wgmma.
+            cp.wait_group(NBUF - 1)
+            _cta_barrier()
+            fence_async_shared()
+
+            buf = j % NBUF
+            kv_j = kv_smem.index(buf)
+            s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)  # fmt: skip
+            if D_TAIL > 0:
+                s_tok = warpgroup_mma(qt_smem, kt_smem.index(buf).permute((1, 0)), s_tok,
+                                      is_async=True)  # fmt: skip
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
+                idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
+            s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # all padding so far
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            o_j = o_j * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_l)
+            acc = warpgroup_mma(p_op, kv_j, o_j, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cp.wait_group(0)
+
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
+        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # rows with nothing stay 0
+        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
+        offs_d_o = gl.arange(0, D_V, layout=gl.SliceLayout(0, o_l))
+        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
+                  + offs_d_o[None, :])  # fmt: skip
+        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # -inf when l_i == 0
+        offs_h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
+        gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
