@@ -30,14 +30,16 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell)."""
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
     out = {"default": None}
-    if b >= 32:  # large B: the Gluon kernel's ring geometries (64-head tiles; H < 64 masked)
-        for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
+    tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
+    if tl != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
+        out["tl"] = tl  # the Triton-only default, where the default now differs
+    if b >= 32:  # other ring geometries of the Gluon kernel (64-head tiles; H < 64 masked)
+        for bn, nbuf in ((32, 3), (32, 4)):
             out[f"gluon-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
                                               kernel="gluon")  # fmt: skip
-    else:  # small B: the register-prefetch kernel with 16-head tiles
-        for bn in (16, 32):
-            out[f"rp16-bn{bn}"] = C(16, bn, 4, 2, 2, prefetch_idx=False, kernel="rp")
     return out
 
 
@@ -45,7 +47,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
     ap.add_argument("--shapes", default="v4-flash,v3.2,v4-pro,v4-flash-tp2-h32,v3.2-tp8-h16")
-    ap.add_argument("--batches", default="1,2,4,8,32,64,128")
+    ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
     ap.add_argument("--only", default="", help="only these candidate labels (a,b)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--wait-file", default="", help="after compiling, wait for this file")

@@ -645,7 +645,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 d_tail, bn, nbuf = map(int, sys.argv[1:4])
 k = splitkv_gluon._sparse_mla_split_gluon_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
-          MAX_T=64, num_warps=8)
+          MAX_T=2048 // bn, num_warps=8)  # V3.2's topk 2048 in one split
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")
 sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
        for n in k.arg_names}
@@ -660,8 +660,8 @@ print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_asy
 """
 
 
-@pytest.mark.parametrize("d_tail, bn, nbuf", [(0, 32, 3), (64, 32, 3), (0, 64, 2)],
-                         ids=["v4_bn32", "v32_bn32", "v4_bn64"])  # fmt: skip
+@pytest.mark.parametrize("d_tail, bn, nbuf", [(0, 32, 3), (64, 32, 3), (0, 64, 2), (64, 64, 2)],
+                         ids=["v4_bn32", "v32_bn32", "v4_bn64", "v32_bn64"])  # fmt: skip
 def test_gluon_kernel_compiles_for_hopper(d_tail, bn, nbuf):
     """Gluon has no CPU interpreter, so without a GPU the kernel is at least compiled for
     sm_90a (the H200) by the installed Triton, in a fresh process (this module sets
@@ -680,8 +680,62 @@ def test_gluon_kernel_compiles_for_hopper(d_tail, bn, nbuf):
     if "skip" in got:
         pytest.skip(got["skip"])
     assert got["wgmma"] > 0 and got["cp_async"] > 0, got
-    ring = nbuf * bn * (512 + d_tail) * 2 + 64 * (512 + d_tail) * 2
+    ring = nbuf * bn * (512 + d_tail) * 2 + 64 * 512 * 2  # KV ring + q (its tail: registers)
     assert ring <= got["shared"] <= 227 * 1024, got
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypatch):
+    """Gluon is experimental: if the installed Triton rejects the kernel, the launch must run
+    the tl kernel (correct numbers, LAST_PATH says so), warn once, and not retry the compile
+    on every later call. Simulated with a kernel whose launch raises as a failed compile does;
+    on the CPU the launch is also made reachable (no Hopper there)."""
+    from servelab.kernels.sparse_mla import splitkv, splitkv_gluon
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
+
+    tries = []
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                tries.append(grid)
+                raise RuntimeError("PassManager::run failed")
+
+            return launch
+
+    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
+    monkeypatch.setattr(splitkv, "_GLUON_FAILED", {})
+    if device == "cpu":
+        monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v: (
+            cfg.block_n, cfg.num_stages, d_v, kv.shape[1] - d_v) not in splitkv._GLUON_FAILED)
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 3, 20, 48, 32, 70
+    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)
+    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    cfg = SplitConfig(64, 16, 8, 2, kernel="gluon")
+    with pytest.warns(UserWarning, match="Gluon split kernel did not compile"):
+        out, lse = _poisoned(b, h, d_v, dtype, device)
+        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+    assert LAST_PATH["split"] == "16bit" and len(tries) == 1, (LAST_PATH, tries)
+    _assert_close("fallback out", o, out_ex, out_tol)
+    _assert_close("fallback lse", lg, lse_ex, lse_tol)
+    out, lse = _poisoned(b, h, d_v, dtype, device)
+    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+    assert len(tries) == 1, "the failed compile was retried"
+    _assert_close("fallback again out", o, out_ex, out_tol)
+
+
+def test_default_config_takes_gluon_where_it_was_measured_faster():
+    """H200 table (docs/performance.md): Gluon at B >= 32 for H >= 32 with a 16-bit cache, the
+    tl kernels elsewhere; never Gluon on a device without it, never for an FP8 cache."""
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
+    bf16 = torch.bfloat16
+    for b, h, want in [(32, 64, "gluon"), (128, 128, "gluon"), (64, 32, "gluon"), (16, 64, "tl"),
+                       (64, 16, "tl"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "tl")]:  # fmt: skip
+        assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
+        assert default_config(b, h, 512, bf16, gluon=False).kernel != "gluon"
+        assert default_config(b, h, 512, bf16, fp8_tile=64, gluon=True).kernel == "tl"
 
 
 def test_kernel_names_read_as_attention_in_a_profile():

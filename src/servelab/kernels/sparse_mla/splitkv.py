@@ -22,6 +22,7 @@ lse_s = -inf, which the merge weighs with exp(-inf) = 0).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -120,18 +121,46 @@ PDL_MAX_FILL = 0.75
 PDL_MAX_B = 8
 
 
+# The Gluon kernel (splitkv_gluon.py) at large B, H200 2026-11-29 (bench_sparse_mla_geometry,
+# docs/performance.md): 64-token tiles, a 2-deep ring, 8 warps. Faster than WIDE by 1.13-1.26x
+# on V4-Flash, V4-Pro and the H32 slice at B >= 32; not on the H16 slice (75% of its 64-head
+# tile is padding). NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
+# faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, two calls).
+GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
+                         prefetch_idx=False, kernel="gluon")  # fmt: skip
+GLUON_MIN_H = 32
+GLUON_MIN_B = 32
+NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
+                        prefetch_idx=False, kernel="rp")  # fmt: skip
+
+
+def gluon_device(device: torch.device | None = None) -> bool:
+    """Whether the Gluon kernel can run here: a Triton with Gluon and a Hopper GPU."""
+    if not splitkv_gluon.AVAILABLE or not torch.cuda.is_available():
+        return False
+    if device is not None and device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] == 9
+
+
 def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
-                   fp8_tile: int | None = None) -> SplitConfig:  # fmt: skip
+                   fp8_tile: int | None = None, *, gluon: bool | None = None) -> SplitConfig:  # fmt: skip
     """Config by batch and head count; ``fp8_tile`` (the FP8 cache's scale tile, None for a
-    16-bit cache) picks the FP8 kernel. d_qk and dtype are kept for per-shape tables.
+    16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
+    (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
 
     FP8 (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
     with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
     34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
     kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
     (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
+    if fp8_tile is None and b >= GLUON_MIN_B and h >= GLUON_MIN_H:
+        if gluon_device() if gluon is None else gluon:
+            return GLUON_WIDE
     if h >= 64:
         cfg = WIDE if b * h >= 1024 else NARROW
+    elif h <= 16 and b == 1 and fp8_tile is None:
+        cfg = NARROW_RP
     else:
         cfg = NARROW_TP
     if fp8_tile is not None:
@@ -365,6 +394,34 @@ def _num_sms(device: torch.device) -> int:
     return 8  # interpreter: any small number; only exercises the multi-split path
 
 
+# Gluon configs whose compile failed in this process (an experimental dialect: another Triton
+# may reject the code): key -> error; those launches run the tl kernel instead.
+_GLUON_FAILED: dict[tuple, str] = {}
+
+
+def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
+                  sm_scale, d_v, d_tail) -> bool:  # fmt: skip
+    """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
+    key = (cfg.block_n, cfg.num_stages, d_v, d_tail)
+    try:
+        LAST_COMPILED["split"] = splitkv_gluon._sparse_mla_split_gluon_kernel[grid](
+            q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
+            q.stride(0), q.stride(1), kv.stride(0) // 8, indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
+            D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
+            MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
+        )  # fmt: skip
+        return True
+    except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
+        if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise  # compile happens on the first (uncaptured) call; never hide a capture error
+        _GLUON_FAILED[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        warnings.warn(f"sparse MLA: the Gluon split kernel did not compile here "
+                      f"({_GLUON_FAILED[key]}); using the Triton kernel", stacklevel=3)  # fmt: skip
+        return False
+
+
 def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int) -> bool:
     """Whether splitkv_gluon.py can run this launch: a Hopper GPU (wgmma), a Triton with
     Gluon, 64-head tiles over 8 warps (two warpgroups), d_v a power of two <= 512 (each
@@ -375,7 +432,8 @@ def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int)
             and torch.cuda.get_device_capability(q.device)[0] == 9
             and cfg.block_h == 64 and cfg.num_warps == 8 and cfg.block_n >= 16
             and cfg.num_stages >= 2 and 32 <= d_v <= 512 and d_v & (d_v - 1) == 0
-            and kv.stride(0) % 8 == 0 and d_tail % 8 == 0 and kv.element_size() == 2)  # fmt: skip
+            and kv.stride(0) % 8 == 0 and d_tail % 8 == 0 and kv.element_size() == 2
+            and (cfg.block_n, cfg.num_stages, d_v, d_tail) not in _GLUON_FAILED)  # fmt: skip
 
 
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
@@ -417,7 +475,10 @@ def splitkv_decode(
         kv_main = scale = rope = kv_cache
     if q.stride(-1) != 1 or kv_main.stride(-1) != 1 or indices.stride(-1) != 1:
         raise ValueError("q, kv_cache and indices need a contiguous last dimension")
-    cfg = config or default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None)
+    cfg = config or default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None,
+                                   gluon=gluon_device(q.device))  # fmt: skip
+    if config is None and cfg.kernel == "gluon" and not _gluon_serves(cfg, q, kv_main, d_v):
+        cfg = default_config(b, h, d_qk, q.dtype, gluon=False)  # e.g. a stride or d_v it lacks
     n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
     if num_splits is None:
         num_splits = choose_num_splits(b, h, topk, cfg, _num_sms(q.device))
@@ -477,18 +538,14 @@ def splitkv_decode(
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
     if gluon:
-        d_tail = d_qk - d_v
-        if merge == "pdl":  # the Gluon kernel does not trigger dependents: plain launch
+        gluon = _launch_gluon(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h, topk,
+                              tiles_per_split, so, sl, sm_scale, d_v, d_qk - d_v)  # fmt: skip
+        if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
             merge = "kernel"
-            LAST_PATH["merge"] = merge
-        LAST_COMPILED["split"] = splitkv_gluon._sparse_mla_split_gluon_kernel[grid](
-            q, kv_main, indices, o_dst, lse_dst, h, topk, tiles_per_split,
-            q.stride(0), q.stride(1), kv_main.stride(0) // 8, indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
-            D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
-            MAX_T=triton.next_power_of_2(tiles_per_split + cfg.num_stages - 1), num_warps=8,
-        )  # fmt: skip
+        LAST_PATH.update(split="16bit_gluon" if gluon else "16bit", merge="single" if single
+                         else merge)  # fmt: skip
+    if gluon:
+        pass  # launched above
     elif rp:
         d_tail = d_qk - d_v
         LAST_COMPILED["split"] = _sparse_mla_split_rp_kernel[grid](

@@ -44,6 +44,30 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 if AVAILABLE:
 
     @gluon.jit
+    def _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, jn, t_start, n_local, n_lim,
+                      stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
+                      D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
+                      NBUF: gl.constexpr, ld: gl.constexpr, ld_t: gl.constexpr):  # fmt: skip
+        """cp.async of tile jn's rows into ring slot jn % NBUF, as one commit group. Tiles
+        past the split read a copied index row (row n_local - 1) and are masked off by
+        position (no memory traffic; the slot is zero-filled), so the ring always advances
+        by one group per tile."""
+        row = idx_smem.index(gl.maximum(gl.minimum(jn, n_local - 1), 0))
+        rid = row.load(gl.SliceLayout(1, ld))
+        ok = ((t_start + jn) * BLOCK_N + offs_n_ld < n_lim) & (rid >= 0)
+        rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
+        _cp_load(kv_smem.index(jn % NBUF), kv_ptr + rows[:, None] + offs_d_ld[None, :],
+                 mask=ok[:, None])  # fmt: skip
+        if D_TAIL > 0:
+            rid_t = row.load(gl.SliceLayout(1, ld_t))
+            ok_t = ((t_start + jn) * BLOCK_N + offs_n_lt < n_lim) & (rid_t >= 0)
+            rows_t = gl.where(ok_t, rid_t, 0).to(gl.int64) * (stride_kvt8 * 8)
+            _cp_load(kt_smem.index(jn % NBUF),
+                     kv_ptr + rows_t[:, None] + D_V + offs_t_lt[None, :],
+                     mask=ok_t[:, None] & (offs_t_lt < D_TAIL)[None, :])  # fmt: skip
+        cp.commit_group()
+
+    @gluon.jit
     def _sparse_mla_split_gluon_kernel(
         q_ptr,  # [B, H, D_qk]
         kv_ptr,  # [T, D_qk]
@@ -69,7 +93,7 @@ if AVAILABLE:
         BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr,  # D_TAIL padded to a power of two >= 16
         NBUF: gl.constexpr,  # ring depth: NBUF - 1 gathers in flight
-        MAX_T: gl.constexpr,  # power of two >= tiles per split + NBUF
+        MAX_T: gl.constexpr,  # power of two >= tiles per split
         num_warps: gl.constexpr,
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
@@ -96,57 +120,47 @@ if AVAILABLE:
         n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
         n_lim = gl.minimum(topk, (t_start + n_local) * BLOCK_N)
 
-        # This split's indices, once, into shared memory ([tile, slot]; -1 past the split),
-        # by cp.async (one row per tile: a 1-D view per row keeps the layouts simple).
+        # This split's indices, once, into shared memory ([tile, slot]) by cp.async, one row
+        # per tile (a 1-D view per row keeps the layouts simple).
         idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], sh_ix)
         offs_in = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ix))
-        for t in range(0, n_local + NBUF - 1):
+        for t in range(0, n_local):
             slot = (t_start + t) * BLOCK_N + offs_in
-            _cp_load(idx_smem.index(t), idx_ptr + b * stride_ib + slot,
-                                           mask=slot < n_lim)  # fmt: skip
+            _cp_load(idx_smem.index(t), idx_ptr + b * stride_ib + slot, mask=slot < n_lim)
         cp.commit_group()
-
-        # q (and its score-only tail) into shared memory for the score dots.
+        # q (and its score-only tail) by cp.async too, in flight with the first gathers.
         offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
         offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
-        q_rows = q_ptr + b * stride_qb + offs_h_ld[:, None] * stride_qh
-        q = gl.load(q_rows + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None], other=0.0)
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q, q)
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
+        _cp_load(q_smem, q_ptr + b * stride_qb + offs_h_ld[:, None] * stride_qh
+                 + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None])  # fmt: skip
         kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_V], sh_kv)
         offs_n_ld = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
         offs_n_lt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_t))
         offs_t_lt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, ld_t))
         if D_TAIL > 0:
-            sh_qt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_T], dtype)
             sh_kt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_T], dtype)
             offs_h_lt = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_t))
+            # The q tail stays in registers as the score dot's A operand (16 per thread at
+            # 64 columns): V3.2's 64-token ring then fits in 227 KB of shared memory.
             qt = gl.load(q_ptr + b * stride_qb + offs_h_lt[:, None] * stride_qh + D_V
                          + offs_t_lt[None, :],
                          mask=(offs_h_lt < H)[:, None] & (offs_t_lt < D_TAIL)[None, :],
                          other=0.0)  # fmt: skip
-            qt_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_T], sh_qt, qt)
+            qt_op = gl.convert_layout(qt, gl.DotOperandLayout(0, s_l, 2))
             kt_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, BLOCK_T], sh_kt)
-        cp.wait_group(0)
-        _cta_barrier()  # the index tiles are read back by other threads
+        else:
+            qt_op = gl.zeros([BLOCK_H, BLOCK_T], dtype, layout=ld_t)  # unused
+            kt_smem = kv_smem
+        cp.commit_group()
+        cp.wait_group(1)  # the indices (q may still be in flight)
+        _cta_barrier()  # the index rows are read back by other threads
 
-        # Prologue: gathers of the first NBUF - 1 tiles (masked off past the split).
+        # Prologue: gathers of the first NBUF - 1 tiles.
         for j in gl.static_range(NBUF - 1):
-            # Slots past the split were not copied (their shared memory holds anything):
-            # validity is by position first, then by index.
-            rid = idx_smem.index(j).load(gl.SliceLayout(1, ld))
-            ok = ((t_start + j) * BLOCK_N + offs_n_ld < n_lim) & (rid >= 0)
-            rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
-            _cp_load(kv_smem.index(j),
-                                           kv_ptr + rows[:, None] + offs_d_ld[None, :],
-                                           mask=ok[:, None])  # fmt: skip
-            if D_TAIL > 0:
-                rid_t = idx_smem.index(j).load(gl.SliceLayout(1, ld_t))
-                ok_t = ((t_start + j) * BLOCK_N + offs_n_lt < n_lim) & (rid_t >= 0)
-                rows_t = gl.where(ok_t, rid_t, 0).to(gl.int64) * (stride_kvt8 * 8)
-                _cp_load(
-                    kt_smem.index(j), kv_ptr + rows_t[:, None] + D_V + offs_t_lt[None, :],
-                    mask=ok_t[:, None] & (offs_t_lt < D_TAIL)[None, :])  # fmt: skip
-            cp.commit_group()
+            _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local, n_lim,
+                          stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
+                          D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
 
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
@@ -159,22 +173,9 @@ if AVAILABLE:
             # The previous tile's P V dot read the buffer refilled below: let it finish.
             o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()  # ...in both warpgroups, before any warp refills it
-            jn = j + NBUF - 1
-            buf_n = jn % NBUF
-            rid = idx_smem.index(jn).load(gl.SliceLayout(1, ld))
-            ok = ((t_start + jn) * BLOCK_N + offs_n_ld < n_lim) & (rid >= 0)
-            rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
-            _cp_load(kv_smem.index(buf_n),
-                                           kv_ptr + rows[:, None] + offs_d_ld[None, :],
-                                           mask=ok[:, None])  # fmt: skip
-            if D_TAIL > 0:
-                rid_t = idx_smem.index(jn).load(gl.SliceLayout(1, ld_t))
-                ok_t = ((t_start + jn) * BLOCK_N + offs_n_lt < n_lim) & (rid_t >= 0)
-                rows_t = gl.where(ok_t, rid_t, 0).to(gl.int64) * (stride_kvt8 * 8)
-                _cp_load(
-                    kt_smem.index(buf_n), kv_ptr + rows_t[:, None] + D_V + offs_t_lt[None, :],
-                    mask=ok_t[:, None] & (offs_t_lt < D_TAIL)[None, :])  # fmt: skip
-            cp.commit_group()
+            _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start, n_local,
+                          n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
+                          D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
             # Tile j has landed (this thread's copies), then everyone's, then for wgmma.
             cp.wait_group(NBUF - 1)
             _cta_barrier()
@@ -185,7 +186,7 @@ if AVAILABLE:
             s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)  # fmt: skip
             if D_TAIL > 0:
-                s_tok = warpgroup_mma(qt_smem, kt_smem.index(buf).permute((1, 0)), s_tok,
+                s_tok = warpgroup_mma(qt_op, kt_smem.index(buf).permute((1, 0)), s_tok,
                                       is_async=True)  # fmt: skip
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
