@@ -29,7 +29,6 @@ import bench_sparse_mla as bsm  # noqa: E402
 def candidates(shape: bsm.Shape, b: int) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell)."""
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
-
     from servelab.kernels.sparse_mla.splitkv import default_config
 
     out = {"default": None}
