@@ -49,6 +49,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--batches", default="1,2,4,8,16,32,64,128")
     ap.add_argument("--only", default="", help="only these candidate labels (a,b)")
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--drops", default="", help="B values at which the Gluon default is also "
+                    "timed with its gathers or its dots dropped (diagnostics), e.g. 64,128")
     ap.add_argument("--wait-file", default="", help="after compiling, wait for this file")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no cell after this")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
@@ -79,10 +81,16 @@ def main(argv: list[str]) -> int:
         for b in batches:
             for label, cfg in candidates(shape, b).items():
                 if not only or label in only:
-                    jobs.append((shape, b, label, cfg))
+                    jobs.append((shape, b, label, cfg, ""))
+            if str(b) in args.drops.split(","):
+                for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
+                    jobs.append((shape, b, f"drop-{drop}", None, drop))
     # Check (and so compile) every cell against the fp32 reference, with padding.
     checks = {}
-    for shape, b, label, cfg in jobs:
+    for shape, b, label, cfg, drop in jobs:
+        if drop:
+            checks[(shape.name, b, label)] = {"diagnostic": drop}  # wrong results by design
+            continue
         kv = data[shape.name]
         (q, idx), = bsm.make_inputs(shape, max(b, 3), kv, 1, seed=7)  # fmt: skip
         idx[0, ::5] = -1
@@ -108,14 +116,14 @@ def main(argv: list[str]) -> int:
             time.sleep(0.5)
         log.say(f"tests done; timing from {time.time() - t0:.0f} s")
     res = {}
-    for shape, b, label, cfg in jobs:
+    for shape, b, label, cfg, drop in jobs:
         if "error" in checks[(shape.name, b, label)]:
             continue
         if time.time() - t0 > args.budget_s:
             log.say(f"time budget spent: skipping {shape.name} B={b} {label}")
             continue
         rec = bsm.run_cell(log, shape, b, data[shape.name], "splitkv", reps, 128, cfg=cfg,
-                           label=label)  # fmt: skip
+                           drop=drop, label=label)  # fmt: skip
         rec.update(checks[(shape.name, b, label)])
         res[(shape.name, b, label)] = rec
         log.say(f"{shape.name} B={b} {label}: {rec.get('us', float('nan')):.2f} us "

@@ -400,7 +400,7 @@ _GLUON_FAILED: dict[tuple, str] = {}
 
 
 def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-                  sm_scale, d_v, d_tail) -> bool:  # fmt: skip
+                  sm_scale, d_v, d_tail, drop=0) -> bool:  # fmt: skip
     """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
     key = (cfg.block_n, cfg.num_stages, d_v, d_tail)
     try:
@@ -410,7 +410,7 @@ def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_
             so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
             D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
             BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
-            MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
+            MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8, DROP=drop,
         )  # fmt: skip
         return True
     except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
@@ -456,7 +456,8 @@ def splitkv_decode(
     out: torch.Tensor | None = None,  # [B, H, d_v]
     lse: torch.Tensor | None = None,  # [B, H] fp32
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,  # partial (O, lse)
-    drop: str = "",  # diagnostics only: "qk" or "pv" skips that dot (wrong results)
+    drop: str = "",  # diagnostics only (wrong results): "qk"/"pv" skips that dot; Gluon
+    # kernel: "gather" skips the loop's gathers, "dots" both dots
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the split kernel (and the merge kernel when num_splits > 1 and the config's
     merge is not "fused"); returns (out, lse)."""
@@ -530,7 +531,8 @@ def splitkv_decode(
     chunked = bool(fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v))
     plain = not fp8 and not drop and not fused
     rp = plain and cfg.kernel == "rp"
-    gluon = plain and cfg.kernel == "gluon" and _gluon_serves(cfg, q, kv_main, d_v)
+    gluon = (not fp8 and not fused and cfg.kernel == "gluon" and drop in ("", "gather", "dots")
+             and _gluon_serves(cfg, q, kv_main, d_v))  # fmt: skip
     LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else
                      "16bit_rp" if rp else "16bit_gluon" if gluon else "16bit",
                      merge="single" if single else merge,
@@ -539,7 +541,8 @@ def splitkv_decode(
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
     if gluon:
         gluon = _launch_gluon(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h, topk,
-                              tiles_per_split, so, sl, sm_scale, d_v, d_qk - d_v)  # fmt: skip
+                              tiles_per_split, so, sl, sm_scale, d_v, d_qk - d_v,
+                              {"": 0, "gather": 1, "dots": 2}[drop])  # fmt: skip
         if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
             merge = "kernel"
         LAST_PATH.update(split="16bit_gluon" if gluon else "16bit", merge="single" if single

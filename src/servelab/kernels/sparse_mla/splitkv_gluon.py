@@ -95,6 +95,7 @@ if AVAILABLE:
         NBUF: gl.constexpr,  # ring depth: NBUF - 1 gathers in flight
         MAX_T: gl.constexpr,  # power of two >= tiles per split
         num_warps: gl.constexpr,
+        DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop, 2 no dots
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         # Register layouts. Gathers: 16-byte vectors, a warp per row slice.
@@ -173,9 +174,12 @@ if AVAILABLE:
             # The previous tile's P V dot read the buffer refilled below: let it finish.
             o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()  # ...in both warpgroups, before any warp refills it
-            _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start, n_local,
-                          n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
-                          D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
+            if DROP == 1:
+                cp.commit_group()  # (an empty group keeps the wait counts)
+            else:
+                _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start,
+                              n_local, n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt,
+                              offs_t_lt, D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
             # Tile j has landed (this thread's copies), then everyone's, then for wgmma.
             cp.wait_group(NBUF - 1)
             _cta_barrier()
@@ -183,12 +187,15 @@ if AVAILABLE:
 
             buf = j % NBUF
             kv_j = kv_smem.index(buf)
-            s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
-                                  is_async=True)  # fmt: skip
-            if D_TAIL > 0:
-                s_tok = warpgroup_mma(qt_op, kt_smem.index(buf).permute((1, 0)), s_tok,
+            if DROP == 2:
+                s = s_zero
+            else:
+                s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
                                       is_async=True)  # fmt: skip
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+                if D_TAIL > 0:
+                    s_tok = warpgroup_mma(qt_op, kt_smem.index(buf).permute((1, 0)), s_tok,
+                                          is_async=True)  # fmt: skip
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
@@ -200,7 +207,10 @@ if AVAILABLE:
             m_i = m_new
             o_j = o_j * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
             p_op = gl.convert_layout(p.to(dtype), p_l)
-            acc = warpgroup_mma(p_op, kv_j, o_j, is_async=True)
+            if DROP == 2:
+                acc = warpgroup_mma_init(o_j)  # (P's layout conversion is dropped too)
+            else:
+                acc = warpgroup_mma(p_op, kv_j, o_j, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cp.wait_group(0)
 
