@@ -35,10 +35,10 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
     if tl != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
         out["tl"] = tl  # the Triton-only default, where the default now differs
-    if b >= 32:  # other ring geometries of the Gluon kernel (64-head tiles; H < 64 masked)
-        for bn, nbuf in ((32, 3), (32, 4)):
-            out[f"gluon-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
-                                              kernel="gluon")  # fmt: skip
+    if b >= 32:  # the Gluon kernel with L2 prefetches 1-2 tiles past its ring (H < 64 masked)
+        for pf in (1, 2):
+            out[f"gluon-pf{pf}"] = C(64, 64, 8, 2, 1, prefetch_idx=False, kernel="gluon",
+                                     l2_prefetch=pf)  # fmt: skip
     return out
 
 
@@ -82,7 +82,10 @@ def main(argv: list[str]) -> int:
             for label, cfg in candidates(shape, b).items():
                 if not only or label in only:
                     jobs.append((shape, b, label, cfg, ""))
-            if str(b) in args.drops.split(","):
+            from servelab.kernels.sparse_mla.splitkv import default_config
+
+            dflt = default_config(b, shape.heads, shape.d_qk, dtype)
+            if str(b) in args.drops.split(",") and dflt.kernel == "gluon":
                 for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
                     jobs.append((shape, b, f"drop-{drop}", None, drop))
     # Check (and so compile) every cell against the fp32 reference, with padding.
@@ -140,7 +143,8 @@ def main(argv: list[str]) -> int:
             row = {x: res.get((shape.name, b, x), {}) for x in labels}
             if not any(row.values()):
                 continue
-            best = min(labels, key=lambda x: row[x].get("us", float("inf")))
+            best = min((x for x in labels if not x.startswith("drop-")),
+                       key=lambda x: row[x].get("us", float("inf")))  # diagnostics are not results
             cells = [f"{row[x].get('us', nan):7.2f}{'*' if x == best else ' '}"
                      f"[{row[x].get('num_splits', 0):>3}]" for x in labels]  # fmt: skip
             d = row.get("default", {}).get("us", nan)

@@ -532,9 +532,10 @@ def test_real_shapes_on_gpu(shape, variant):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         cfg = default_config(b, h, d_qk, dtype)
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
-            for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
+            for bn, nbuf, pf in ((32, 3, 0), (64, 2, 0), (16, 4, 0), (64, 2, 2)):
                 c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
-                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1)  # fmt: skip
+                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1,
+                                        l2_prefetch=pf)  # fmt: skip
                 out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
                 out, lse = _poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
@@ -603,7 +604,7 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
         cfg = dataclasses.replace(cfg, block_n=32, kernel="rp")
     elif mode == "gluon":
         cfg = dataclasses.replace(cfg, block_h=64, block_n=32, num_warps=8, num_stages=3,
-                                  kernel="gluon")  # fmt: skip
+                                  kernel="gluon", l2_prefetch=1)  # fmt: skip
     else:
         cfg = dataclasses.replace(cfg, merge=mode)
     out, lse = _poisoned(b, h, d_v, dtype, "cuda")
@@ -617,7 +618,9 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     assert dict(LAST_PATH) == path, (path, LAST_PATH)
     if mode in ("kernel", "fused") and path["merge"] != "single":
         assert path["merge"] == mode, path
-    assert path["split"] == {"rp": "16bit_rp", "gluon": "16bit_gluon"}.get(mode, "16bit"), path
+    gluon_ran = cfg.kernel == "gluon" and mode != "fused"  # (no fused merge in Gluon)
+    assert path["split"] == ("16bit_rp" if mode == "rp" else "16bit_gluon" if gluon_ran
+                             else "16bit"), path  # fmt: skip
     for seed in (22, 23, 24):
         q2, _, idx2 = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
         if seed == 24:
@@ -645,7 +648,9 @@ from triton.experimental.gluon._runtime import GluonASTSource
 d_tail, bn, nbuf = map(int, sys.argv[1:4])
 k = splitkv_gluon._sparse_mla_split_gluon_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
-          MAX_T=2048 // bn, num_warps=8)  # V3.2's topk 2048 in one split
+          MAX_T=2048 // bn, num_warps=8, DROP=0, PF_AHEAD=1,  # V3.2's topk 2048, one split
+          PF_ASM=("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global "
+                  "[$1], %d; mov.u32 $0, 0; }" % ((512 + d_tail) * 2)))
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")
 sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
        for n in k.arg_names}
@@ -656,7 +661,7 @@ c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 9
                    options=dict(num_warps=8))
 ptx = c.asm["ptx"]
 print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-                  "cp_async": ptx.count("cp.async.c")}))
+                  "cp_async": ptx.count("cp.async.c"), "pf": ptx.count("prefetch.L2")}))
 """
 
 
@@ -679,7 +684,7 @@ def test_gluon_kernel_compiles_for_hopper(d_tail, bn, nbuf):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in got:
         pytest.skip(got["skip"])
-    assert got["wgmma"] > 0 and got["cp_async"] > 0, got
+    assert got["wgmma"] > 0 and got["cp_async"] > 0 and got["pf"] > 0, got
     ring = nbuf * bn * (512 + d_tail) * 2 + 64 * 512 * 2  # KV ring + q (its tail: registers)
     assert ring <= got["shared"] <= 227 * 1024, got
 
@@ -707,7 +712,8 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     monkeypatch.setattr(splitkv, "_GLUON_FAILED", {})
     if device == "cpu":
         monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v: (
-            cfg.block_n, cfg.num_stages, d_v, kv.shape[1] - d_v) not in splitkv._GLUON_FAILED)
+            cfg.block_n, cfg.num_stages, cfg.l2_prefetch, d_v, kv.shape[1] - d_v)
+            not in splitkv._GLUON_FAILED)  # fmt: skip
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 70
     q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)

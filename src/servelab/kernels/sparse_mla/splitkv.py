@@ -85,6 +85,8 @@ class SplitConfig:
     # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
     # runs the "tl" kernel; LAST_PATH["split"] says which ran.
     kernel: str = "tl"
+    # Gluon kernel only: also prefetch into L2 the tile this many past the ring's newest (0: off).
+    l2_prefetch: int = 0
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -397,12 +399,15 @@ def _num_sms(device: torch.device) -> int:
 # Gluon configs whose compile failed in this process (an experimental dialect: another Triton
 # may reject the code): key -> error; those launches run the tl kernel instead.
 _GLUON_FAILED: dict[tuple, str] = {}
+# One row's L2 bulk prefetch (sm_90), predicated on the row being valid; $0 is a dummy output.
+_PF_ASM = ("{{ .reg .pred p; setp.ne.b32 p, $2, 0; "
+           "@p cp.async.bulk.prefetch.L2.global [$1], {nbytes}; mov.u32 $0, 0; }}")
 
 
 def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
                   sm_scale, d_v, d_tail, drop=0) -> bool:  # fmt: skip
     """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
-    key = (cfg.block_n, cfg.num_stages, d_v, d_tail)
+    key = (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, d_v, d_tail)
     try:
         LAST_COMPILED["split"] = splitkv_gluon._sparse_mla_split_gluon_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
@@ -411,6 +416,7 @@ def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_
             D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
             BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
             MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8, DROP=drop,
+            PF_AHEAD=cfg.l2_prefetch, PF_ASM=_PF_ASM.format(nbytes=kv.shape[1] * 2),
         )  # fmt: skip
         return True
     except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
@@ -433,7 +439,8 @@ def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int)
             and cfg.block_h == 64 and cfg.num_warps == 8 and cfg.block_n >= 16
             and cfg.num_stages >= 2 and 32 <= d_v <= 512 and d_v & (d_v - 1) == 0
             and kv.stride(0) % 8 == 0 and d_tail % 8 == 0 and kv.element_size() == 2
-            and (cfg.block_n, cfg.num_stages, d_v, d_tail) not in _GLUON_FAILED)  # fmt: skip
+            and (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, d_v, d_tail)
+            not in _GLUON_FAILED)  # fmt: skip
 
 
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:

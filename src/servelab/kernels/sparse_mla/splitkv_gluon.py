@@ -68,6 +68,21 @@ if AVAILABLE:
         cp.commit_group()
 
     @gluon.jit
+    def _prefetch_l2(kv_ptr, idx_smem, jn, t_start, n_local, n_lim, stride_kvt8,
+                     BLOCK_N: gl.constexpr, PF_ASM: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
+        """Ask L2 for tile jn's rows (one bulk prefetch per row, no shared memory): the gather
+        that later copies them into the ring then waits for L2, not HBM. Rows past the split
+        or padded are skipped by the asm's predicate."""
+        pf: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        row = idx_smem.index(gl.maximum(gl.minimum(jn, n_local - 1), 0))
+        rid = row.load(pf)
+        offs = gl.arange(0, BLOCK_N, layout=pf)
+        ok = ((t_start + jn) * BLOCK_N + offs < n_lim) & (rid >= 0)
+        ptrs = kv_ptr + gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
+        gl.inline_asm_elementwise(PF_ASM, "=r,l,r", [ptrs, ok.to(gl.int32)], dtype=gl.int32,
+                                  is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
     def _sparse_mla_split_gluon_kernel(
         q_ptr,  # [B, H, D_qk]
         kv_ptr,  # [T, D_qk]
@@ -96,6 +111,8 @@ if AVAILABLE:
         MAX_T: gl.constexpr,  # power of two >= tiles per split
         num_warps: gl.constexpr,
         DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop, 2 no dots
+        PF_AHEAD: gl.constexpr = 0,  # L2 prefetch of the tile this many past the ring's newest
+        PF_ASM: gl.constexpr = "",  # its PTX (bulk prefetch of one row; the size is the row's)
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         # Register layouts. Gathers: 16-byte vectors, a warp per row slice.
@@ -157,7 +174,11 @@ if AVAILABLE:
         cp.wait_group(1)  # the indices (q may still be in flight)
         _cta_barrier()  # the index rows are read back by other threads
 
-        # Prologue: gathers of the first NBUF - 1 tiles.
+        # Prologue: L2 prefetches of the tiles after the ring's first fill, then the gathers
+        # of the first NBUF - 1 tiles.
+        for j in gl.static_range(PF_AHEAD):
+            _prefetch_l2(kv_ptr, idx_smem, NBUF - 1 + j, t_start, n_local, n_lim, stride_kvt8,
+                         BLOCK_N, PF_ASM, num_warps)  # fmt: skip
         for j in gl.static_range(NBUF - 1):
             _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local, n_lim,
                           stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
@@ -174,6 +195,9 @@ if AVAILABLE:
             # The previous tile's P V dot read the buffer refilled below: let it finish.
             o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()  # ...in both warpgroups, before any warp refills it
+            if PF_AHEAD > 0:
+                _prefetch_l2(kv_ptr, idx_smem, j + NBUF - 1 + PF_AHEAD, t_start, n_local, n_lim,
+                             stride_kvt8, BLOCK_N, PF_ASM, num_warps)  # fmt: skip
             if DROP == 1:
                 cp.commit_group()  # (an empty group keeps the wait counts)
             else:
