@@ -35,10 +35,11 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
     if tl != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
         out["tl"] = tl  # the Triton-only default, where the default now differs
-    if b >= 32:  # the Gluon kernel with L2 prefetches 1-2 tiles past its ring (H < 64 masked)
-        for pf in (1, 2):
-            out[f"gluon-pf{pf}"] = C(64, 64, 8, 2, 1, prefetch_idx=False, kernel="gluon",
-                                     l2_prefetch=pf)  # fmt: skip
+    if b >= 32:  # Gluon variants: scores on both warpgroups; L2 prefetch past the ring
+        g = dict(prefetch_idx=False, kernel="gluon")
+        out["gluon-sdup"] = C(64, 64, 8, 2, 1, score_dup=True, **g)
+        out["gluon-sdup-bn32-nb3"] = C(64, 32, 8, 3, 1, score_dup=True, **g)
+        out["gluon-pf1"] = C(64, 64, 8, 2, 1, l2_prefetch=1, **g)
     return out
 
 

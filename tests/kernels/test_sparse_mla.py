@@ -532,10 +532,11 @@ def test_real_shapes_on_gpu(shape, variant):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         cfg = default_config(b, h, d_qk, dtype)
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
-            for bn, nbuf, pf in ((32, 3, 0), (64, 2, 0), (16, 4, 0), (64, 2, 2)):
+            for bn, nbuf, pf, dup in ((32, 3, 0, 0), (64, 2, 0, 0), (16, 4, 0, 0), (64, 2, 2, 0),
+                                      (64, 2, 0, 1)):  # fmt: skip
                 c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
                                         num_stages=nbuf, kernel="gluon", ctas_per_sm=1,
-                                        l2_prefetch=pf)  # fmt: skip
+                                        l2_prefetch=pf, score_dup=bool(dup))  # fmt: skip
                 out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
                 out, lse = _poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
@@ -711,9 +712,8 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
     monkeypatch.setattr(splitkv, "_GLUON_FAILED", {})
     if device == "cpu":
-        monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v: (
-            cfg.block_n, cfg.num_stages, cfg.l2_prefetch, d_v, kv.shape[1] - d_v)
-            not in splitkv._GLUON_FAILED)  # fmt: skip
+        monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v: splitkv._gluon_key(
+            cfg, d_v, kv.shape[1] - d_v) not in splitkv._GLUON_FAILED)  # fmt: skip
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 70
     q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)

@@ -22,6 +22,7 @@ lse_s = -inf, which the merge weighs with exp(-inf) = 0).
 
 from __future__ import annotations
 
+import functools
 import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -85,8 +86,11 @@ class SplitConfig:
     # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
     # runs the "tl" kernel; LAST_PATH["split"] says which ran.
     kernel: str = "tl"
-    # Gluon kernel only: also prefetch into L2 the tile this many past the ring's newest (0: off).
+    # Gluon kernel only: also prefetch into L2 the tile this many past the ring's newest (0: off;
+    # slower on the H200), and whether both warpgroups compute the whole score tile (twice the
+    # score MMAs, but its row reductions and P's layout change stay in registers).
     l2_prefetch: int = 0
+    score_dup: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -142,7 +146,13 @@ def gluon_device(device: torch.device | None = None) -> bool:
         return False
     if device is not None and device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] == 9
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    return _is_hopper(index)
+
+
+@functools.cache
+def _is_hopper(index: int) -> bool:  # asked on every default launch: once per device
+    return torch.cuda.get_device_capability(index)[0] == 9
 
 
 def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
@@ -407,7 +417,7 @@ _PF_ASM = ("{{ .reg .pred p; setp.ne.b32 p, $2, 0; "
 def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
                   sm_scale, d_v, d_tail, drop=0) -> bool:  # fmt: skip
     """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
-    key = (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, d_v, d_tail)
+    key = _gluon_key(cfg, d_v, d_tail)
     try:
         LAST_COMPILED["split"] = splitkv_gluon._sparse_mla_split_gluon_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
@@ -417,6 +427,7 @@ def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_
             BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
             MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8, DROP=drop,
             PF_AHEAD=cfg.l2_prefetch, PF_ASM=_PF_ASM.format(nbytes=kv.shape[1] * 2),
+            S_DUP=cfg.score_dup,
         )  # fmt: skip
         return True
     except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
@@ -434,13 +445,16 @@ def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int)
     warpgroup's half is one wgmma N <= 256), a ring of >= 2 tiles of >= 16 tokens, and KV
     rows and the score-only tail in 16-byte units (cp.async moves 16 B)."""
     d_tail = kv.shape[1] - d_v
-    return (splitkv_gluon.AVAILABLE and q.device.type == "cuda"
-            and torch.cuda.get_device_capability(q.device)[0] == 9
+    return (gluon_device(q.device)
             and cfg.block_h == 64 and cfg.num_warps == 8 and cfg.block_n >= 16
             and cfg.num_stages >= 2 and 32 <= d_v <= 512 and d_v & (d_v - 1) == 0
             and kv.stride(0) % 8 == 0 and d_tail % 8 == 0 and kv.element_size() == 2
-            and (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, d_v, d_tail)
-            not in _GLUON_FAILED)  # fmt: skip
+            and _gluon_key(cfg, d_v, d_tail) not in _GLUON_FAILED)  # fmt: skip
+
+
+def _gluon_key(cfg: SplitConfig, d_v: int, d_tail: int) -> tuple:
+    """What a Gluon compile depends on (besides dtypes, which the kernel takes from q)."""
+    return (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, cfg.score_dup, d_v, d_tail)
 
 
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:

@@ -31,6 +31,7 @@ try:  # Gluon is experimental; a Triton without it (or with another API) disable
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
+    from triton.runtime.jit import constexpr_function
 
     # cp.async into shared memory: `async_copy_global_to_shared` in Triton 3.6 (the H200
     # machine), renamed `async_load` later (same arguments).
@@ -42,6 +43,17 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     AVAILABLE = False
 
 if AVAILABLE:
+
+    @constexpr_function
+    def _score_layout(dup, block_n):
+        """The score tile's MMA layout: the two warpgroups split its tokens (`[4, 2]`), or with
+        ``dup`` both compute all of it (`[8, 1]`, as Triton lays a chained dot: twice the score
+        MMAs, but row reductions and P's change to an operand layout stay in registers)."""
+        if dup:
+            return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
+                                             instr_shape=[16, block_n, 16])  # fmt: skip
+        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                         instr_shape=[16, block_n // 2, 16])  # fmt: skip
 
     @gluon.jit
     def _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, jn, t_start, n_local, n_lim,
@@ -113,6 +125,7 @@ if AVAILABLE:
         DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop, 2 no dots
         PF_AHEAD: gl.constexpr = 0,  # L2 prefetch of the tile this many past the ring's newest
         PF_ASM: gl.constexpr = "",  # its PTX (bulk prefetch of one row; the size is the row's)
+        S_DUP: gl.constexpr = False,
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         # Register layouts. Gathers: 16-byte vectors, a warp per row slice.
@@ -120,8 +133,7 @@ if AVAILABLE:
         ld_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         ix: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # [t, n]
         # Scores: the two warpgroups split the tokens (no duplicated dot).
-        s_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+        s_l: gl.constexpr = _score_layout(S_DUP, BLOCK_N)
         # Output: the two warpgroups split d_v.
         o_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D_V // 2, 16])
