@@ -38,8 +38,9 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     if b >= 32:  # Gluon variants: scores on both warpgroups; L2 prefetch past the ring
         g = dict(prefetch_idx=False, kernel="gluon")
         out["gluon-sdup"] = C(64, 64, 8, 2, 1, score_dup=True, **g)
-        out["gluon-sdup-bn32-nb3"] = C(64, 32, 8, 3, 1, score_dup=True, **g)
-        out["gluon-pf1"] = C(64, 64, 8, 2, 1, l2_prefetch=1, **g)
+        out["gluon-early"] = C(64, 64, 8, 2, 1, early_score=True, **g)
+        out["gluon-sdup-early"] = C(64, 64, 8, 2, 1, score_dup=True, early_score=True, **g)
+        out["gluon-early-bn32-nb3"] = C(64, 32, 8, 3, 1, early_score=True, **g)
     return out
 
 

@@ -210,6 +210,7 @@ def test_split_counts_agree(device):
     cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="rp"))
     if device == "cuda":  # Gluon has no interpreter
         cfgs.append(SplitConfig(64, 16, 8, 3, kernel="gluon"))
+        cfgs.append(SplitConfig(64, 16, 8, 2, kernel="gluon", early_score=True, score_dup=True))
     for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
         out, lse = _poisoned(b, h, d_v, dtype, device)
         ws = (
@@ -532,11 +533,13 @@ def test_real_shapes_on_gpu(shape, variant):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         cfg = default_config(b, h, d_qk, dtype)
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
-            for bn, nbuf, pf, dup in ((32, 3, 0, 0), (64, 2, 0, 0), (16, 4, 0, 0), (64, 2, 2, 0),
-                                      (64, 2, 0, 1)):  # fmt: skip
+            for bn, nbuf, pf, dup, early in ((32, 3, 0, 0, 0), (64, 2, 0, 0, 0), (16, 4, 0, 0, 0),
+                                             (64, 2, 2, 0, 0), (64, 2, 0, 1, 0), (64, 2, 0, 0, 1),
+                                             (64, 2, 0, 1, 1), (32, 3, 0, 0, 1)):  # fmt: skip
                 c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
                                         num_stages=nbuf, kernel="gluon", ctas_per_sm=1,
-                                        l2_prefetch=pf, score_dup=bool(dup))  # fmt: skip
+                                        l2_prefetch=pf, score_dup=bool(dup),
+                                        early_score=bool(early))  # fmt: skip
                 out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
                 out, lse = _poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
@@ -605,7 +608,7 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
         cfg = dataclasses.replace(cfg, block_n=32, kernel="rp")
     elif mode == "gluon":
         cfg = dataclasses.replace(cfg, block_h=64, block_n=32, num_warps=8, num_stages=3,
-                                  kernel="gluon", l2_prefetch=1)  # fmt: skip
+                                  kernel="gluon", l2_prefetch=1, early_score=True)  # fmt: skip
     else:
         cfg = dataclasses.replace(cfg, merge=mode)
     out, lse = _poisoned(b, h, d_v, dtype, "cuda")
@@ -649,7 +652,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 d_tail, bn, nbuf = map(int, sys.argv[1:4])
 k = splitkv_gluon._sparse_mla_split_gluon_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
-          MAX_T=2048 // bn, num_warps=8, DROP=0, PF_AHEAD=1,  # V3.2's topk 2048, one split
+          MAX_T=2048 // bn, num_warps=8, DROP=0, PF_AHEAD=1, EARLY=bn == 64,  # V3.2 topk 2048
           PF_ASM=("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global "
                   "[$1], %d; mov.u32 $0, 0; }" % ((512 + d_tail) * 2)))
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")

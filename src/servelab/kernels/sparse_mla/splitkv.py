@@ -91,6 +91,7 @@ class SplitConfig:
     # score MMAs, but its row reductions and P's layout change stay in registers).
     l2_prefetch: int = 0
     score_dup: bool = False
+    early_score: bool = False  # Gluon: issue tile j's score dot before waiting for P V of j - 1
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -427,7 +428,7 @@ def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_
             BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
             MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8, DROP=drop,
             PF_AHEAD=cfg.l2_prefetch, PF_ASM=_PF_ASM.format(nbytes=kv.shape[1] * 2),
-            S_DUP=cfg.score_dup,
+            S_DUP=cfg.score_dup, EARLY=cfg.early_score,
         )  # fmt: skip
         return True
     except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
@@ -454,7 +455,8 @@ def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int)
 
 def _gluon_key(cfg: SplitConfig, d_v: int, d_tail: int) -> tuple:
     """What a Gluon compile depends on (besides dtypes, which the kernel takes from q)."""
-    return (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, cfg.score_dup, d_v, d_tail)
+    return (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, cfg.score_dup, cfg.early_score, d_v,
+            d_tail)
 
 
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:

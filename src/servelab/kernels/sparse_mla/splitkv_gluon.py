@@ -95,6 +95,36 @@ if AVAILABLE:
                                   is_pure=False, pack=1)  # fmt: skip
 
     @gluon.jit
+    def _score(q_smem, qt_op, kv_j, kt_j, s_zero, D_TAIL: gl.constexpr, DROP: gl.constexpr):
+        """Issue S = q K^T (+ the score-only tail) for one tile, asynchronously."""
+        if DROP == 2:
+            return warpgroup_mma_init(s_zero)  # (diagnostics: no dot)
+        s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
+                              is_async=True)  # fmt: skip
+        if D_TAIL > 0:
+            s_tok = warpgroup_mma(qt_op, kt_j.permute((1, 0)), s_tok, is_async=True)
+        return s_tok
+
+    @gluon.jit
+    def _next_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local, n_lim,
+                     stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
+                     D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
+                     NBUF: gl.constexpr, ld: gl.constexpr, ld_t: gl.constexpr,
+                     DROP: gl.constexpr, PF_AHEAD: gl.constexpr, PF_ASM: gl.constexpr,
+                     num_warps: gl.constexpr):  # fmt: skip
+        """Iteration j's copies: the gather of tile j + NBUF - 1 into the slot tile j - 1 used
+        (one commit group, empty with DROP == 1), and the optional L2 prefetch beyond it."""
+        if PF_AHEAD > 0:
+            _prefetch_l2(kv_ptr, idx_smem, j + NBUF - 1 + PF_AHEAD, t_start, n_local, n_lim,
+                         stride_kvt8, BLOCK_N, PF_ASM, num_warps)  # fmt: skip
+        if DROP == 1:
+            cp.commit_group()  # (an empty group keeps the wait counts)
+        else:
+            _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start, n_local,
+                          n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
+                          D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
+
+    @gluon.jit
     def _sparse_mla_split_gluon_kernel(
         q_ptr,  # [B, H, D_qk]
         kv_ptr,  # [T, D_qk]
@@ -126,6 +156,7 @@ if AVAILABLE:
         PF_AHEAD: gl.constexpr = 0,  # L2 prefetch of the tile this many past the ring's newest
         PF_ASM: gl.constexpr = "",  # its PTX (bulk prefetch of one row; the size is the row's)
         S_DUP: gl.constexpr = False,
+        EARLY: gl.constexpr = False,  # issue the score dot before waiting for the last P V dot
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         # Register layouts. Gathers: 16-byte vectors, a warp per row slice.
@@ -204,34 +235,36 @@ if AVAILABLE:
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
         offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
         for j in range(0, n_local):
-            # The previous tile's P V dot read the buffer refilled below: let it finish.
-            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            _cta_barrier()  # ...in both warpgroups, before any warp refills it
-            if PF_AHEAD > 0:
-                _prefetch_l2(kv_ptr, idx_smem, j + NBUF - 1 + PF_AHEAD, t_start, n_local, n_lim,
-                             stride_kvt8, BLOCK_N, PF_ASM, num_warps)  # fmt: skip
-            if DROP == 1:
-                cp.commit_group()  # (an empty group keeps the wait counts)
-            else:
-                _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start,
-                              n_local, n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt,
-                              offs_t_lt, D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
-            # Tile j has landed (this thread's copies), then everyone's, then for wgmma.
-            cp.wait_group(NBUF - 1)
-            _cta_barrier()
-            fence_async_shared()
-
             buf = j % NBUF
             kv_j = kv_smem.index(buf)
-            if DROP == 2:
-                s = s_zero
+            if EARLY:
+                # Score dot first: it queues behind the previous tile's P V dot on the tensor
+                # cores, and the next gather is issued while both run.
+                cp.wait_group(NBUF - 2)  # tile j landed (this thread's copies)
+                _cta_barrier()  # ...everyone's
+                fence_async_shared()  # ...visible to wgmma
+                s_tok = _score(q_smem, qt_op, kv_j, kt_smem.index(buf), s_zero, D_TAIL, DROP)
+                o_j = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1 + (D_TAIL > 0),
+                                         deps=(acc,))  # fmt: skip
+                _cta_barrier()  # both warpgroups' P V dots of tile j - 1 are done with its slot
+                _next_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local,
+                             n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
+                             D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t, DROP, PF_AHEAD, PF_ASM,
+                             num_warps)  # fmt: skip
+                s = s_zero if DROP == 2 else warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             else:
-                s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
-                                      is_async=True)  # fmt: skip
-                if D_TAIL > 0:
-                    s_tok = warpgroup_mma(qt_op, kt_smem.index(buf).permute((1, 0)), s_tok,
-                                          is_async=True)  # fmt: skip
-                s = warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+                # The previous tile's P V dot read the slot refilled below: let it finish...
+                o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                _cta_barrier()  # ...in both warpgroups, before any warp refills it
+                _next_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local,
+                             n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
+                             D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t, DROP, PF_AHEAD, PF_ASM,
+                             num_warps)  # fmt: skip
+                cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies),
+                _cta_barrier()  # ...everyone's,
+                fence_async_shared()  # ...visible to wgmma
+                s_tok = _score(q_smem, qt_op, kv_j, kt_smem.index(buf), s_zero, D_TAIL, DROP)
+                s = s_zero if DROP == 2 else warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
