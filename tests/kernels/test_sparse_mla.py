@@ -48,6 +48,13 @@ def _dtypes(device: str) -> list[torch.dtype]:
     return [torch.float16, torch.bfloat16, torch.float32]
 
 
+def _gluon_here() -> bool:
+    """Whether this machine runs the Gluon kernel (a Hopper GPU and a Triton with Gluon)."""
+    from servelab.kernels.sparse_mla.splitkv import gluon_device
+
+    return gluon_device()
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _interpreted_kernels():
     """On CPU the kernels must be interpreter functions; if another test imported the kernel
@@ -208,9 +215,8 @@ def test_split_counts_agree(device):
     out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
     cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
     cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="rp"))
-    if device == "cuda":  # Gluon has no interpreter
-        cfgs.append(SplitConfig(64, 16, 8, 3, kernel="gluon"))
-        cfgs.append(SplitConfig(64, 16, 8, 2, kernel="gluon", early_score=True, score_dup=True))
+    if _gluon_here():  # Gluon has no interpreter; both ring depths at a toy shape
+        cfgs += [SplitConfig(64, 16, 8, 3, kernel="gluon"), SplitConfig(64, 16, 8, 2, kernel="gluon")]
     for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
         out, lse = _poisoned(b, h, d_v, dtype, device)
         ws = (
@@ -253,8 +259,8 @@ def test_16_bit_partials(device):
                                        out=out, lse=lse)  # fmt: skip
                 tag = f"16-bit partials fp8={fp8} {merge_mode} chunked={chunked}"
                 want = "fp8_chunked" if fp8 and chunked else "fp8_reshape" if fp8 else "16bit"
-                assert LAST_PATH == {"split": want, "merge": merge_mode,
-                                     "partials": "float16"}, (tag, LAST_PATH)  # fmt: skip
+                assert LAST_PATH == {"split": want, "merge": merge_mode, "partials": "float16",
+                                     "tile": "16x32"}, (tag, LAST_PATH)  # fmt: skip
                 _assert_close(f"{tag} out", o, ex_o, tol_o)
                 _assert_close(f"{tag} lse", lg, ex_l, tol_l)
     bad = (torch.empty(b, 3, h, d_v, dtype=torch.bfloat16, device=device),
@@ -531,15 +537,15 @@ def test_real_shapes_on_gpu(shape, variant):
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
-        cfg = default_config(b, h, d_qk, dtype)
+        # The Triton kernels' own default (at B >= 32 the default is Gluon on Hopper): the
+        # merge and FP8 variants below test those kernels' geometry, not the Gluon tile's.
+        cfg = default_config(b, h, d_qk, dtype, gluon=False)
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
-            for bn, nbuf, pf, dup, early in ((32, 3, 0, 0, 0), (64, 2, 0, 0, 0), (16, 4, 0, 0, 0),
-                                             (64, 2, 2, 0, 0), (64, 2, 0, 1, 0), (64, 2, 0, 0, 1),
-                                             (64, 2, 0, 1, 1), (32, 3, 0, 0, 1)):  # fmt: skip
+            if not _gluon_here():
+                pytest.skip("the Gluon kernel needs a Hopper GPU")
+            for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
                 c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
-                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1,
-                                        l2_prefetch=pf, score_dup=bool(dup),
-                                        early_score=bool(early))  # fmt: skip
+                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1)  # fmt: skip
                 out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
                 out, lse = _poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
@@ -567,17 +573,21 @@ def test_real_shapes_on_gpu(shape, variant):
                                        lse=lse)  # fmt: skip
                 _assert_close(f"{variant} {shape} rep {rep} out", o, out_ex, out_tol)
                 _assert_close(f"{variant} {shape} rep {rep} lse", lg, lse_ex, lse_tol)
+                assert LAST_PATH["merge"] in (variant, "single"), LAST_PATH
             continue
         if not variant.startswith("fp8"):
             _run_and_check(variant, q, kv, idx, d_v)
             continue
         # V3.2: 512 e4m3 columns in 128-wide tiles; V4 (D_qk 512): 448 in 64-wide tiles.
         cache = quantize_kv(kv, 512, 128) if d_qk == 576 else quantize_kv(kv, 448, 64)
+        cfg = default_config(b, h, d_qk, dtype, fp8_tile=cache.tile)
         if variant == "fp8_fused":
             cfg = dataclasses.replace(cfg, merge="fused")
         elif variant == "fp8_reshape":
             cfg = dataclasses.replace(cfg, fp8_chunked=False)
         o, lg = splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, config=cfg)
+        assert LAST_PATH["split"].startswith("fp8_"), LAST_PATH
+        assert variant != "fp8_fused" or LAST_PATH["merge"] in ("fused", "single"), LAST_PATH
         out_ex, lse_ex, out_tol, lse_tol = _bounds(
             q, dequantize_kv(cache), idx, d_qk**-0.5, d_v, dtype, kv_rounded=True
         )
@@ -607,8 +617,10 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     if mode == "rp":
         cfg = dataclasses.replace(cfg, block_n=32, kernel="rp")
     elif mode == "gluon":
+        if not _gluon_here():
+            pytest.skip("the Gluon kernel needs a Hopper GPU")
         cfg = dataclasses.replace(cfg, block_h=64, block_n=32, num_warps=8, num_stages=3,
-                                  kernel="gluon", l2_prefetch=1, early_score=True)  # fmt: skip
+                                  kernel="gluon")  # fmt: skip
     else:
         cfg = dataclasses.replace(cfg, merge=mode)
     out, lse = _poisoned(b, h, d_v, dtype, "cuda")
@@ -622,7 +634,7 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     assert dict(LAST_PATH) == path, (path, LAST_PATH)
     if mode in ("kernel", "fused") and path["merge"] != "single":
         assert path["merge"] == mode, path
-    gluon_ran = cfg.kernel == "gluon" and mode != "fused"  # (no fused merge in Gluon)
+    gluon_ran = cfg.kernel == "gluon" and mode != "fused" and _gluon_here()  # (no fused merge)
     assert path["split"] == ("16bit_rp" if mode == "rp" else "16bit_gluon" if gluon_ran
                              else "16bit"), path  # fmt: skip
     for seed in (22, 23, 24):
@@ -652,20 +664,23 @@ from triton.experimental.gluon._runtime import GluonASTSource
 d_tail, bn, nbuf = map(int, sys.argv[1:4])
 k = splitkv_gluon._sparse_mla_split_gluon_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
-          MAX_T=2048 // bn, num_warps=8, DROP=0, PF_AHEAD=1, EARLY=bn == 64,  # V3.2 topk 2048
-          PF_ASM=("{ .reg .pred p; setp.ne.b32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global "
-                  "[$1], %d; mov.u32 $0, 0; }" % ((512 + d_tail) * 2)))
+          MAX_T=2048 // bn, num_warps=8, DROP=0)  # V3.2's topk 2048 in one split
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")
 sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
        for n in k.arg_names}
-# what the launcher specializes at the real shapes: pointers and strides 16-aligned
+# what the launcher specializes: 16-aligned pointers, and the int arguments that are multiples
+# of 16 at this shape (B = 64, H = 128, one split; KV/q strides passed in 16-byte units)
+d_qk = 512 + d_tail
+vals = dict(H=128, topk=2048, tiles_per_split=2048 // bn, stride_qb8=128 * d_qk // 8,
+            stride_qh8=d_qk // 8, stride_kvt8=d_qk // 8, stride_ib=2048, stride_ob=128 * 512,
+            stride_os=0, stride_oh=512, stride_lb=128, stride_ls=0)
 attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
-         if sig[n] not in ("constexpr", "fp32") and n != "tiles_per_split"}
+         if sig[n].startswith("*") or (n in vals and vals[n] % 16 == 0)}
 c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
                    options=dict(num_warps=8))
 ptx = c.asm["ptx"]
 print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-                  "cp_async": ptx.count("cp.async.c"), "pf": ptx.count("prefetch.L2")}))
+                  "cp_async": ptx.count("cp.async.c")}))
 """
 
 
@@ -688,7 +703,7 @@ def test_gluon_kernel_compiles_for_hopper(d_tail, bn, nbuf):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in got:
         pytest.skip(got["skip"])
-    assert got["wgmma"] > 0 and got["cp_async"] > 0 and got["pf"] > 0, got
+    assert got["wgmma"] > 0 and got["cp_async"] > 0, got
     ring = nbuf * bn * (512 + d_tail) * 2 + 64 * 512 * 2  # KV ring + q (its tail: registers)
     assert ring <= got["shared"] <= 227 * 1024, got
 
@@ -715,8 +730,9 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
     monkeypatch.setattr(splitkv, "_GLUON_FAILED", {})
     if device == "cpu":
-        monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v: splitkv._gluon_key(
-            cfg, d_v, kv.shape[1] - d_v) not in splitkv._GLUON_FAILED)  # fmt: skip
+        monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v, tps, drop="": (
+            splitkv._gluon_key(splitkv._gluon_consts(cfg, d_v, kv.shape[1] - d_v, tps, drop), q)
+            not in splitkv._GLUON_FAILED))  # fmt: skip
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 70
     q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)
@@ -732,6 +748,36 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
     assert len(tries) == 1, "the failed compile was retried"
     _assert_close("fallback again out", o, out_ex, out_tol)
+
+
+def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch):
+    """With no config, a Gluon compile failure must fall back to the tl kernel's own default
+    geometry for that shape (16-head tiles for H = 32), not run the Gluon tile (64 heads) on
+    the tl kernel; simulated as in the test above (Gluon made reachable, its launch raising)."""
+    from servelab.kernels.sparse_mla import splitkv, splitkv_gluon
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PassManager::run failed")
+
+            return launch
+
+    device = DEVICES[0]
+    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
+    monkeypatch.setattr(splitkv, "_GLUON_FAILED", {})
+    monkeypatch.setattr(splitkv, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v, tps, drop="": (
+        cfg.kernel == "gluon" and not splitkv._GLUON_FAILED))  # fmt: skip
+    b, h, d_qk, d_v, topk = 32, 32, 48, 32, 40
+    q, kv, idx = _make(device, torch.float16, b, h, d_qk, topk, seed=9)
+    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, torch.float16)
+    with pytest.warns(UserWarning, match="did not compile"):
+        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v)
+    assert LAST_PATH["split"] == "16bit" and LAST_PATH["tile"] == "16x32", LAST_PATH  # NARROW_TP
+    _assert_close("default fallback out", o, out_ex, out_tol)
+    _assert_close("default fallback lse", lg, lse_ex, lse_tol)
 
 
 def test_default_config_takes_gluon_where_it_was_measured_faster():

@@ -47,7 +47,8 @@ MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at onc
 
 # The compiled kernels of the latest launch, for the benchmark's register/spill report.
 LAST_COMPILED: dict[str, object] = {}
-# Which paths the latest launch took (split kernel, merge, partials' dtype), for tests and logs.
+# Which paths the latest launch took (split kernel, merge, partials' dtype, heads x tokens per
+# tile), for tests and logs.
 LAST_PATH: dict[str, str] = {}
 
 
@@ -86,12 +87,6 @@ class SplitConfig:
     # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
     # runs the "tl" kernel; LAST_PATH["split"] says which ran.
     kernel: str = "tl"
-    # Gluon kernel only: also prefetch into L2 the tile this many past the ring's newest (0: off;
-    # slower on the H200), and whether both warpgroups compute the whole score tile (twice the
-    # score MMAs, but its row reductions and P's layout change stay in registers).
-    l2_prefetch: int = 0
-    score_dup: bool = False
-    early_score: bool = False  # Gluon: issue tile j's score dot before waiting for P V of j - 1
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):
@@ -407,56 +402,67 @@ def _num_sms(device: torch.device) -> int:
     return 8  # interpreter: any small number; only exercises the multi-split path
 
 
-# Gluon configs whose compile failed in this process (an experimental dialect: another Triton
+# Gluon launches whose compile failed in this process (an experimental dialect: another Triton
 # may reject the code): key -> error; those launches run the tl kernel instead.
 _GLUON_FAILED: dict[tuple, str] = {}
-# One row's L2 bulk prefetch (sm_90), predicated on the row being valid; $0 is a dummy output.
-_PF_ASM = ("{{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-           "@p cp.async.bulk.prefetch.L2.global [$1], {nbytes}; mov.u32 $0, 0; }}")
+GLUON_SMEM_LIMIT = 227 * 1024  # bytes of shared memory per block on Hopper
+
+
+def _gluon_consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int,
+                  drop: str) -> dict:  # fmt: skip
+    """The Gluon kernel's compile-time arguments for a launch (its compile cache key)."""
+    return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
+                MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
+                DROP={"": 0, "gather": 1, "dots": 2}[drop])  # fmt: skip
+
+
+def _gluon_key(consts: dict, q: torch.Tensor) -> tuple:
+    return (*sorted(consts.items()), q.dtype)
+
+
+def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
+                  tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
+    """Whether splitkv_gluon.py can run this launch: a Hopper GPU (wgmma) and a Triton with
+    Gluon; 64-head tiles over 8 warps (two warpgroups); d_v a power of two <= 512 (each
+    warpgroup's half is one wgmma N <= 256); a ring of >= 2 tiles of >= 16 tokens; q and KV
+    rows and the score-only tail in 16-byte units (cp.async moves 16 B); q, the ring and the
+    split's indices within Hopper's shared memory; no earlier compile failure of this key."""
+    d_tail = kv.shape[1] - d_v
+    if not (gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
+            and cfg.block_n >= 16 and cfg.num_stages >= 2 and 32 <= d_v <= 512
+            and d_v & (d_v - 1) == 0 and d_tail % 8 == 0 and kv.element_size() == 2
+            and q.element_size() == 2 and drop in ("", "gather", "dots")):  # fmt: skip
+        return False
+    if any(x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))) or any(
+        t.data_ptr() % 16 for t in (q, kv)
+    ):
+        return False
+    consts = _gluon_consts(cfg, d_v, d_tail, tiles_per_split, drop)
+    smem = 2 * (64 * d_v + cfg.num_stages * cfg.block_n * (d_v + d_tail))
+    smem += 4 * consts["MAX_T"] * cfg.block_n + 8 * 1024  # indices; reductions, P's conversion
+    return smem <= GLUON_SMEM_LIMIT and _gluon_key(consts, q) not in _GLUON_FAILED
 
 
 def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-                  sm_scale, d_v, d_tail, drop=0) -> bool:  # fmt: skip
+                  sm_scale, d_v, drop) -> bool:  # fmt: skip
     """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
-    key = _gluon_key(cfg, d_v, d_tail)
+    consts = _gluon_consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
     try:
         LAST_COMPILED["split"] = splitkv_gluon._sparse_mla_split_gluon_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
-            q.stride(0), q.stride(1), kv.stride(0) // 8, indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
-            D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
-            MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8, DROP=drop,
-            PF_AHEAD=cfg.l2_prefetch, PF_ASM=_PF_ASM.format(nbytes=kv.shape[1] * 2),
-            S_DUP=cfg.score_dup, EARLY=cfg.early_score,
+            q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **consts,
         )  # fmt: skip
         return True
     except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
         if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise  # compile happens on the first (uncaptured) call; never hide a capture error
+        key = _gluon_key(consts, q)
         _GLUON_FAILED[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         warnings.warn(f"sparse MLA: the Gluon split kernel did not compile here "
                       f"({_GLUON_FAILED[key]}); using the Triton kernel", stacklevel=3)  # fmt: skip
         return False
-
-
-def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int) -> bool:
-    """Whether splitkv_gluon.py can run this launch: a Hopper GPU (wgmma), a Triton with
-    Gluon, 64-head tiles over 8 warps (two warpgroups), d_v a power of two <= 512 (each
-    warpgroup's half is one wgmma N <= 256), a ring of >= 2 tiles of >= 16 tokens, and KV
-    rows and the score-only tail in 16-byte units (cp.async moves 16 B)."""
-    d_tail = kv.shape[1] - d_v
-    return (gluon_device(q.device)
-            and cfg.block_h == 64 and cfg.num_warps == 8 and cfg.block_n >= 16
-            and cfg.num_stages >= 2 and 32 <= d_v <= 512 and d_v & (d_v - 1) == 0
-            and kv.stride(0) % 8 == 0 and d_tail % 8 == 0 and kv.element_size() == 2
-            and _gluon_key(cfg, d_v, d_tail) not in _GLUON_FAILED)  # fmt: skip
-
-
-def _gluon_key(cfg: SplitConfig, d_v: int, d_tail: int) -> tuple:
-    """What a Gluon compile depends on (besides dtypes, which the kernel takes from q)."""
-    return (cfg.block_n, cfg.num_stages, cfg.l2_prefetch, cfg.score_dup, cfg.early_score, d_v,
-            d_tail)
 
 
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
@@ -501,14 +507,20 @@ def splitkv_decode(
         raise ValueError("q, kv_cache and indices need a contiguous last dimension")
     cfg = config or default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None,
                                    gluon=gluon_device(q.device))  # fmt: skip
-    if config is None and cfg.kernel == "gluon" and not _gluon_serves(cfg, q, kv_main, d_v):
-        cfg = default_config(b, h, d_qk, q.dtype, gluon=False)  # e.g. a stride or d_v it lacks
-    n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
-    if num_splits is None:
-        num_splits = choose_num_splits(b, h, topk, cfg, _num_sms(q.device))
-    if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
-    tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
+    asked_splits = num_splits
+    for _ in range(2):  # a default Gluon config this launch cannot use: the tl default instead
+        n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
+        if asked_splits is None:
+            num_splits = choose_num_splits(b, h, topk, cfg, _num_sms(q.device))
+        if not 1 <= num_splits <= MAX_SPLITS:
+            raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
+        tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
+        gluon = not fp8 and cfg.kernel == "gluon" and _gluon_serves(
+            cfg, q, kv_main, d_v, tiles_per_split, drop)  # fmt: skip
+        if config is not None or cfg.kernel != "gluon" or gluon:
+            break
+        cfg = default_config(b, h, d_qk, q.dtype, gluon=False)
+
     # Splits past the last tile would see nothing; they still run and write (0, -inf).
     if out is None:
         out = torch.empty((b, h, d_v), dtype=q.dtype, device=q.device)
@@ -552,24 +564,27 @@ def splitkv_decode(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     chunked = bool(fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v))
-    plain = not fp8 and not drop and not fused
-    rp = plain and cfg.kernel == "rp"
-    gluon = (not fp8 and not fused and cfg.kernel == "gluon" and drop in ("", "gather", "dots")
-             and _gluon_serves(cfg, q, kv_main, d_v))  # fmt: skip
+    gluon = gluon and not fused
+    if drop in ("gather", "dots") and not gluon:
+        raise ValueError(f"drop={drop!r} is a diagnostic of the Gluon kernel, which this launch "
+                         "does not run (config, device or shape)")  # fmt: skip
+    rp = not fp8 and not drop and not fused and cfg.kernel == "rp"
+    if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
+        merge = "kernel"
+    if gluon and not _launch_gluon(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h, topk,
+                                   tiles_per_split, so, sl, sm_scale, d_v, drop):  # fmt: skip
+        if config is None:  # the default again: now the tl kernel with its own geometry
+            return splitkv_decode(q, kv_cache, indices, sm_scale, d_v, num_splits=asked_splits,
+                                  out=out, lse=lse, drop=drop,
+                                  workspace=workspace if asked_splits else None)  # fmt: skip
+        gluon = False
     LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else
                      "16bit_rp" if rp else "16bit_gluon" if gluon else "16bit",
                      merge="single" if single else merge,
-                     partials="" if single else str(o_dst.dtype).removeprefix("torch."))
+                     partials="" if single else str(o_dst.dtype).removeprefix("torch."),
+                     tile=f"{cfg.block_h}x{cfg.block_n}")  # fmt: skip
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
-    if gluon:
-        gluon = _launch_gluon(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h, topk,
-                              tiles_per_split, so, sl, sm_scale, d_v, d_qk - d_v,
-                              {"": 0, "gather": 1, "dots": 2}[drop])  # fmt: skip
-        if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
-            merge = "kernel"
-        LAST_PATH.update(split="16bit_gluon" if gluon else "16bit", merge="single" if single
-                         else merge)  # fmt: skip
     if gluon:
         pass  # launched above
     elif rp:

@@ -31,7 +31,6 @@ try:  # Gluon is experimental; a Triton without it (or with another API) disable
         warpgroup_mma_init,
         warpgroup_mma_wait,
     )
-    from triton.runtime.jit import constexpr_function
 
     # cp.async into shared memory: `async_copy_global_to_shared` in Triton 3.6 (the H200
     # machine), renamed `async_load` later (same arguments).
@@ -43,17 +42,6 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
     AVAILABLE = False
 
 if AVAILABLE:
-
-    @constexpr_function
-    def _score_layout(dup, block_n):
-        """The score tile's MMA layout: the two warpgroups split its tokens (`[4, 2]`), or with
-        ``dup`` both compute all of it (`[8, 1]`, as Triton lays a chained dot: twice the score
-        MMAs, but row reductions and P's change to an operand layout stay in registers)."""
-        if dup:
-            return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[8, 1],
-                                             instr_shape=[16, block_n, 16])  # fmt: skip
-        return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
-                                         instr_shape=[16, block_n // 2, 16])  # fmt: skip
 
     @gluon.jit
     def _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, jn, t_start, n_local, n_lim,
@@ -80,49 +68,15 @@ if AVAILABLE:
         cp.commit_group()
 
     @gluon.jit
-    def _prefetch_l2(kv_ptr, idx_smem, jn, t_start, n_local, n_lim, stride_kvt8,
-                     BLOCK_N: gl.constexpr, PF_ASM: gl.constexpr, num_warps: gl.constexpr):  # fmt: skip
-        """Ask L2 for tile jn's rows (one bulk prefetch per row, no shared memory): the gather
-        that later copies them into the ring then waits for L2, not HBM. Rows past the split
-        or padded are skipped by the asm's predicate."""
-        pf: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
-        row = idx_smem.index(gl.maximum(gl.minimum(jn, n_local - 1), 0))
-        rid = row.load(pf)
-        offs = gl.arange(0, BLOCK_N, layout=pf)
-        ok = ((t_start + jn) * BLOCK_N + offs < n_lim) & (rid >= 0)
-        ptrs = kv_ptr + gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
-        gl.inline_asm_elementwise(PF_ASM, "=r,l,r", [ptrs, ok.to(gl.int32)], dtype=gl.int32,
-                                  is_pure=False, pack=1)  # fmt: skip
-
-    @gluon.jit
     def _score(q_smem, qt_op, kv_j, kt_j, s_zero, D_TAIL: gl.constexpr, DROP: gl.constexpr):
-        """Issue S = q K^T (+ the score-only tail) for one tile, asynchronously."""
+        """S = q K^T (+ the score-only tail) for one tile (DROP == 2: zeros, no dot)."""
         if DROP == 2:
-            return warpgroup_mma_init(s_zero)  # (diagnostics: no dot)
+            return s_zero
         s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)  # fmt: skip
         if D_TAIL > 0:
             s_tok = warpgroup_mma(qt_op, kt_j.permute((1, 0)), s_tok, is_async=True)
-        return s_tok
-
-    @gluon.jit
-    def _next_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local, n_lim,
-                     stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
-                     D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
-                     NBUF: gl.constexpr, ld: gl.constexpr, ld_t: gl.constexpr,
-                     DROP: gl.constexpr, PF_AHEAD: gl.constexpr, PF_ASM: gl.constexpr,
-                     num_warps: gl.constexpr):  # fmt: skip
-        """Iteration j's copies: the gather of tile j + NBUF - 1 into the slot tile j - 1 used
-        (one commit group, empty with DROP == 1), and the optional L2 prefetch beyond it."""
-        if PF_AHEAD > 0:
-            _prefetch_l2(kv_ptr, idx_smem, j + NBUF - 1 + PF_AHEAD, t_start, n_local, n_lim,
-                         stride_kvt8, BLOCK_N, PF_ASM, num_warps)  # fmt: skip
-        if DROP == 1:
-            cp.commit_group()  # (an empty group keeps the wait counts)
-        else:
-            _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start, n_local,
-                          n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
-                          D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
+        return warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
 
     @gluon.jit
     def _sparse_mla_split_gluon_kernel(
@@ -134,9 +88,9 @@ if AVAILABLE:
         H,
         topk,
         tiles_per_split,
-        stride_qb,
-        stride_qh,
-        stride_kvt8,  # KV row stride / 8: rows start 16-byte aligned, so cp.async moves 16 B
+        stride_qb8,  # q's and KV's strides / 8: rows start 16-byte aligned, so that
+        stride_qh8,  # cp.async moves 16 B (the launcher checks they divide)
+        stride_kvt8,
         stride_ib,
         stride_ob,
         stride_os,
@@ -153,10 +107,6 @@ if AVAILABLE:
         MAX_T: gl.constexpr,  # power of two >= tiles per split
         num_warps: gl.constexpr,
         DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop, 2 no dots
-        PF_AHEAD: gl.constexpr = 0,  # L2 prefetch of the tile this many past the ring's newest
-        PF_ASM: gl.constexpr = "",  # its PTX (bulk prefetch of one row; the size is the row's)
-        S_DUP: gl.constexpr = False,
-        EARLY: gl.constexpr = False,  # issue the score dot before waiting for the last P V dot
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         # Register layouts. Gathers: 16-byte vectors, a warp per row slice.
@@ -164,7 +114,8 @@ if AVAILABLE:
         ld_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
         ix: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])  # [t, n]
         # Scores: the two warpgroups split the tokens (no duplicated dot).
-        s_l: gl.constexpr = _score_layout(S_DUP, BLOCK_N)
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
         # Output: the two warpgroups split d_v.
         o_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D_V // 2, 16])
@@ -193,7 +144,8 @@ if AVAILABLE:
         offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
         offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
-        _cp_load(q_smem, q_ptr + b * stride_qb + offs_h_ld[:, None] * stride_qh
+        q_row = q_ptr + b * (stride_qb8 * 8)
+        _cp_load(q_smem, q_row + offs_h_ld[:, None] * (stride_qh8 * 8)
                  + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None])  # fmt: skip
         kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_V], sh_kv)
         offs_n_ld = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
@@ -204,7 +156,7 @@ if AVAILABLE:
             offs_h_lt = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_t))
             # The q tail stays in registers as the score dot's A operand (16 per thread at
             # 64 columns): V3.2's 64-token ring then fits in 227 KB of shared memory.
-            qt = gl.load(q_ptr + b * stride_qb + offs_h_lt[:, None] * stride_qh + D_V
+            qt = gl.load(q_row + offs_h_lt[:, None] * (stride_qh8 * 8) + D_V
                          + offs_t_lt[None, :],
                          mask=(offs_h_lt < H)[:, None] & (offs_t_lt < D_TAIL)[None, :],
                          other=0.0)  # fmt: skip
@@ -217,11 +169,7 @@ if AVAILABLE:
         cp.wait_group(1)  # the indices (q may still be in flight)
         _cta_barrier()  # the index rows are read back by other threads
 
-        # Prologue: L2 prefetches of the tiles after the ring's first fill, then the gathers
-        # of the first NBUF - 1 tiles.
-        for j in gl.static_range(PF_AHEAD):
-            _prefetch_l2(kv_ptr, idx_smem, NBUF - 1 + j, t_start, n_local, n_lim, stride_kvt8,
-                         BLOCK_N, PF_ASM, num_warps)  # fmt: skip
+        # Prologue: the gathers of the first NBUF - 1 tiles.
         for j in gl.static_range(NBUF - 1):
             _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local, n_lim,
                           stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
@@ -229,42 +177,27 @@ if AVAILABLE:
 
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
-        # Carried as an in-flight wgmma result: each tile's P V dot finishes under the next
-        # tile's gather issue and score dot.
+        # Carried as an in-flight wgmma result: a tile's P V dot runs while the loop returns to
+        # its top (it must finish before its slot is refilled there).
         acc = warpgroup_mma_init(gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_l))
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
         offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
         for j in range(0, n_local):
+            # The previous tile's P V dot read the slot refilled below: let it finish...
+            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()  # ...in both warpgroups, before any warp refills it
+            if DROP == 1:
+                cp.commit_group()  # (an empty group keeps the wait counts)
+            else:
+                _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start,
+                              n_local, n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt,
+                              offs_t_lt, D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
+            cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies),
+            _cta_barrier()  # ...everyone's,
+            fence_async_shared()  # ...visible to wgmma
             buf = j % NBUF
             kv_j = kv_smem.index(buf)
-            if EARLY:
-                # Score dot first: it queues behind the previous tile's P V dot on the tensor
-                # cores, and the next gather is issued while both run.
-                cp.wait_group(NBUF - 2)  # tile j landed (this thread's copies)
-                _cta_barrier()  # ...everyone's
-                fence_async_shared()  # ...visible to wgmma
-                s_tok = _score(q_smem, qt_op, kv_j, kt_smem.index(buf), s_zero, D_TAIL, DROP)
-                o_j = warpgroup_mma_wait(num_outstanding=0 if DROP == 2 else 1 + (D_TAIL > 0),
-                                         deps=(acc,))  # fmt: skip
-                _cta_barrier()  # both warpgroups' P V dots of tile j - 1 are done with its slot
-                _next_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local,
-                             n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
-                             D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t, DROP, PF_AHEAD, PF_ASM,
-                             num_warps)  # fmt: skip
-                s = s_zero if DROP == 2 else warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-            else:
-                # The previous tile's P V dot read the slot refilled below: let it finish...
-                o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                _cta_barrier()  # ...in both warpgroups, before any warp refills it
-                _next_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j, t_start, n_local,
-                             n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
-                             D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t, DROP, PF_AHEAD, PF_ASM,
-                             num_warps)  # fmt: skip
-                cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies),
-                _cta_barrier()  # ...everyone's,
-                fence_async_shared()  # ...visible to wgmma
-                s_tok = _score(q_smem, qt_op, kv_j, kt_smem.index(buf), s_zero, D_TAIL, DROP)
-                s = s_zero if DROP == 2 else warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
+            s = _score(q_smem, qt_op, kv_j, kt_smem.index(buf), s_zero, D_TAIL, DROP)
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
