@@ -50,7 +50,7 @@ def _dtypes(device: str) -> list[torch.dtype]:
 
 def _gluon_here() -> bool:
     """Whether this machine runs the Gluon kernel (a Hopper GPU and a Triton with Gluon)."""
-    from servelab.kernels.sparse_mla.splitkv import gluon_device
+    from servelab.kernels.sparse_mla.splitkv_gluon import gluon_device
 
     return gluon_device()
 
@@ -714,7 +714,7 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     the tl kernel (correct numbers, LAST_PATH says so), warn once, and not retry the compile
     on every later call. Simulated with a kernel whose launch raises as a failed compile does;
     on the CPU the launch is also made reachable (no Hopper there)."""
-    from servelab.kernels.sparse_mla import splitkv, splitkv_gluon
+    from servelab.kernels.sparse_mla import splitkv_gluon
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
 
     tries = []
@@ -728,11 +728,11 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
             return launch
 
     monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
-    monkeypatch.setattr(splitkv, "_GLUON_FAILED", {})
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
     if device == "cpu":
-        monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v, tps, drop="": (
-            splitkv._gluon_key(splitkv._gluon_consts(cfg, d_v, kv.shape[1] - d_v, tps, drop), q)
-            not in splitkv._GLUON_FAILED))  # fmt: skip
+        monkeypatch.setattr(splitkv_gluon, "serves", lambda cfg, q, kv, d_v, tps, drop="": (
+            splitkv_gluon.key(splitkv_gluon.consts(cfg, d_v, kv.shape[1] - d_v, tps, drop), q)
+            not in splitkv_gluon.FAILED))  # fmt: skip
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 70
     q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)
@@ -754,7 +754,7 @@ def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch
     """With no config, a Gluon compile failure must fall back to the tl kernel's own default
     geometry for that shape (16-head tiles for H = 32), not run the Gluon tile (64 heads) on
     the tl kernel; simulated as in the test above (Gluon made reachable, its launch raising)."""
-    from servelab.kernels.sparse_mla import splitkv, splitkv_gluon
+    from servelab.kernels.sparse_mla import splitkv_gluon
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     class Broken:
@@ -766,10 +766,10 @@ def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch
 
     device = DEVICES[0]
     monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
-    monkeypatch.setattr(splitkv, "_GLUON_FAILED", {})
-    monkeypatch.setattr(splitkv, "gluon_device", lambda device=None: True)
-    monkeypatch.setattr(splitkv, "_gluon_serves", lambda cfg, q, kv, d_v, tps, drop="": (
-        cfg.kernel == "gluon" and not splitkv._GLUON_FAILED))  # fmt: skip
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(splitkv_gluon, "serves", lambda cfg, q, kv, d_v, tps, drop="": (
+        cfg.kernel == "gluon" and not splitkv_gluon.FAILED))  # fmt: skip
     b, h, d_qk, d_v, topk = 32, 32, 48, 32, 40
     q, kv, idx = _make(device, torch.float16, b, h, d_qk, topk, seed=9)
     out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, torch.float16)

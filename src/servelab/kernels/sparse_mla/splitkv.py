@@ -22,9 +22,6 @@ lse_s = -inf, which the merge weighs with exp(-inf) = 0).
 
 from __future__ import annotations
 
-import functools
-import warnings
-from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -34,8 +31,20 @@ import triton.language as tl
 from . import merge as merge_mod
 from . import splitkv_gluon
 from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
-from .merge import MERGES, fused_merge_epilogue, gdc_launch_dependents
+from .merge import fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
+from .splitkv_config import (  # noqa: F401 - re-exported: the launch geometry lives there
+    GLUON_WIDE,
+    MAX_SPLITS,
+    NARROW,
+    NARROW_RP,
+    NARROW_TP,
+    WIDE,
+    SplitConfig,
+    choose_num_splits,
+    default_config,
+    resolve_merge,
+)
 from .splitkv_rp import _sparse_mla_split_rp_kernel
 
 if TYPE_CHECKING:
@@ -43,171 +52,11 @@ if TYPE_CHECKING:
 
 LOG2E = 1.4426950408889634
 
-MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
-
 # The compiled kernels of the latest launch, for the benchmark's register/spill report.
 LAST_COMPILED: dict[str, object] = {}
 # Which paths the latest launch took (split kernel, merge, partials' dtype, heads x tokens per
 # tile), for tests and logs.
 LAST_PATH: dict[str, str] = {}
-
-
-@dataclass(frozen=True, slots=True)
-class SplitConfig:
-    """Launch geometry of the split kernel. Tile sizes and the split count set the order of
-    the fp32 online-softmax accumulation and the merge, so two configs agree within the
-    derived tolerance, not bit for bit; the tests check each against the exact result."""
-
-    block_h: int = 64
-    block_n: int = 64
-    num_warps: int = 8
-    num_stages: int = 2
-    # Programs one SM holds at once with this geometry at the real shapes (compiler report on
-    # the H200: 64-head tiles use 243-255 registers x 256 threads and 197-221 KB shared
-    # memory -> 1; 16-head, 32-token tiles 128-191 registers x 128 threads, 50-93 KB -> 2+).
-    ctas_per_sm: int = 1
-    waves: float = 1.0  # target programs = waves x ctas_per_sm x SMs
-    min_tiles_per_split: int = 1
-    prefetch_idx: bool = True  # load tile t+1's indices during tile t
-    # How partials are merged when num_splits > 1 (merge.py): "kernel" (second launch),
-    # "pdl" (second launch, programmatic dependent), "fused" (last split program merges),
-    # "auto" (pdl or kernel by how full the split grid is: `resolve_merge`).
-    merge: str = "auto"
-    # FP8 cache: per-chunk scales (fp8_split.py), else the reshape kernel. `default_config`
-    # sets it per shape from the H200 measurements; a hand-made config keeps True, which was
-    # 1.4-1.8x slower than the reshape kernel with 64-head tiles (registers spill).
-    fp8_chunked: bool = True
-    # Partial O of each split: fp32, or rounded to q's dtype ("input": half the partial bytes,
-    # one extra rounding of u per partial). Timed on the H200: faster only for the 64-split
-    # H16 slice at B <= 2 (9.37 -> 8.30 us), slower elsewhere; so not a default.
-    partial_dtype: str = "fp32"
-    # Split kernel for a 16-bit cache: "tl" (this file), "rp" (splitkv_rp.py: the next tile's
-    # gather issued into registers before this tile's dots, num_stages unused) or "gluon"
-    # (splitkv_gluon.py: Hopper, 64-head tiles, 8 warps; num_stages = ring depth). A config
-    # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
-    # runs the "tl" kernel; LAST_PATH["split"] says which ran.
-    kernel: str = "tl"
-
-    def __post_init__(self) -> None:
-        for name in ("block_h", "block_n"):
-            v = getattr(self, name)
-            if v < 16 or v & (v - 1):
-                raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
-        if self.merge not in MERGES:
-            raise ValueError(f"merge must be one of {MERGES}, got {self.merge!r}")
-        if self.kernel not in ("tl", "rp", "gluon"):
-            raise ValueError(f"kernel must be 'tl', 'rp' or 'gluon', got {self.kernel!r}")
-        if self.partial_dtype not in ("fp32", "input"):
-            raise ValueError(f"partial_dtype must be 'fp32' or 'input', got {self.partial_dtype!r}")
-
-
-# Chosen from the sweep on the H200 (docs/performance.md (sparse MLA section), 2026-11-29):
-# - H >= 64 and B*H >= 1024: 64-head tiles, 64-token tiles, no index prefetch (V3.2 B=64:
-#   163 us vs 246 us with prefetch; bn64 beats bn32 by 1.1-1.5x at B=64).
-# - H >= 64, smaller B: 16-head tiles with more splits (V4-Flash B=1: 8.4 us vs 13.1 us for
-#   64-head tiles; B=8: 15.0 vs 16.1).
-# - H < 64 (TP slices): 16-head, 32-token tiles, 3 stages (H16 B=64: 53.5 us vs 69.8 us).
-WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
-                   prefetch_idx=False)  # fmt: skip
-NARROW = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2)
-NARROW_TP = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2)
-
-
-# PDL lets the merge kernel's programs be placed while the split kernel still runs; they then
-# hold SM slots the split programs need. H200, 2026-11-29 (bench --compare, 20 cells at
-# B <= 8): PDL won 1-8% wherever the split grid used <= 3/4 of the program slots
-# (V4-Flash B=1 8.46 -> 8.08 us, H32 8.07 -> 7.41, H16 10.05 -> 9.37, V4-Pro 12.39 -> 11.81)
-# and lost up to 4% at a full grid (V3.2 B=1, 256 programs: 14.90 -> 15.48).
-# B > 8 was not measured with PDL, so "auto" keeps the two plain kernels there.
-PDL_MAX_FILL = 0.75
-PDL_MAX_B = 8
-
-
-# The Gluon kernel (splitkv_gluon.py) at large B, H200 2026-11-29 (bench_sparse_mla_geometry,
-# docs/performance.md): 64-token tiles, a 2-deep ring, 8 warps. Faster than WIDE by 1.13-1.26x
-# on V4-Flash, V4-Pro and the H32 slice at B >= 32; not on the H16 slice (75% of its 64-head
-# tile is padding). NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
-# faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, two calls).
-GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
-                         prefetch_idx=False, kernel="gluon")  # fmt: skip
-GLUON_MIN_H = 32
-GLUON_MIN_B = 32
-NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
-                        prefetch_idx=False, kernel="rp")  # fmt: skip
-
-
-def gluon_device(device: torch.device | None = None) -> bool:
-    """Whether the Gluon kernel can run here: a Triton with Gluon and a Hopper GPU."""
-    if not splitkv_gluon.AVAILABLE or not torch.cuda.is_available():
-        return False
-    if device is not None and device.type != "cuda":
-        return False
-    index = torch.cuda.current_device() if device is None or device.index is None else device.index
-    return _is_hopper(index)
-
-
-@functools.cache
-def _is_hopper(index: int) -> bool:  # asked on every default launch: once per device
-    return torch.cuda.get_device_capability(index)[0] == 9
-
-
-def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
-                   fp8_tile: int | None = None, *, gluon: bool | None = None) -> SplitConfig:  # fmt: skip
-    """Config by batch and head count; ``fp8_tile`` (the FP8 cache's scale tile, None for a
-    16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
-    (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
-
-    FP8 (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
-    with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
-    34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
-    kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
-    (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
-    if fp8_tile is None and b >= GLUON_MIN_B and h >= GLUON_MIN_H:
-        if gluon_device() if gluon is None else gluon:
-            return GLUON_WIDE
-    if h >= 64:
-        cfg = WIDE if b * h >= 1024 else NARROW
-    elif h <= 16 and b == 1 and fp8_tile is None:
-        cfg = NARROW_RP
-    else:
-        cfg = NARROW_TP
-    if fp8_tile is not None:
-        return replace(cfg, fp8_chunked=cfg.block_h == 16 and fp8_tile <= 64 and b >= 2)
-    return cfg
-
-
-def resolve_merge(cfg: SplitConfig, b: int, h: int, num_splits: int, num_sms: int,
-                  device: torch.device) -> str:  # fmt: skip
-    """The merge a launch uses: "none" for one split; "auto" -> "pdl" when B <= PDL_MAX_B and
-    the split grid (B x head blocks x splits) fills at most PDL_MAX_FILL of the program slots
-    (ctas_per_sm x SMs), else "kernel"; "pdl" -> "kernel" where the device cannot
-    (interpreter, before Hopper)."""
-    if num_splits == 1:
-        return "none"
-    merge = cfg.merge
-    if merge == "auto":
-        fill = b * triton.cdiv(h, cfg.block_h) * num_splits / (cfg.ctas_per_sm * num_sms)
-        merge = "pdl" if b <= PDL_MAX_B and fill <= PDL_MAX_FILL else "kernel"
-    if merge == "pdl" and not merge_mod.pdl_supported(device):
-        merge = "kernel"
-    return merge
-
-
-def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int) -> int:
-    """Split count so that B x head-blocks x splits is about waves x ctas_per_sm x SMs.
-
-    Never more splits than tiles (a split owns whole tiles), and 1 when the grid is already
-    full without splitting (then the combine kernel is skipped).
-    """
-    n_hblk = triton.cdiv(h, cfg.block_h)
-    n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
-    base = b * n_hblk
-    want = max(int(cfg.waves * cfg.ctas_per_sm * num_sms) // max(base, 1), 1)
-    max_splits = max(n_tiles // cfg.min_tiles_per_split, 1)
-    splits = min(want, max_splits, MAX_SPLITS)
-    # Equalise: every split gets the same whole number of tiles, no empty trailing split.
-    tiles_per_split = triton.cdiv(n_tiles, splits)
-    return triton.cdiv(n_tiles, tiles_per_split)
 
 
 @triton.jit
@@ -402,69 +251,6 @@ def _num_sms(device: torch.device) -> int:
     return 8  # interpreter: any small number; only exercises the multi-split path
 
 
-# Gluon launches whose compile failed in this process (an experimental dialect: another Triton
-# may reject the code): key -> error; those launches run the tl kernel instead.
-_GLUON_FAILED: dict[tuple, str] = {}
-GLUON_SMEM_LIMIT = 227 * 1024  # bytes of shared memory per block on Hopper
-
-
-def _gluon_consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int,
-                  drop: str) -> dict:  # fmt: skip
-    """The Gluon kernel's compile-time arguments for a launch (its compile cache key)."""
-    return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-                BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
-                MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
-                DROP={"": 0, "gather": 1, "dots": 2}[drop])  # fmt: skip
-
-
-def _gluon_key(consts: dict, q: torch.Tensor) -> tuple:
-    return (*sorted(consts.items()), q.dtype)
-
-
-def _gluon_serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
-                  tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
-    """Whether splitkv_gluon.py can run this launch: a Hopper GPU (wgmma) and a Triton with
-    Gluon; 64-head tiles over 8 warps (two warpgroups); d_v a power of two <= 512 (each
-    warpgroup's half is one wgmma N <= 256); a ring of >= 2 tiles of >= 16 tokens; q and KV
-    rows and the score-only tail in 16-byte units (cp.async moves 16 B); q, the ring and the
-    split's indices within Hopper's shared memory; no earlier compile failure of this key."""
-    d_tail = kv.shape[1] - d_v
-    if not (gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
-            and cfg.block_n >= 16 and cfg.num_stages >= 2 and 32 <= d_v <= 512
-            and d_v & (d_v - 1) == 0 and d_tail % 8 == 0 and kv.element_size() == 2
-            and q.element_size() == 2 and drop in ("", "gather", "dots")):  # fmt: skip
-        return False
-    if any(x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))) or any(
-        t.data_ptr() % 16 for t in (q, kv)
-    ):
-        return False
-    consts = _gluon_consts(cfg, d_v, d_tail, tiles_per_split, drop)
-    smem = 2 * (64 * d_v + cfg.num_stages * cfg.block_n * (d_v + d_tail))
-    smem += 4 * consts["MAX_T"] * cfg.block_n + 8 * 1024  # indices; reductions, P's conversion
-    return smem <= GLUON_SMEM_LIMIT and _gluon_key(consts, q) not in _GLUON_FAILED
-
-
-def _launch_gluon(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-                  sm_scale, d_v, drop) -> bool:  # fmt: skip
-    """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
-    consts = _gluon_consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
-    try:
-        LAST_COMPILED["split"] = splitkv_gluon._sparse_mla_split_gluon_kernel[grid](
-            q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
-            q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **consts,
-        )  # fmt: skip
-        return True
-    except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
-        if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise  # compile happens on the first (uncaptured) call; never hide a capture error
-        key = _gluon_key(consts, q)
-        _GLUON_FAILED[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        warnings.warn(f"sparse MLA: the Gluon split kernel did not compile here "
-                      f"({_GLUON_FAILED[key]}); using the Triton kernel", stacklevel=3)  # fmt: skip
-        return False
-
-
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
     """Whether fp8_split.py serves this layout (V3.2-like or V4-like, at most 8 chunks)."""
     d_rope = cache.d_qk - cache.d_fp8
@@ -506,7 +292,7 @@ def splitkv_decode(
     if q.stride(-1) != 1 or kv_main.stride(-1) != 1 or indices.stride(-1) != 1:
         raise ValueError("q, kv_cache and indices need a contiguous last dimension")
     cfg = config or default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None,
-                                   gluon=gluon_device(q.device))  # fmt: skip
+                                   gluon=splitkv_gluon.gluon_device(q.device))  # fmt: skip
     asked_splits = num_splits
     for _ in range(2):  # a default Gluon config this launch cannot use: the tl default instead
         n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
@@ -515,7 +301,7 @@ def splitkv_decode(
         if not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
         tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
-        gluon = not fp8 and cfg.kernel == "gluon" and _gluon_serves(
+        gluon = not fp8 and cfg.kernel == "gluon" and splitkv_gluon.serves(
             cfg, q, kv_main, d_v, tiles_per_split, drop)  # fmt: skip
         if config is not None or cfg.kernel != "gluon" or gluon:
             break
@@ -571,13 +357,16 @@ def splitkv_decode(
     rp = not fp8 and not drop and not fused and cfg.kernel == "rp"
     if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
         merge = "kernel"
-    if gluon and not _launch_gluon(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h, topk,
-                                   tiles_per_split, so, sl, sm_scale, d_v, drop):  # fmt: skip
+    if gluon and not splitkv_gluon.launch(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h,
+                                          topk, tiles_per_split, so, sl, sm_scale, d_v,
+                                          drop):  # fmt: skip
         if config is None:  # the default again: now the tl kernel with its own geometry
             return splitkv_decode(q, kv_cache, indices, sm_scale, d_v, num_splits=asked_splits,
                                   out=out, lse=lse, drop=drop,
                                   workspace=workspace if asked_splits else None)  # fmt: skip
         gluon = False
+    if gluon:
+        LAST_COMPILED["split"] = splitkv_gluon.LAST_COMPILED["split"]
     LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else
                      "16bit_rp" if rp else "16bit_gluon" if gluon else "16bit",
                      merge="single" if single else merge,

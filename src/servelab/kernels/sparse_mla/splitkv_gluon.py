@@ -21,6 +21,21 @@ compile it for sm_90a and check the compiler's resource report.
 
 from __future__ import annotations
 
+import functools
+import warnings
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+if TYPE_CHECKING:
+    from .splitkv_config import SplitConfig
+
+LOG2E = 1.4426950408889634
+# The compiled kernel of the latest launch (the benchmark's register report reads it; the
+# dispatcher copies it into splitkv.LAST_COMPILED).
+LAST_COMPILED: dict[str, object] = {}
+
 try:  # Gluon is experimental; a Triton without it (or with another API) disables this path
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -226,3 +241,82 @@ if AVAILABLE:
         lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # -inf when l_i == 0
         offs_h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
         gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
+
+
+def gluon_device(device: torch.device | None = None) -> bool:
+    """Whether the Gluon kernel can run here: a Triton with Gluon and a Hopper GPU."""
+    if not AVAILABLE or not torch.cuda.is_available():
+        return False
+    if device is not None and device.type != "cuda":
+        return False
+    index = torch.cuda.current_device() if device is None or device.index is None else device.index
+    return _is_hopper(index)
+
+
+@functools.cache
+def _is_hopper(index: int) -> bool:  # asked on every default launch: once per device
+    return torch.cuda.get_device_capability(index)[0] == 9
+
+
+# Gluon launches whose compile failed in this process (an experimental dialect: another Triton
+# may reject the code): key -> error; those launches run the tl kernel instead.
+FAILED: dict[tuple, str] = {}
+SMEM_LIMIT = 227 * 1024  # bytes of shared memory per block on Hopper
+
+
+def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int, drop: str) -> dict:
+    """The Gluon kernel's compile-time arguments for a launch (its compile cache key)."""
+    return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
+                MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
+                DROP={"": 0, "gather": 1, "dots": 2}[drop])  # fmt: skip
+
+
+def key(kconsts: dict, q: torch.Tensor) -> tuple:
+    """The failure cache's key: every compile-time argument and q's dtype."""
+    return (*sorted(kconsts.items()), q.dtype)
+
+
+def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
+           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
+    """Whether splitkv_gluon.py can run this launch: a Hopper GPU (wgmma) and a Triton with
+    Gluon; 64-head tiles over 8 warps (two warpgroups); d_v a power of two <= 512 (each
+    warpgroup's half is one wgmma N <= 256); a ring of >= 2 tiles of >= 16 tokens; q and KV
+    rows and the score-only tail in 16-byte units (cp.async moves 16 B); q, the ring and the
+    split's indices within Hopper's shared memory; no earlier compile failure of this key."""
+    d_tail = kv.shape[1] - d_v
+    if not (gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
+            and cfg.block_n >= 16 and cfg.num_stages >= 2 and 32 <= d_v <= 512
+            and d_v & (d_v - 1) == 0 and d_tail % 8 == 0 and kv.element_size() == 2
+            and q.element_size() == 2 and drop in ("", "gather", "dots")):  # fmt: skip
+        return False
+    if any(x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))) or any(
+        t.data_ptr() % 16 for t in (q, kv)
+    ):
+        return False
+    kc = consts(cfg, d_v, d_tail, tiles_per_split, drop)
+    smem = 2 * (64 * d_v + cfg.num_stages * cfg.block_n * (d_v + d_tail))
+    smem += 4 * kc["MAX_T"] * cfg.block_n + 8 * 1024  # indices; reductions, P's conversion
+    return smem <= SMEM_LIMIT and key(kc, q) not in FAILED
+
+
+def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
+           sm_scale, d_v, drop) -> bool:  # fmt: skip
+    """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
+    kc = consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
+    try:
+        compiled = _sparse_mla_split_gluon_kernel[grid](
+            q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
+            q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
+        )  # fmt: skip
+        LAST_COMPILED["split"] = compiled
+        return True
+    except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
+        if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise  # compile happens on the first (uncaptured) call; never hide a capture error
+        k = key(kc, q)
+        FAILED[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        warnings.warn(f"sparse MLA: the Gluon split kernel did not compile here "
+                      f"({FAILED[k]}); using the Triton kernel", stacklevel=3)  # fmt: skip
+        return False

@@ -1,0 +1,158 @@
+"""Launch geometry of the split-KV kernels: `SplitConfig`, the per-shape defaults measured on
+the H200 (docs/performance.md, sparse MLA section), the merge choice and the split count."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+
+from . import merge as merge_mod
+from . import splitkv_gluon
+from .merge import MERGES
+
+MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
+
+
+@dataclass(frozen=True, slots=True)
+class SplitConfig:
+    """Launch geometry of the split kernel. Tile sizes and the split count set the order of
+    the fp32 online-softmax accumulation and the merge, so two configs agree within the
+    derived tolerance, not bit for bit; the tests check each against the exact result."""
+
+    block_h: int = 64
+    block_n: int = 64
+    num_warps: int = 8
+    num_stages: int = 2
+    # Programs one SM holds at once with this geometry at the real shapes (compiler report on
+    # the H200: 64-head tiles use 243-255 registers x 256 threads and 197-221 KB shared
+    # memory -> 1; 16-head, 32-token tiles 128-191 registers x 128 threads, 50-93 KB -> 2+).
+    ctas_per_sm: int = 1
+    waves: float = 1.0  # target programs = waves x ctas_per_sm x SMs
+    min_tiles_per_split: int = 1
+    prefetch_idx: bool = True  # load tile t+1's indices during tile t
+    # How partials are merged when num_splits > 1 (merge.py): "kernel" (second launch),
+    # "pdl" (second launch, programmatic dependent), "fused" (last split program merges),
+    # "auto" (pdl or kernel by how full the split grid is: `resolve_merge`).
+    merge: str = "auto"
+    # FP8 cache: per-chunk scales (fp8_split.py), else the reshape kernel. `default_config`
+    # sets it per shape from the H200 measurements; a hand-made config keeps True, which was
+    # 1.4-1.8x slower than the reshape kernel with 64-head tiles (registers spill).
+    fp8_chunked: bool = True
+    # Partial O of each split: fp32, or rounded to q's dtype ("input": half the partial bytes,
+    # one extra rounding of u per partial). Timed on the H200: faster only for the 64-split
+    # H16 slice at B <= 2 (9.37 -> 8.30 us), slower elsewhere; so not a default.
+    partial_dtype: str = "fp32"
+    # Split kernel for a 16-bit cache: "tl" (this file), "rp" (splitkv_rp.py: the next tile's
+    # gather issued into registers before this tile's dots, num_stages unused) or "gluon"
+    # (splitkv_gluon.py: Hopper, 64-head tiles, 8 warps; num_stages = ring depth). A config
+    # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
+    # runs the "tl" kernel; LAST_PATH["split"] says which ran.
+    kernel: str = "tl"
+
+    def __post_init__(self) -> None:
+        for name in ("block_h", "block_n"):
+            v = getattr(self, name)
+            if v < 16 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
+        if self.merge not in MERGES:
+            raise ValueError(f"merge must be one of {MERGES}, got {self.merge!r}")
+        if self.kernel not in ("tl", "rp", "gluon"):
+            raise ValueError(f"kernel must be 'tl', 'rp' or 'gluon', got {self.kernel!r}")
+        if self.partial_dtype not in ("fp32", "input"):
+            raise ValueError(f"partial_dtype must be 'fp32' or 'input', got {self.partial_dtype!r}")
+
+
+# Chosen from the sweep on the H200 (docs/performance.md (sparse MLA section), 2026-11-29):
+# - H >= 64 and B*H >= 1024: 64-head tiles, 64-token tiles, no index prefetch (V3.2 B=64:
+#   163 us vs 246 us with prefetch; bn64 beats bn32 by 1.1-1.5x at B=64).
+# - H >= 64, smaller B: 16-head tiles with more splits (V4-Flash B=1: 8.4 us vs 13.1 us for
+#   64-head tiles; B=8: 15.0 vs 16.1).
+# - H < 64 (TP slices): 16-head, 32-token tiles, 3 stages (H16 B=64: 53.5 us vs 69.8 us).
+WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
+                   prefetch_idx=False)  # fmt: skip
+NARROW = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=2, ctas_per_sm=2)
+NARROW_TP = SplitConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, ctas_per_sm=2)
+
+
+# PDL lets the merge kernel's programs be placed while the split kernel still runs; they then
+# hold SM slots the split programs need. H200, 2026-11-29 (bench --compare, 20 cells at
+# B <= 8): PDL won 1-8% wherever the split grid used <= 3/4 of the program slots
+# (V4-Flash B=1 8.46 -> 8.08 us, H32 8.07 -> 7.41, H16 10.05 -> 9.37, V4-Pro 12.39 -> 11.81)
+# and lost up to 4% at a full grid (V3.2 B=1, 256 programs: 14.90 -> 15.48).
+# B > 8 was not measured with PDL, so "auto" keeps the two plain kernels there.
+PDL_MAX_FILL = 0.75
+PDL_MAX_B = 8
+
+
+# The Gluon kernel (splitkv_gluon.py) at large B, H200 2026-11-29 (bench_sparse_mla_geometry,
+# docs/performance.md): 64-token tiles, a 2-deep ring, 8 warps. Faster than WIDE by 1.13-1.26x
+# on V4-Flash, V4-Pro and the H32 slice at B >= 32; not on the H16 slice (75% of its 64-head
+# tile is padding). NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
+# faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, two calls).
+GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
+                         prefetch_idx=False, kernel="gluon")  # fmt: skip
+GLUON_MIN_H = 32
+GLUON_MIN_B = 32
+NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
+                        prefetch_idx=False, kernel="rp")  # fmt: skip
+
+
+def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
+                   fp8_tile: int | None = None, *, gluon: bool | None = None) -> SplitConfig:  # fmt: skip
+    """Config by batch and head count; ``fp8_tile`` (the FP8 cache's scale tile, None for a
+    16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
+    (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
+
+    FP8 (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
+    with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
+    34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
+    kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
+    (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
+    if fp8_tile is None and b >= GLUON_MIN_B and h >= GLUON_MIN_H:
+        if splitkv_gluon.gluon_device() if gluon is None else gluon:
+            return GLUON_WIDE
+    if h >= 64:
+        cfg = WIDE if b * h >= 1024 else NARROW
+    elif h <= 16 and b == 1 and fp8_tile is None:
+        cfg = NARROW_RP
+    else:
+        cfg = NARROW_TP
+    if fp8_tile is not None:
+        return replace(cfg, fp8_chunked=cfg.block_h == 16 and fp8_tile <= 64 and b >= 2)
+    return cfg
+
+
+def resolve_merge(cfg: SplitConfig, b: int, h: int, num_splits: int, num_sms: int,
+                  device: torch.device) -> str:  # fmt: skip
+    """The merge a launch uses: "none" for one split; "auto" -> "pdl" when B <= PDL_MAX_B and
+    the split grid (B x head blocks x splits) fills at most PDL_MAX_FILL of the program slots
+    (ctas_per_sm x SMs), else "kernel"; "pdl" -> "kernel" where the device cannot
+    (interpreter, before Hopper)."""
+    if num_splits == 1:
+        return "none"
+    merge = cfg.merge
+    if merge == "auto":
+        fill = b * triton.cdiv(h, cfg.block_h) * num_splits / (cfg.ctas_per_sm * num_sms)
+        merge = "pdl" if b <= PDL_MAX_B and fill <= PDL_MAX_FILL else "kernel"
+    if merge == "pdl" and not merge_mod.pdl_supported(device):
+        merge = "kernel"
+    return merge
+
+
+def choose_num_splits(b: int, h: int, topk: int, cfg: SplitConfig, num_sms: int) -> int:
+    """Split count so that B x head-blocks x splits is about waves x ctas_per_sm x SMs.
+
+    Never more splits than tiles (a split owns whole tiles), and 1 when the grid is already
+    full without splitting (then the combine kernel is skipped).
+    """
+    n_hblk = triton.cdiv(h, cfg.block_h)
+    n_tiles = max(triton.cdiv(topk, cfg.block_n), 1)
+    base = b * n_hblk
+    want = max(int(cfg.waves * cfg.ctas_per_sm * num_sms) // max(base, 1), 1)
+    max_splits = max(n_tiles // cfg.min_tiles_per_split, 1)
+    splits = min(want, max_splits, MAX_SPLITS)
+    # Equalise: every split gets the same whole number of tiles, no empty trailing split.
+    tiles_per_split = triton.cdiv(n_tiles, splits)
+    return triton.cdiv(n_tiles, tiles_per_split)
