@@ -1,142 +1,34 @@
-"""Sparse MLA decode kernels against an exact (float64) reference, with derived tolerances.
-
-On a machine without CUDA the Triton kernels run in the interpreter (TRITON_INTERPRET=1, set
-here before the kernel modules are first imported) with fp16/fp32 inputs: bf16 tl.dot is wrong
-in the interpreter, so bf16 is tested on the GPU only. With CUDA present every test runs
-on the GPU instead (compiled), bf16 included, plus real-model shapes.
-
-Tolerance (derived, see `_bounds`): for each (b, h) let Delta bound the fp32 score error,
-gamma_{D+8} * sum_i |q_i k_i| * sm_scale with gamma_n = n u32 / (1 - n u32). The normalised
-softmax weights then carry relative error <= exp(2 Delta) - 1, plus u_p from rounding P to the
-input dtype before the P V dot (0 for fp32 inputs) and gamma_{topk+16} for the fp32
-accumulations (sum of P, acc, split merge, exp2). With M = sum_j p_j |v_j| (exact, float64):
-    |out - exact| <= 2 * ((exp(2 Delta) - 1 + u_p + gamma_{topk+16}) M + u_in |exact|)
-where u_in |exact| is the final rounding to the input dtype and the factor 2 covers the
-dropped second-order terms. lse: |lse - exact| <= 2 (Delta + gamma_{topk+16} (1 + |lse|)).
-A real bug (a missed tile, a wrong row, a bad merge) is O(|v|), orders of magnitude above.
-"""
+"""Sparse MLA decode kernels against an exact (float64) reference, with the derived tolerances
+of tests/lib/mla_check.py. Without CUDA the Triton kernels run in the interpreter with
+fp16/fp32 inputs (bf16 tl.dot is wrong there); with CUDA everything runs compiled, bf16 and
+the real-model shapes included. Kernel choice, fallbacks and graph replay:
+test_sparse_mla_launch.py."""
 
 from __future__ import annotations
 
-import importlib
 import math
-import os
 import weakref
 from dataclasses import replace
 
 import pytest
 import torch
+from mla_check import (
+    DEVICES,
+    assert_close,
+    bounds,
+    dtypes,
+    gluon_here,
+    interpreted_kernels,
+    make,
+    poisoned,
+)
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from servelab.kernels import sparse_mla  # noqa: E402
-from servelab.kernels.sparse_mla import bytes as mla_bytes  # noqa: E402
-from servelab.kernels.sparse_mla import flops, sparse_mla_decode  # noqa: E402
-from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference  # noqa: E402
+from servelab.kernels import sparse_mla
+from servelab.kernels.sparse_mla import bytes as mla_bytes
+from servelab.kernels.sparse_mla import flops, sparse_mla_decode
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
-# One process runs Triton either compiled or interpreted, so: CUDA when present, else the CPU.
-DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
-U32 = 2.0**-24
-UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
-
-
-def _dtypes(device: str) -> list[torch.dtype]:
-    if device == "cpu":
-        return [torch.float16, torch.float32]
-    return [torch.float16, torch.bfloat16, torch.float32]
-
-
-def _gluon_here() -> bool:
-    """Whether this machine runs the Gluon kernel (a Hopper GPU and a Triton with Gluon)."""
-    from servelab.kernels.sparse_mla.splitkv_gluon import gluon_device
-
-    return gluon_device()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _interpreted_kernels():
-    """On CPU the kernels must be interpreter functions; if another test imported the kernel
-    modules before TRITON_INTERPRET was set, reload them so the decorator sees it."""
-    if torch.cuda.is_available():
-        yield
-        return
-    from triton.runtime.interpreter import InterpretedFunction
-
-    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv, splitkv_rp
-
-    kernels = ((merge, "_sparse_mla_merge_kernel"), (fp8_split, "_sparse_mla_split_fp8_kernel"),
-               (splitkv_rp, "_sparse_mla_split_rp_kernel"),
-               (splitkv, "_sparse_mla_split_kernel"), (naive, "_sparse_mla_naive_kernel"))
-    if not all(isinstance(getattr(m, k), InterpretedFunction) for m, k in kernels):
-        for mod, _ in kernels:  # in import order: splitkv binds merge's and fp8_split's names
-            importlib.reload(mod)
-    yield
-
-
-def _gamma(n: int) -> float:
-    return n * U32 / (1 - n * U32)
-
-
-def _bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=False):
-    """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above.
-
-    kv_rounded: the kernel rounds each KV value to `dtype` once first (the FP8 path
-    dequantises to the query dtype): adds u_in sum|q||k| to Delta and u_in to the weights'
-    relative error. partial_rounded: each split's normalised partial O_s is rounded to
-    `dtype` before the merge: |sum_s w_s (O_s rounded - O_s)| <= u_in sum_s w_s |O_s| <= u_in M,
-    so u_in more relative error on M."""
-    out_ex, lse_ex = sparse_mla_decode_reference(
-        q, kv, idx, sm_scale, d_v, compute_dtype=torch.float64, out_dtype=torch.float64
-    )
-    qd, kvd = q.double(), kv.double()  # on q's device: fp64 is fast on the GPU
-    valid = idx >= 0
-    rows = kvd[idx.clamp(min=0).long()]  # [B, topk, D]
-    abs_dot = torch.einsum("bhd,btd->bht", qd.abs(), rows.abs()) * sm_scale
-    abs_dot = abs_dot.masked_fill(~valid[:, None, :], 0.0)
-    d_qk, topk = q.shape[-1], idx.shape[-1]
-    delta = _gamma(d_qk + 8) * abs_dot.amax(dim=-1)  # [B, H]
-    u_in = UNIT_ROUNDOFF[dtype]
-    if kv_rounded:
-        delta = delta + u_in * abs_dot.amax(dim=-1)
-    scores = torch.einsum("bhd,btd->bht", qd, rows) * sm_scale
-    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
-    lse = lse_ex.double()
-    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    m = torch.einsum("bht,btd->bhd", probs, rows[..., :d_v].abs())  # sum_j p_j |v_j|
-    u_p = 0.0 if dtype == torch.float32 else u_in
-    g = _gamma(topk + 16)
-    rel = torch.expm1(2 * delta)[..., None] + u_p + g + (u_in if kv_rounded else 0.0)
-    rel = rel + (u_in if partial_rounded else 0.0)
-    out_tol = 2 * (rel * m + u_in * out_ex.abs())
-    lse_tol = 2 * (delta + g * (1 + lse.abs().nan_to_num(posinf=0.0)))
-    return out_ex.cpu(), lse.cpu(), out_tol.cpu(), lse_tol.cpu()
-
-
-def _assert_close(name, got, exact, tol):
-    got = got.double().cpu()
-    bad = ~((got - exact).abs() <= tol)  # NaN (unwritten poison) counts as bad
-    both_ninf = torch.isneginf(got) & torch.isneginf(exact)
-    bad &= ~both_ninf
-    if bad.any():
-        first = bad.nonzero()[:5].tolist()
-        err = (got - exact).abs().nan_to_num(nan=math.inf)
-        raise AssertionError(
-            f"{name}: {int(bad.sum())}/{bad.numel()} elements outside the derived tolerance; "
-            f"first at {first}; max abs err {err.max().item():.3g}, "
-            f"max tol {tol.max().item():.3g}, got {got.flatten()[bad.flatten()][:3].tolist()}"
-        )
-
-
-def _make(device, dtype, b, h, d_qk, topk, t=257, pad_frac=0.2, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, d_qk, generator=gen).to(dtype)
-    kv = torch.randn(t, d_qk, generator=gen).to(dtype)
-    idx = torch.randint(0, t, (b, topk), generator=gen, dtype=torch.int32)
-    pad = torch.rand(b, topk, generator=gen) < pad_frac
-    idx[pad] = -1
-    return q.to(device), kv.to(device), idx.to(device)
+assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
 
 
 # (B, H, D_qk, d_v, topk): topk 37/70 are not multiples of the 32-token tile; H 20 spans two
@@ -149,24 +41,18 @@ CASES = {
 }
 
 
-def _poisoned(b, h, d_v, dtype, device):
-    out = torch.full((b, h, d_v), float("nan"), dtype=dtype, device=device)
-    lse = torch.full((b, h), float("nan"), dtype=torch.float32, device=device)
-    return out, lse
-
-
 def _run_and_check(variant, q, kv, idx, d_v, num_splits=None):
     dtype = q.dtype
     b, h, d_qk = q.shape
     sm_scale = d_qk**-0.5
-    out, lse = _poisoned(b, h, d_v, dtype, q.device)
+    out, lse = poisoned(b, h, d_v, dtype, q.device)
     got_o, got_l = sparse_mla_decode(
         q, kv, idx, sm_scale, d_v, variant=variant, num_splits=num_splits, out=out, lse=lse
     )
     assert got_o.data_ptr() == out.data_ptr() and got_o.dtype == dtype
-    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, sm_scale, d_v, dtype)
-    _assert_close(f"{variant} out", got_o, out_ex, out_tol)
-    _assert_close(f"{variant} lse", got_l, lse_ex, lse_tol)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, sm_scale, d_v, dtype)
+    assert_close(f"{variant} out", got_o, out_ex, out_tol)
+    assert_close(f"{variant} lse", got_l, lse_ex, lse_tol)
     return got_o, got_l
 
 
@@ -175,8 +61,8 @@ def _run_and_check(variant, q, kv, idx, d_v, num_splits=None):
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_exact_reference(device, variant, case):
     b, h, d_qk, d_v, topk = CASES[case]
-    for dtype in _dtypes(device):
-        q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=hash(case) % 1000)
+    for dtype in dtypes(device):
+        q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=hash(case) % 1000)
         _run_and_check(variant, q, kv, idx, d_v)
 
 
@@ -187,7 +73,7 @@ def test_duplicates_and_all_padding_rows(device, variant):
     out = that row's values). Row 1: only padding -> out 0 exactly, lse -inf. Row 2: padding
     only in the first 40 slots (the first split(s) see nothing at all)."""
     dtype = torch.float16
-    q, kv, idx = _make(device, dtype, 3, 4, 48, 70, pad_frac=0.0, seed=7)
+    q, kv, idx = make(device, dtype, 3, 4, 48, 70, pad_frac=0.0, seed=7)
     idx[0] = 5
     idx[0, 1::4] = -1
     idx[1] = -1
@@ -210,15 +96,15 @@ def test_split_counts_agree(device):
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100  # 4 tiles of 32 (7 of 16)
-    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=3)
+    q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=3)
     idx[1, :50] = -1  # the first splits of request 1 see only padding
-    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
     cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
     cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="rp"))
-    if _gluon_here():  # Gluon has no interpreter; both ring depths at a toy shape
+    if gluon_here():  # Gluon has no interpreter; both ring depths at a toy shape
         cfgs += [SplitConfig(64, 16, 8, 3, kernel="gluon"), SplitConfig(64, 16, 8, 2, kernel="gluon")]
     for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
-        out, lse = _poisoned(b, h, d_v, dtype, device)
+        out, lse = poisoned(b, h, d_v, dtype, device)
         ws = (
             torch.full((b, splits, h, d_v), float("nan"), device=device),
             torch.full((b, splits, h), float("nan"), device=device),
@@ -227,8 +113,8 @@ def test_split_counts_agree(device):
             q, kv, idx, d_qk**-0.5, d_v, num_splits=splits, config=cfg, out=out, lse=lse,
             workspace=ws if splits > 1 else None,
         )  # fmt: skip
-        _assert_close(f"{cfg} splits={splits} out", o, out_ex, out_tol)
-        _assert_close(f"{cfg} splits={splits} lse", lg, lse_ex, lse_tol)
+        assert_close(f"{cfg} splits={splits} out", o, out_ex, out_tol)
+        assert_close(f"{cfg} splits={splits} lse", lg, lse_ex, lse_tol)
         assert LAST_PATH["split"] == {"rp": "16bit_rp", "gluon": "16bit_gluon"}.get(
             cfg.kernel, "16bit"), LAST_PATH  # fmt: skip
 
@@ -243,26 +129,26 @@ def test_16_bit_partials(device):
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100
-    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=17)
+    q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=17)
     idx[1, :64] = -1
     cache = quantize_kv(kv, 32, 16)
     for src, kv_ref in ((kv, kv), (cache, dequantize_kv(cache))):
         fp8 = src is cache
-        ex_o, ex_l, tol_o, tol_l = _bounds(q, kv_ref, idx, d_qk**-0.5, d_v, dtype,
+        ex_o, ex_l, tol_o, tol_l = bounds(q, kv_ref, idx, d_qk**-0.5, d_v, dtype,
                                            kv_rounded=fp8, partial_rounded=True)  # fmt: skip
         for merge_mode in ("kernel", "fused"):
             for chunked in (True, False) if fp8 else (True,):
                 cfg = SplitConfig(16, 32, 4, merge=merge_mode, partial_dtype="input",
                                   fp8_chunked=chunked)  # fmt: skip
-                out, lse = _poisoned(b, h, d_v, dtype, device)
+                out, lse = poisoned(b, h, d_v, dtype, device)
                 o, lg = splitkv_decode(q, src, idx, d_qk**-0.5, d_v, num_splits=3, config=cfg,
                                        out=out, lse=lse)  # fmt: skip
                 tag = f"16-bit partials fp8={fp8} {merge_mode} chunked={chunked}"
                 want = "fp8_chunked" if fp8 and chunked else "fp8_reshape" if fp8 else "16bit"
                 assert LAST_PATH == {"split": want, "merge": merge_mode, "partials": "float16",
                                      "tile": "16x32"}, (tag, LAST_PATH)  # fmt: skip
-                _assert_close(f"{tag} out", o, ex_o, tol_o)
-                _assert_close(f"{tag} lse", lg, ex_l, tol_l)
+                assert_close(f"{tag} out", o, ex_o, tol_o)
+                assert_close(f"{tag} lse", lg, ex_l, tol_l)
     bad = (torch.empty(b, 3, h, d_v, dtype=torch.bfloat16, device=device),
            torch.empty(b, 3, h, device=device))  # fmt: skip
     with pytest.raises(ValueError, match="workspace"):
@@ -277,13 +163,13 @@ def test_many_splits_combine_in_column_slices(device):
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 3, 80, 64, 100
-    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)
-    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-    out, lse = _poisoned(b, h, d_v, dtype, device)
+    q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=5)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    out, lse = poisoned(b, h, d_v, dtype, device)
     o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, num_splits=200, out=out, lse=lse,
                            config=SplitConfig(block_h=16, block_n=32, num_warps=4))  # fmt: skip
-    _assert_close("200 splits out", o, out_ex, out_tol)
-    _assert_close("200 splits lse", lg, lse_ex, lse_tol)
+    assert_close("200 splits out", o, out_ex, out_tol)
+    assert_close("200 splits lse", lg, lse_ex, lse_tol)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -300,15 +186,15 @@ def test_fused_and_pdl_merges_match_and_reset_counters(device):
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 100  # 4 tiles of 32; H 20 = two 16-head blocks
-    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=13)
+    q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=13)
     idx[1] = -1
     idx[2, :70] = -1
-    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
     for mode in ("fused", "pdl"):
         cfg = SplitConfig(block_h=16, block_n=32, num_warps=4, merge=mode)
         for splits in (1, 2, 3, 4, 6, 2):
             for rep in range(2):
-                out, lse = _poisoned(b, h, d_v, dtype, device)
+                out, lse = poisoned(b, h, d_v, dtype, device)
                 ws = (
                     torch.full((b, splits, h, d_v), float("nan"), device=device),
                     torch.full((b, splits, h), float("nan"), device=device),
@@ -320,8 +206,8 @@ def test_fused_and_pdl_merges_match_and_reset_counters(device):
                 want = "single" if splits == 1 else "kernel" if mode == "pdl" and (
                     device == "cpu") else mode  # fmt: skip
                 assert LAST_PATH["merge"] == want, (tag, LAST_PATH)
-                _assert_close(f"{tag} out", o, out_ex, out_tol)
-                _assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
+                assert_close(f"{tag} out", o, out_ex, out_tol)
+                assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
                 assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1])), tag
                 if mode == "fused":
                     cnt = merge.counters(q.device, b * 2)
@@ -475,16 +361,16 @@ def test_fp8_cache_matches_its_dequantized_values(device, case):
     runs = [("public", None, None), ("chunked-fused", SplitConfig(16, 16, 4, 1, merge="fused"), 3),
             ("reshape", SplitConfig(16, 16, 4, 1, fp8_chunked=False), 2)]  # fmt: skip
     for dtype in dtypes:
-        q, kv, idx = _make(device, dtype, 2, 5, d_qk, 45, seed=9)
+        q, kv, idx = make(device, dtype, 2, 5, d_qk, 45, seed=9)
         idx[1] = -1  # all padding
         cache = quantize_kv(kv, d_fp8, tile)
         exact_kv = dequantize_kv(cache)  # fp32, exact products of e4m3 and fp32 scales
         b, h = q.shape[:2]
-        out_ex, lse_ex, out_tol, lse_tol = _bounds(
+        out_ex, lse_ex, out_tol, lse_tol = bounds(
             q, exact_kv, idx, d_qk**-0.5, d_v, dtype, kv_rounded=True
         )
         for name, cfg, splits in runs:
-            out, lse = _poisoned(b, h, d_v, dtype, device)
+            out, lse = poisoned(b, h, d_v, dtype, device)
             if cfg is None:
                 o, lg = sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8",
                                           out=out, lse=lse)  # fmt: skip
@@ -495,8 +381,8 @@ def test_fp8_cache_matches_its_dequantized_values(device, case):
                 want = "fp8_chunked" if cfg.fp8_chunked else "fp8_reshape"
                 assert LAST_PATH["split"] == want, (name, LAST_PATH)
                 assert cfg.merge != "fused" or LAST_PATH["merge"] == "fused", (name, LAST_PATH)
-            _assert_close(f"fp8 {case} {name} {dtype} out", o, out_ex, out_tol)
-            _assert_close(f"fp8 {case} {name} {dtype} lse", lg, lse_ex, lse_tol)
+            assert_close(f"fp8 {case} {name} {dtype} out", o, out_ex, out_tol)
+            assert_close(f"fp8 {case} {name} {dtype} lse", lg, lse_ex, lse_tol)
             assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
@@ -536,43 +422,43 @@ def test_real_shapes_on_gpu(shape, variant):
 
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
-        q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
+        q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         # The Triton kernels' own default (at B >= 32 the default is Gluon on Hopper): the
         # merge and FP8 variants below test those kernels' geometry, not the Gluon tile's.
         cfg = default_config(b, h, d_qk, dtype, gluon=False)
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
-            if not _gluon_here():
+            if not gluon_here():
                 pytest.skip("the Gluon kernel needs a Hopper GPU")
             for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
                 c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
                                         num_stages=nbuf, kernel="gluon", ctas_per_sm=1)  # fmt: skip
-                out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-                out, lse = _poisoned(b, h, d_v, dtype, "cuda")
+                out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+                out, lse = poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
                 assert LAST_PATH["split"] == "16bit_gluon", LAST_PATH
-                _assert_close(f"gluon bn{bn} {shape} out", o, out_ex, out_tol)
-                _assert_close(f"gluon bn{bn} {shape} lse", lg, lse_ex, lse_tol)
+                assert_close(f"gluon bn{bn} {shape} out", o, out_ex, out_tol)
+                assert_close(f"gluon bn{bn} {shape} lse", lg, lse_ex, lse_tol)
             continue
         if variant == "rp":  # the register-prefetch kernel, both tile geometries
             for bh, warps in ((64, 8), (16, 4)) if h >= 64 else ((16, 4),):
                 c = dataclasses.replace(cfg, block_h=bh, block_n=32, num_warps=warps,
                                         kernel="rp", ctas_per_sm=1)  # fmt: skip
-                out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-                out, lse = _poisoned(b, h, d_v, dtype, "cuda")
+                out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+                out, lse = poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
                 assert LAST_PATH["split"] == "16bit_rp", LAST_PATH
-                _assert_close(f"rp {bh} {shape} out", o, out_ex, out_tol)
-                _assert_close(f"rp {bh} {shape} lse", lg, lse_ex, lse_tol)
+                assert_close(f"rp {bh} {shape} out", o, out_ex, out_tol)
+                assert_close(f"rp {bh} {shape} lse", lg, lse_ex, lse_tol)
             continue
         if variant in ("fused", "pdl"):
             cfg = dataclasses.replace(cfg, merge=variant)
-            out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+            out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
             for rep in range(2):  # the second call needs the counters reset by the first
-                out, lse = _poisoned(b, h, d_v, dtype, "cuda")
+                out, lse = poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out,
                                        lse=lse)  # fmt: skip
-                _assert_close(f"{variant} {shape} rep {rep} out", o, out_ex, out_tol)
-                _assert_close(f"{variant} {shape} rep {rep} lse", lg, lse_ex, lse_tol)
+                assert_close(f"{variant} {shape} rep {rep} out", o, out_ex, out_tol)
+                assert_close(f"{variant} {shape} rep {rep} lse", lg, lse_ex, lse_tol)
                 assert LAST_PATH["merge"] in (variant, "single"), LAST_PATH
             continue
         if not variant.startswith("fp8"):
@@ -588,219 +474,31 @@ def test_real_shapes_on_gpu(shape, variant):
         o, lg = splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, config=cfg)
         assert LAST_PATH["split"].startswith("fp8_"), LAST_PATH
         assert variant != "fp8_fused" or LAST_PATH["merge"] in ("fused", "single"), LAST_PATH
-        out_ex, lse_ex, out_tol, lse_tol = _bounds(
+        out_ex, lse_ex, out_tol, lse_tol = bounds(
             q, dequantize_kv(cache), idx, d_qk**-0.5, d_v, dtype, kv_rounded=True
         )
-        _assert_close(f"fp8 {shape} out", o, out_ex, out_tol)
-        _assert_close(f"fp8 {shape} lse", lg, lse_ex, lse_tol)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("shape", [(1, 64, 512, 512, 640), (4, 16, 576, 512, 2048),
-                                   (32, 128, 576, 512, 2048)], ids=["v4flash_b1", "h16_b4",
-                                                                   "v32_b32"])  # fmt: skip
-@pytest.mark.parametrize("mode", ["auto", "kernel", "fused", "rp", "gluon"])
-def test_replayed_inside_a_cuda_graph(shape, mode):
-    """What the engine does: capture one call, then replay it with new queries and indices
-    copied into the captured inputs. The PDL edge (auto at small B), the fused merge's
-    counters (reset by each replay's last program) and the partial workspace allocated during
-    capture must all hold over replays; outputs are NaN-poisoned before each replay."""
-    import dataclasses
-
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
-
-    b, h, d_qk, d_v, topk = shape
-    dtype = torch.bfloat16
-    q, kv, idx = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
-    cfg = default_config(b, h, d_qk, dtype)
-    if mode == "rp":
-        cfg = dataclasses.replace(cfg, block_n=32, kernel="rp")
-    elif mode == "gluon":
-        if not _gluon_here():
-            pytest.skip("the Gluon kernel needs a Hopper GPU")
-        cfg = dataclasses.replace(cfg, block_h=64, block_n=32, num_warps=8, num_stages=3,
-                                  kernel="gluon")  # fmt: skip
-    else:
-        cfg = dataclasses.replace(cfg, merge=mode)
-    out, lse = _poisoned(b, h, d_v, dtype, "cuda")
-    scale = d_qk**-0.5
-    splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)  # compile outside
-    path = dict(LAST_PATH)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)
-    assert dict(LAST_PATH) == path, (path, LAST_PATH)
-    if mode in ("kernel", "fused") and path["merge"] != "single":
-        assert path["merge"] == mode, path
-    gluon_ran = cfg.kernel == "gluon" and mode != "fused" and _gluon_here()  # (no fused merge)
-    assert path["split"] == ("16bit_rp" if mode == "rp" else "16bit_gluon" if gluon_ran
-                             else "16bit"), path  # fmt: skip
-    for seed in (22, 23, 24):
-        q2, _, idx2 = _make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
-        if seed == 24:
-            idx2[0] = -1  # an all-padding request inside the graph: out 0, lse -inf
-        q.copy_(q2)
-        idx.copy_(idx2)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, scale, d_v, dtype)
-        _assert_close(f"graph {mode} {shape} seed {seed} out", out, out_ex, out_tol)
-        _assert_close(f"graph {mode} {shape} seed {seed} lse", lse, lse_ex, lse_tol)
-    del g
-
-
-_GLUON_COMPILE = """
-import json, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from servelab.kernels.sparse_mla import splitkv_gluon
-if not splitkv_gluon.AVAILABLE:
-    print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
-from triton.experimental.gluon._runtime import GluonASTSource
-d_tail, bn, nbuf = map(int, sys.argv[1:4])
-k = splitkv_gluon._sparse_mla_split_gluon_kernel
-ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
-          MAX_T=2048 // bn, num_warps=8, DROP=0)  # V3.2's topk 2048 in one split
-ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")
-sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
-       for n in k.arg_names}
-# what the launcher specializes: 16-aligned pointers, and the int arguments that are multiples
-# of 16 at this shape (B = 64, H = 128, one split; KV/q strides passed in 16-byte units)
-d_qk = 512 + d_tail
-vals = dict(H=128, topk=2048, tiles_per_split=2048 // bn, stride_qb8=128 * d_qk // 8,
-            stride_qh8=d_qk // 8, stride_kvt8=d_qk // 8, stride_ib=2048, stride_ob=128 * 512,
-            stride_os=0, stride_oh=512, stride_lb=128, stride_ls=0)
-attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
-         if sig[n].startswith("*") or (n in vals and vals[n] % 16 == 0)}
-c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
-                   options=dict(num_warps=8))
-ptx = c.asm["ptx"]
-print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-                  "cp_async": ptx.count("cp.async.c")}))
-"""
-
-
-@pytest.mark.parametrize("d_tail, bn, nbuf", [(0, 32, 3), (64, 32, 3), (0, 64, 2), (64, 64, 2)],
-                         ids=["v4_bn32", "v32_bn32", "v4_bn64", "v32_bn64"])  # fmt: skip
-def test_gluon_kernel_compiles_for_hopper(d_tail, bn, nbuf):
-    """Gluon has no CPU interpreter, so without a GPU the kernel is at least compiled for
-    sm_90a (the H200) by the installed Triton, in a fresh process (this module sets
-    TRITON_INTERPRET, under which Gluon cannot compile): the code must lower to wgmma and
-    cp.async, and the q tile plus the KV ring must fit Hopper's 227 KB of shared memory per
-    block. The GPU tests check its numbers."""
-    import json
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _GLUON_COMPILE, str(d_tail), str(bn), str(nbuf)],
-                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert r.returncode == 0, r.stderr[-2000:]
-    got = json.loads(r.stdout.strip().splitlines()[-1])
-    if "skip" in got:
-        pytest.skip(got["skip"])
-    assert got["wgmma"] > 0 and got["cp_async"] > 0, got
-    ring = nbuf * bn * (512 + d_tail) * 2 + 64 * 512 * 2  # KV ring + q (its tail: registers)
-    assert ring <= got["shared"] <= 227 * 1024, got
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypatch):
-    """Gluon is experimental: if the installed Triton rejects the kernel, the launch must run
-    the tl kernel (correct numbers, LAST_PATH says so), warn once, and not retry the compile
-    on every later call. Simulated with a kernel whose launch raises as a failed compile does;
-    on the CPU the launch is also made reachable (no Hopper there)."""
-    from servelab.kernels.sparse_mla import splitkv_gluon
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
-
-    tries = []
-
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                tries.append(grid)
-                raise RuntimeError("PassManager::run failed")
-
-            return launch
-
-    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
-    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
-    if device == "cpu":
-        monkeypatch.setattr(splitkv_gluon, "serves", lambda cfg, q, kv, d_v, tps, drop="": (
-            splitkv_gluon.key(splitkv_gluon.consts(cfg, d_v, kv.shape[1] - d_v, tps, drop), q)
-            not in splitkv_gluon.FAILED))  # fmt: skip
-    dtype = torch.float16
-    b, h, d_qk, d_v, topk = 3, 20, 48, 32, 70
-    q, kv, idx = _make(device, dtype, b, h, d_qk, topk, seed=5)
-    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-    cfg = SplitConfig(64, 16, 8, 2, kernel="gluon")
-    with pytest.warns(UserWarning, match="Gluon split kernel did not compile"):
-        out, lse = _poisoned(b, h, d_v, dtype, device)
-        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
-    assert LAST_PATH["split"] == "16bit" and len(tries) == 1, (LAST_PATH, tries)
-    _assert_close("fallback out", o, out_ex, out_tol)
-    _assert_close("fallback lse", lg, lse_ex, lse_tol)
-    out, lse = _poisoned(b, h, d_v, dtype, device)
-    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
-    assert len(tries) == 1, "the failed compile was retried"
-    _assert_close("fallback again out", o, out_ex, out_tol)
-
-
-def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch):
-    """With no config, a Gluon compile failure must fall back to the tl kernel's own default
-    geometry for that shape (16-head tiles for H = 32), not run the Gluon tile (64 heads) on
-    the tl kernel; simulated as in the test above (Gluon made reachable, its launch raising)."""
-    from servelab.kernels.sparse_mla import splitkv_gluon
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
-
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("PassManager::run failed")
-
-            return launch
-
-    device = DEVICES[0]
-    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
-    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
-    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
-    monkeypatch.setattr(splitkv_gluon, "serves", lambda cfg, q, kv, d_v, tps, drop="": (
-        cfg.kernel == "gluon" and not splitkv_gluon.FAILED))  # fmt: skip
-    b, h, d_qk, d_v, topk = 32, 32, 48, 32, 40
-    q, kv, idx = _make(device, torch.float16, b, h, d_qk, topk, seed=9)
-    out_ex, lse_ex, out_tol, lse_tol = _bounds(q, kv, idx, d_qk**-0.5, d_v, torch.float16)
-    with pytest.warns(UserWarning, match="did not compile"):
-        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v)
-    assert LAST_PATH["split"] == "16bit" and LAST_PATH["tile"] == "16x32", LAST_PATH  # NARROW_TP
-    _assert_close("default fallback out", o, out_ex, out_tol)
-    _assert_close("default fallback lse", lg, lse_ex, lse_tol)
-
-
-def test_default_config_takes_gluon_where_it_was_measured_faster():
-    """H200 table (docs/performance.md): Gluon at B >= 32 for H >= 32 with a 16-bit cache, the
-    tl kernels elsewhere; never Gluon on a device without it, never for an FP8 cache."""
-    from servelab.kernels.sparse_mla.splitkv import default_config
-
-    bf16 = torch.bfloat16
-    for b, h, want in [(32, 64, "gluon"), (128, 128, "gluon"), (64, 32, "gluon"), (16, 64, "tl"),
-                       (64, 16, "tl"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "tl")]:  # fmt: skip
-        assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
-        assert default_config(b, h, 512, bf16, gluon=False).kernel != "gluon"
-        assert default_config(b, h, 512, bf16, fp8_tile=64, gluon=True).kernel == "tl"
+        assert_close(f"fp8 {shape} out", o, out_ex, out_tol)
+        assert_close(f"fp8 {shape} lse", lg, lse_ex, lse_tol)
 
 
 def test_kernel_names_read_as_attention_in_a_profile():
     """`servelab profile` must put our own kernels in the attention category, not 'other' or
     'communication' (a name like `_combine_kernel` matches the all-to-all combine rule)."""
-    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv
+    from servelab.kernels.sparse_mla import (
+        fp8_split,
+        merge,
+        naive,
+        splitkv,
+        splitkv_gluon,
+        splitkv_rp,
+    )
     from servelab.profile.breakdown import load_rules
 
     rules = load_rules()
-    names = [f.fn.__name__ for f in (naive._sparse_mla_naive_kernel, splitkv._sparse_mla_split_kernel,
-                                     merge._sparse_mla_merge_kernel,
-                                     fp8_split._sparse_mla_split_fp8_kernel)]
-    assert [rules.classify(n) for n in names] == ["attention"] * 4, names
+    kernels = [naive._sparse_mla_naive_kernel, splitkv._sparse_mla_split_kernel,
+               merge._sparse_mla_merge_kernel, fp8_split._sparse_mla_split_fp8_kernel,
+               splitkv_rp._sparse_mla_split_rp_kernel]
+    if splitkv_gluon.AVAILABLE:
+        kernels.append(splitkv_gluon._sparse_mla_split_gluon_kernel)
+    names = [f.fn.__name__ for f in kernels]
+    assert [rules.classify(n) for n in names] == ["attention"] * len(names), names

@@ -1,0 +1,213 @@
+"""How a sparse MLA decode is launched: kernel choice (the Gluon kernel where it was measured
+faster, the Triton kernels elsewhere), fallbacks when Gluon cannot compile, a compile check for
+Hopper without a GPU, and replay inside a CUDA graph as the engine does. Numbers are checked
+against the exact reference of mla_check (derived tolerances)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from mla_check import DEVICES, assert_close, bounds, gluon_here, interpreted_kernels, make, poisoned
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("shape", [(1, 64, 512, 512, 640), (4, 16, 576, 512, 2048),
+                                   (32, 128, 576, 512, 2048)], ids=["v4flash_b1", "h16_b4",
+                                                                   "v32_b32"])  # fmt: skip
+@pytest.mark.parametrize("mode", ["auto", "kernel", "fused", "rp", "gluon"])
+def test_replayed_inside_a_cuda_graph(shape, mode):
+    """What the engine does: capture one call, then replay it with new queries and indices
+    copied into the captured inputs. The PDL edge (auto at small B), the fused merge's
+    counters (reset by each replay's last program) and the partial workspace allocated during
+    capture must all hold over replays; outputs are NaN-poisoned before each replay."""
+    import dataclasses
+
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
+
+    b, h, d_qk, d_v, topk = shape
+    dtype = torch.bfloat16
+    q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
+    cfg = default_config(b, h, d_qk, dtype)
+    if mode == "rp":
+        cfg = dataclasses.replace(cfg, block_n=32, kernel="rp")
+    elif mode == "gluon":
+        if not gluon_here():
+            pytest.skip("the Gluon kernel needs a Hopper GPU")
+        cfg = dataclasses.replace(cfg, block_h=64, block_n=32, num_warps=8, num_stages=3,
+                                  kernel="gluon")  # fmt: skip
+    else:
+        cfg = dataclasses.replace(cfg, merge=mode)
+    out, lse = poisoned(b, h, d_v, dtype, "cuda")
+    scale = d_qk**-0.5
+    splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)  # compile outside
+    path = dict(LAST_PATH)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)
+    assert dict(LAST_PATH) == path, (path, LAST_PATH)
+    if mode in ("kernel", "fused") and path["merge"] != "single":
+        assert path["merge"] == mode, path
+    gluon_ran = cfg.kernel == "gluon" and mode != "fused" and gluon_here()  # (no fused merge)
+    assert path["split"] == ("16bit_rp" if mode == "rp" else "16bit_gluon" if gluon_ran
+                             else "16bit"), path  # fmt: skip
+    for seed in (22, 23, 24):
+        q2, _, idx2 = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
+        if seed == 24:
+            idx2[0] = -1  # an all-padding request inside the graph: out 0, lse -inf
+        q.copy_(q2)
+        idx.copy_(idx2)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, scale, d_v, dtype)
+        assert_close(f"graph {mode} {shape} seed {seed} out", out, out_ex, out_tol)
+        assert_close(f"graph {mode} {shape} seed {seed} lse", lse, lse_ex, lse_tol)
+    del g
+
+
+_GLUON_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from servelab.kernels.sparse_mla import splitkv_gluon
+if not splitkv_gluon.AVAILABLE:
+    print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
+from triton.experimental.gluon._runtime import GluonASTSource
+d_tail, bn, nbuf = map(int, sys.argv[1:4])
+k = splitkv_gluon._sparse_mla_split_gluon_kernel
+ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
+          MAX_T=2048 // bn, num_warps=8, DROP=0)  # V3.2's topk 2048 in one split
+ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")
+sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
+       for n in k.arg_names}
+# what the launcher specializes: 16-aligned pointers, and the int arguments that are multiples
+# of 16 at this shape (B = 64, H = 128, one split; KV/q strides passed in 16-byte units)
+d_qk = 512 + d_tail
+vals = dict(H=128, topk=2048, tiles_per_split=2048 // bn, stride_qb8=128 * d_qk // 8,
+            stride_qh8=d_qk // 8, stride_kvt8=d_qk // 8, stride_ib=2048, stride_ob=128 * 512,
+            stride_os=0, stride_oh=512, stride_lb=128, stride_ls=0)
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
+         if sig[n].startswith("*") or (n in vals and vals[n] % 16 == 0)}
+c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=8))
+ptx = c.asm["ptx"]
+print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                  "cp_async": ptx.count("cp.async.c")}))
+"""
+
+
+@pytest.mark.parametrize("d_tail, bn, nbuf", [(0, 32, 3), (64, 32, 3), (0, 64, 2), (64, 64, 2)],
+                         ids=["v4_bn32", "v32_bn32", "v4_bn64", "v32_bn64"])  # fmt: skip
+def test_gluon_kernel_compiles_for_hopper(d_tail, bn, nbuf):
+    """Gluon has no CPU interpreter, so without a GPU the kernel is at least compiled for
+    sm_90a (the H200) by the installed Triton, in a fresh process (this module sets
+    TRITON_INTERPRET, under which Gluon cannot compile): the code must lower to wgmma and
+    cp.async, and the q tile plus the KV ring must fit Hopper's 227 KB of shared memory per
+    block. The GPU tests check its numbers."""
+    import json
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _GLUON_COMPILE, str(d_tail), str(bn), str(nbuf)],
+                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert got["wgmma"] > 0 and got["cp_async"] > 0, got
+    ring = nbuf * bn * (512 + d_tail) * 2 + 64 * 512 * 2  # KV ring + q (its tail: registers)
+    assert ring <= got["shared"] <= 227 * 1024, got
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypatch):
+    """Gluon is experimental: if the installed Triton rejects the kernel, the launch must run
+    the tl kernel (correct numbers, LAST_PATH says so), warn once, and not retry the compile
+    on every later call. Simulated with a kernel whose launch raises as a failed compile does;
+    on the CPU the launch is also made reachable (no Hopper there)."""
+    from servelab.kernels.sparse_mla import splitkv_gluon
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
+
+    tries = []
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                tries.append(grid)
+                raise RuntimeError("PassManager::run failed")
+
+            return launch
+
+    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    if device == "cpu":
+        monkeypatch.setattr(splitkv_gluon, "serves", lambda cfg, q, kv, d_v, tps, drop="": (
+            splitkv_gluon.key(splitkv_gluon.consts(cfg, d_v, kv.shape[1] - d_v, tps, drop), q)
+            not in splitkv_gluon.FAILED))  # fmt: skip
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 3, 20, 48, 32, 70
+    q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=5)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    cfg = SplitConfig(64, 16, 8, 2, kernel="gluon")
+    with pytest.warns(UserWarning, match="Gluon split kernel did not compile"):
+        out, lse = poisoned(b, h, d_v, dtype, device)
+        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+    assert LAST_PATH["split"] == "16bit" and len(tries) == 1, (LAST_PATH, tries)
+    assert_close("fallback out", o, out_ex, out_tol)
+    assert_close("fallback lse", lg, lse_ex, lse_tol)
+    out, lse = poisoned(b, h, d_v, dtype, device)
+    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+    assert len(tries) == 1, "the failed compile was retried"
+    assert_close("fallback again out", o, out_ex, out_tol)
+
+
+def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch):
+    """With no config, a Gluon compile failure must fall back to the tl kernel's own default
+    geometry for that shape (16-head tiles for H = 32), not run the Gluon tile (64 heads) on
+    the tl kernel; simulated as in the test above (Gluon made reachable, its launch raising)."""
+    from servelab.kernels.sparse_mla import splitkv_gluon
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PassManager::run failed")
+
+            return launch
+
+    device = DEVICES[0]
+    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(splitkv_gluon, "serves", lambda cfg, q, kv, d_v, tps, drop="": (
+        cfg.kernel == "gluon" and not splitkv_gluon.FAILED))  # fmt: skip
+    b, h, d_qk, d_v, topk = 32, 32, 48, 32, 40
+    q, kv, idx = make(device, torch.float16, b, h, d_qk, topk, seed=9)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, torch.float16)
+    with pytest.warns(UserWarning, match="did not compile"):
+        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v)
+    assert LAST_PATH["split"] == "16bit" and LAST_PATH["tile"] == "16x32", LAST_PATH  # NARROW_TP
+    assert_close("default fallback out", o, out_ex, out_tol)
+    assert_close("default fallback lse", lg, lse_ex, lse_tol)
+
+
+def test_default_config_takes_gluon_where_it_was_measured_faster():
+    """H200 table (docs/performance.md): Gluon at B >= 32 for H >= 32 with a 16-bit cache, the
+    tl kernels elsewhere; never Gluon on a device without it, never for an FP8 cache."""
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
+    bf16 = torch.bfloat16
+    for b, h, want in [(32, 64, "gluon"), (128, 128, "gluon"), (64, 32, "gluon"), (16, 64, "tl"),
+                       (64, 16, "tl"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "tl")]:  # fmt: skip
+        assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
+        assert default_config(b, h, 512, bf16, gluon=False).kernel != "gluon"
+        assert default_config(b, h, 512, bf16, fp8_tile=64, gluon=True).kernel == "tl"

@@ -1,0 +1,140 @@
+"""Shared checks for the sparse MLA kernel tests: exact (float64) references with derived
+tolerances, inputs, poisoned outputs, and the CPU interpreter switch.
+
+On a machine without CUDA the Triton kernels run in the interpreter (TRITON_INTERPRET=1, set
+here, so import this module before the kernel modules) with fp16/fp32 inputs: bf16 tl.dot is wrong
+in the interpreter, so bf16 is tested on the GPU only. With CUDA present every test runs
+on the GPU instead (compiled), bf16 included, plus real-model shapes.
+
+Tolerance (derived, see `bounds`): for each (b, h) let Delta bound the fp32 score error,
+gamma_{D+8} * sum_i |q_i k_i| * sm_scale with gamma_n = n u32 / (1 - n u32). The normalised
+softmax weights then carry relative error <= exp(2 Delta) - 1, plus u_p from rounding P to the
+input dtype before the P V dot (0 for fp32 inputs) and gamma_{topk+16} for the fp32
+accumulations (sum of P, acc, split merge, exp2). With M = sum_j p_j |v_j| (exact, float64):
+    |out - exact| <= 2 * ((exp(2 Delta) - 1 + u_p + gamma_{topk+16}) M + u_in |exact|)
+where u_in |exact| is the final rounding to the input dtype and the factor 2 covers the
+dropped second-order terms. lse: |lse - exact| <= 2 (Delta + gamma_{topk+16} (1 + |lse|)).
+A real bug (a missed tile, a wrong row, a bad merge) is O(|v|), orders of magnitude above.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference  # noqa: E402
+
+# One process runs Triton either compiled or interpreted, so: CUDA when present, else the CPU.
+DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+U32 = 2.0**-24
+UNIT_ROUNDOFF = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8, torch.float32: 2.0**-24}
+
+
+def dtypes(device: str) -> list[torch.dtype]:
+    if device == "cpu":
+        return [torch.float16, torch.float32]
+    return [torch.float16, torch.bfloat16, torch.float32]
+
+
+def gluon_here() -> bool:
+    """Whether this machine runs the Gluon kernel (a Hopper GPU and a Triton with Gluon)."""
+    from servelab.kernels.sparse_mla.splitkv_gluon import gluon_device
+
+    return gluon_device()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def interpreted_kernels():
+    """On CPU the kernels must be interpreter functions; if another test imported the kernel
+    modules before TRITON_INTERPRET was set, reload them so the decorator sees it."""
+    if torch.cuda.is_available():
+        yield
+        return
+    from triton.runtime.interpreter import InterpretedFunction
+
+    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv, splitkv_rp
+
+    kernels = ((merge, "_sparse_mla_merge_kernel"), (fp8_split, "_sparse_mla_split_fp8_kernel"),
+               (splitkv_rp, "_sparse_mla_split_rp_kernel"),
+               (splitkv, "_sparse_mla_split_kernel"), (naive, "_sparse_mla_naive_kernel"))
+    if not all(isinstance(getattr(m, k), InterpretedFunction) for m, k in kernels):
+        for mod, _ in kernels:  # in import order: splitkv binds merge's and fp8_split's names
+            importlib.reload(mod)
+    yield
+
+
+def gamma(n: int) -> float:
+    return n * U32 / (1 - n * U32)
+
+
+def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=False):
+    """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above.
+
+    kv_rounded: the kernel rounds each KV value to `dtype` once first (the FP8 path
+    dequantises to the query dtype): adds u_in sum|q||k| to Delta and u_in to the weights'
+    relative error. partial_rounded: each split's normalised partial O_s is rounded to
+    `dtype` before the merge: |sum_s w_s (O_s rounded - O_s)| <= u_in sum_s w_s |O_s| <= u_in M,
+    so u_in more relative error on M."""
+    out_ex, lse_ex = sparse_mla_decode_reference(
+        q, kv, idx, sm_scale, d_v, compute_dtype=torch.float64, out_dtype=torch.float64
+    )
+    qd, kvd = q.double(), kv.double()  # on q's device: fp64 is fast on the GPU
+    valid = idx >= 0
+    rows = kvd[idx.clamp(min=0).long()]  # [B, topk, D]
+    abs_dot = torch.einsum("bhd,btd->bht", qd.abs(), rows.abs()) * sm_scale
+    abs_dot = abs_dot.masked_fill(~valid[:, None, :], 0.0)
+    d_qk, topk = q.shape[-1], idx.shape[-1]
+    delta = gamma(d_qk + 8) * abs_dot.amax(dim=-1)  # [B, H]
+    u_in = UNIT_ROUNDOFF[dtype]
+    if kv_rounded:
+        delta = delta + u_in * abs_dot.amax(dim=-1)
+    scores = torch.einsum("bhd,btd->bht", qd, rows) * sm_scale
+    scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
+    lse = lse_ex.double()
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    m = torch.einsum("bht,btd->bhd", probs, rows[..., :d_v].abs())  # sum_j p_j |v_j|
+    u_p = 0.0 if dtype == torch.float32 else u_in
+    g = gamma(topk + 16)
+    rel = torch.expm1(2 * delta)[..., None] + u_p + g + (u_in if kv_rounded else 0.0)
+    rel = rel + (u_in if partial_rounded else 0.0)
+    out_tol = 2 * (rel * m + u_in * out_ex.abs())
+    lse_tol = 2 * (delta + g * (1 + lse.abs().nan_to_num(posinf=0.0)))
+    return out_ex.cpu(), lse.cpu(), out_tol.cpu(), lse_tol.cpu()
+
+
+def assert_close(name, got, exact, tol):
+    got = got.double().cpu()
+    bad = ~((got - exact).abs() <= tol)  # NaN (unwritten poison) counts as bad
+    both_ninf = torch.isneginf(got) & torch.isneginf(exact)
+    bad &= ~both_ninf
+    if bad.any():
+        first = bad.nonzero()[:5].tolist()
+        err = (got - exact).abs().nan_to_num(nan=math.inf)
+        raise AssertionError(
+            f"{name}: {int(bad.sum())}/{bad.numel()} elements outside the derived tolerance; "
+            f"first at {first}; max abs err {err.max().item():.3g}, "
+            f"max tol {tol.max().item():.3g}, got {got.flatten()[bad.flatten()][:3].tolist()}"
+        )
+
+
+def make(device, dtype, b, h, d_qk, topk, t=257, pad_frac=0.2, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, d_qk, generator=gen).to(dtype)
+    kv = torch.randn(t, d_qk, generator=gen).to(dtype)
+    idx = torch.randint(0, t, (b, topk), generator=gen, dtype=torch.int32)
+    pad = torch.rand(b, topk, generator=gen) < pad_frac
+    idx[pad] = -1
+    return q.to(device), kv.to(device), idx.to(device)
+
+
+def poisoned(b, h, d_v, dtype, device):
+    out = torch.full((b, h, d_v), float("nan"), dtype=dtype, device=device)
+    lse = torch.full((b, h), float("nan"), dtype=torch.float32, device=device)
+    return out, lse
