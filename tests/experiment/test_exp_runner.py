@@ -182,7 +182,11 @@ def test_ctrl_c_leaves_no_engine_and_rerun_completes_only_missing_runs(
         if len(ok_before) >= 2 and live_procs(marker):
             break
         time.sleep(0.05)
-    assert ok_before and live_procs(marker), "the run never got going"
+    if not (ok_before and live_procs(marker)):  # say what the runner was doing (seen once in CI)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+        raise AssertionError(f"the run never got going: stored ok runs {sorted(ok_before)}, "
+                             f"runner exit {proc.returncode}, output tail:\n{out[-3000:]}")
     engines_seen = live_procs(marker)
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=60)
