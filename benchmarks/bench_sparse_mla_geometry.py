@@ -39,10 +39,10 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
     if tl != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
         out["tl"] = tl  # the Triton-only default, where the default now differs
-    if b >= 32:  # the Gluon kernel with tile j + 1's score dot under tile j's softmax
-        for bn, nbuf in ((32, 3), (32, 4), (16, 4)):
-            out[f"gluon-ahead-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
-                                                    kernel="gluon", score_ahead=True)  # fmt: skip
+    if b >= 32:  # other ring geometries of the Gluon kernel (64-head tiles; H < 64 masked)
+        for bn, nbuf in ((32, 3), (32, 4)):
+            out[f"gluon-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
+                                              kernel="gluon")  # fmt: skip
     return out
 
 

@@ -102,8 +102,7 @@ def test_split_counts_agree(device):
     cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
     cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="rp"))
     if gluon_here():  # Gluon has no interpreter; both ring depths at a toy shape
-        cfgs += [SplitConfig(64, 16, 8, 3, kernel="gluon"), SplitConfig(64, 16, 8, 2, kernel="gluon"),
-                 SplitConfig(64, 16, 8, 3, kernel="gluon", score_ahead=True)]
+        cfgs += [SplitConfig(64, 16, 8, 3, kernel="gluon"), SplitConfig(64, 16, 8, 2, kernel="gluon")]
     for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
         out, lse = poisoned(b, h, d_v, dtype, device)
         ws = (
@@ -430,11 +429,9 @@ def test_real_shapes_on_gpu(shape, variant):
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
             if not gluon_here():
                 pytest.skip("the Gluon kernel needs a Hopper GPU")
-            for bn, nbuf, ahead in ((32, 3, 0), (64, 2, 0), (16, 4, 0), (32, 3, 1), (32, 4, 1),
-                                    (16, 4, 1)):  # fmt: skip
+            for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
                 c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
-                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1,
-                                        score_ahead=bool(ahead))  # fmt: skip
+                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1)  # fmt: skip
                 out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
                 out, lse = poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)

@@ -84,7 +84,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 d_tail, bn, nbuf = map(int, sys.argv[1:4])
 k = splitkv_gluon._sparse_mla_split_gluon_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NBUF=nbuf,
-          MAX_T=2048 // bn, num_warps=8, DROP=0, PIPE=nbuf >= 3)  # V3.2's topk 2048, one split
+          MAX_T=2048 // bn, num_warps=8, DROP=0)  # V3.2's topk 2048 in one split
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*fp32", lse_ptr="*fp32")
 sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
        for n in k.arg_names}

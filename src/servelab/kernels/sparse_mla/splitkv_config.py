@@ -50,9 +50,6 @@ class SplitConfig:
     # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
     # runs the "tl" kernel; LAST_PATH["split"] says which ran.
     kernel: str = "tl"
-    # Gluon kernel: issue tile j + 1's score dot before tile j's softmax, so the two overlap
-    # (FlashAttention-3's intra-warpgroup pipelining); needs num_stages >= 3.
-    score_ahead: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_h", "block_n"):

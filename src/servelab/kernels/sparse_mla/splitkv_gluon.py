@@ -83,35 +83,15 @@ if AVAILABLE:
         cp.commit_group()
 
     @gluon.jit
-    def _score_async(q_smem, qt_op, kv_j, kt_j, s_zero, D_TAIL: gl.constexpr):
-        """Issue S = q K^T (+ the score-only tail) for one tile: 1 + (D_TAIL > 0) groups."""
+    def _score(q_smem, qt_op, kv_j, kt_j, s_zero, D_TAIL: gl.constexpr, DROP: gl.constexpr):
+        """S = q K^T (+ the score-only tail) for one tile (DROP == 2: zeros, no dot)."""
+        if DROP == 2:
+            return s_zero
         s_tok = warpgroup_mma(q_smem, kv_j.permute((1, 0)), s_zero, use_acc=False,
                               is_async=True)  # fmt: skip
         if D_TAIL > 0:
             s_tok = warpgroup_mma(qt_op, kt_j.permute((1, 0)), s_tok, is_async=True)
-        return s_tok
-
-    @gluon.jit
-    def _score(q_smem, qt_op, kv_j, kt_j, s_zero, D_TAIL: gl.constexpr, DROP: gl.constexpr):
-        """S for one tile, waited for (DROP == 2: zeros, no dot)."""
-        if DROP == 2:
-            return s_zero
-        s_tok = _score_async(q_smem, qt_op, kv_j, kt_j, s_zero, D_TAIL)
         return warpgroup_mma_wait(num_outstanding=0, deps=(s_tok,))
-
-    @gluon.jit
-    def _softmax(s, valid, m_i, l_i, scale_log2, dtype: gl.constexpr, o_l: gl.constexpr,
-                 p_l: gl.constexpr):  # fmt: skip
-        """One tile of the base-2 online softmax: P as the P V dot's A operand, the factor
-        that rescales the accumulator (in its layout), the new running max and sum."""
-        s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # all padding so far
-        alpha = gl.exp2(m_i - m_safe)
-        p = gl.exp2(s - m_safe[:, None])
-        l_new = l_i * alpha + gl.sum(p, axis=1)
-        p_op = gl.convert_layout(p.to(dtype), p_l)
-        return p_op, gl.convert_layout(alpha, gl.SliceLayout(1, o_l)), m_new, l_new
 
     @gluon.jit
     def _sparse_mla_split_gluon_kernel(
@@ -142,7 +122,6 @@ if AVAILABLE:
         MAX_T: gl.constexpr,  # power of two >= tiles per split
         num_warps: gl.constexpr,
         DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop, 2 no dots
-        PIPE: gl.constexpr = False,  # tile j + 1's score dot under tile j's softmax (NBUF >= 3)
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         # Register layouts. Gathers: 16-byte vectors, a warp per row slice.
@@ -218,61 +197,37 @@ if AVAILABLE:
         acc = warpgroup_mma_init(gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_l))
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
         offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
-        if PIPE:
-            # One tile ahead (FlashAttention-3's intra-warpgroup pipelining): tile j + 1's
-            # score dot runs on the tensor cores while tile j's softmax runs on the others.
-            # Slots: j (its P V in flight), j + 1 (its score dot), j + 2.. (gathers in flight).
-            gl.static_assert(NBUF >= 3 and DROP == 0)
-            N_S: gl.constexpr = 1 + (D_TAIL > 0)  # wgmma groups of one score dot
-            cp.wait_group(NBUF - 2)  # tile 0 landed
-            _cta_barrier()
-            fence_async_shared()
-            s = _score(q_smem, qt_op, kv_smem.index(0), kt_smem.index(0), s_zero, D_TAIL, 0)
-            for j in range(0, n_local):
-                cp.wait_group(NBUF - 3)  # tile j + 1 landed (this thread's copies),
-                _cta_barrier()  # ...everyone's,
-                fence_async_shared()  # ...visible to wgmma
-                b1 = (j + 1) % NBUF
-                s_next = _score_async(q_smem, qt_op, kv_smem.index(b1), kt_smem.index(b1),
-                                      s_zero, D_TAIL)  # fmt: skip
-                valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
-                    idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
-                p_op, alpha_o, m_i, l_i = _softmax(s, valid, m_i, l_i, scale_log2, dtype, o_l,
-                                                   p_l)  # fmt: skip
-                o_j = warpgroup_mma_wait(num_outstanding=N_S, deps=(acc,))  # P V of j - 1 done
-                acc = warpgroup_mma(p_op, kv_smem.index(j % NBUF), o_j * alpha_o[:, None],
-                                    is_async=True)  # fmt: skip
-                _cta_barrier()  # both warpgroups are past tile j - 1's P V: refill its slot
+        for j in range(0, n_local):
+            # The previous tile's P V dot read the slot refilled below: let it finish...
+            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()  # ...in both warpgroups, before any warp refills it
+            if DROP == 1:
+                cp.commit_group()  # (an empty group keeps the wait counts)
+            else:
                 _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start,
                               n_local, n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt,
                               offs_t_lt, D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
-                s = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))  # P V of j may run
-        else:
-            for j in range(0, n_local):
-                # The previous tile's P V dot read the slot refilled below: let it finish...
-                o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                _cta_barrier()  # ...in both warpgroups, before any warp refills it
-                if DROP == 1:
-                    cp.commit_group()  # (an empty group keeps the wait counts)
-                else:
-                    _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start,
-                                  n_local, n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt,
-                                  offs_t_lt, D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
-                cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies),
-                _cta_barrier()  # ...everyone's,
-                fence_async_shared()  # ...visible to wgmma
-                buf = j % NBUF
-                kv_j = kv_smem.index(buf)
-                s = _score(q_smem, qt_op, kv_j, kt_smem.index(buf), s_zero, D_TAIL, DROP)
-                valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
-                    idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
-                p_op, alpha_o, m_i, l_i = _softmax(s, valid, m_i, l_i, scale_log2, dtype, o_l,
-                                                   p_l)  # fmt: skip
-                o_j = o_j * alpha_o[:, None]
-                if DROP == 2:
-                    acc = warpgroup_mma_init(o_j)  # (P's layout conversion is dropped too)
-                else:
-                    acc = warpgroup_mma(p_op, kv_j, o_j, is_async=True)
+            cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies),
+            _cta_barrier()  # ...everyone's,
+            fence_async_shared()  # ...visible to wgmma
+            buf = j % NBUF
+            kv_j = kv_smem.index(buf)
+            s = _score(q_smem, qt_op, kv_j, kt_smem.index(buf), s_zero, D_TAIL, DROP)
+            valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
+                idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
+            s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # all padding so far
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            o_j = o_j * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_l)
+            if DROP == 2:
+                acc = warpgroup_mma_init(o_j)  # (P's layout conversion is dropped too)
+            else:
+                acc = warpgroup_mma(p_op, kv_j, o_j, is_async=True)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cp.wait_group(0)
 
@@ -314,7 +269,7 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int, drop: 
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
                 MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
-                DROP={"": 0, "gather": 1, "dots": 2}[drop], PIPE=cfg.score_ahead)  # fmt: skip
+                DROP={"": 0, "gather": 1, "dots": 2}[drop])  # fmt: skip
 
 
 def key(kconsts: dict, q: torch.Tensor) -> tuple:
@@ -333,8 +288,7 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
     if not (gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
             and cfg.block_n >= 16 and cfg.num_stages >= 2 and 32 <= d_v <= 512
             and d_v & (d_v - 1) == 0 and d_tail % 8 == 0 and kv.element_size() == 2
-            and q.element_size() == 2 and drop in ("", "gather", "dots")
-            and (not cfg.score_ahead or (cfg.num_stages >= 3 and not drop))):  # fmt: skip
+            and q.element_size() == 2 and drop in ("", "gather", "dots")):  # fmt: skip
         return False
     if any(x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))) or any(
         t.data_ptr() % 16 for t in (q, kv)
