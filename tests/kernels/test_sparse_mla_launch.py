@@ -211,3 +211,19 @@ def test_default_config_takes_gluon_where_it_was_measured_faster():
         assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
         assert default_config(b, h, 512, bf16, gluon=False).kernel != "gluon"
         assert default_config(b, h, 512, bf16, fp8_tile=64, gluon=True).kernel == "tl"
+
+
+def test_gluon_can_be_switched_off_for_an_ab(monkeypatch):
+    """SERVELAB_SPARSE_MLA_GLUON=0 makes a Hopper machine choose the Triton default, so the
+    engine's splitkv backend can be A/B-ed with and without the Gluon kernel."""
+    from servelab.kernels.sparse_mla import splitkv_gluon
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
+    monkeypatch.setattr(splitkv_gluon, "AVAILABLE", True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(splitkv_gluon, "_is_hopper", lambda index: True)
+    monkeypatch.delenv("SERVELAB_SPARSE_MLA_GLUON", raising=False)
+    assert default_config(64, 64, 512, torch.bfloat16).kernel == "gluon"
+    monkeypatch.setenv("SERVELAB_SPARSE_MLA_GLUON", "0")
+    assert default_config(64, 64, 512, torch.bfloat16).kernel == "tl"

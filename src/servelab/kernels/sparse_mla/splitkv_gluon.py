@@ -22,6 +22,7 @@ compile it for sm_90a and check the compiler's resource report.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from typing import TYPE_CHECKING
 
@@ -244,7 +245,11 @@ if AVAILABLE:
 
 
 def gluon_device(device: torch.device | None = None) -> bool:
-    """Whether the Gluon kernel can run here: a Triton with Gluon and a Hopper GPU."""
+    """Whether the Gluon kernel can run here: a Triton with Gluon and a Hopper GPU, and not
+    switched off with SERVELAB_SPARSE_MLA_GLUON=0 (to A/B it against the Triton kernels, e.g.
+    inside the embedded engine, whose splitkv backend takes the default config)."""
+    if os.environ.get("SERVELAB_SPARSE_MLA_GLUON", "1") == "0":
+        return False
     if not AVAILABLE or not torch.cuda.is_available():
         return False
     if device is not None and device.type != "cuda":
