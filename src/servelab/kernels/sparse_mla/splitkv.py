@@ -375,7 +375,7 @@ def splitkv_decode(
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
     if gluon:
-        pass  # launched above
+        pass  # launched above, before LAST_PATH: a failed compile falls back to the tl kernel
     elif rp:
         d_tail = d_qk - d_v
         LAST_COMPILED["split"] = _sparse_mla_split_rp_kernel[grid](
