@@ -18,6 +18,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -32,8 +33,8 @@ MAX_REL_ERR = 1e-2
 
 def candidates(shape: bsm.Shape, b: int) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell)."""
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, default_config
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
-    from servelab.kernels.sparse_mla.splitkv import default_config
 
     out = {"default": None}
     tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
@@ -43,6 +44,9 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
         for bn, nbuf in ((32, 3), (32, 4)):
             out[f"gluon-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
                                               kernel="gluon")  # fmt: skip
+    elif b >= 4 and shape.heads >= 32:  # below the Gluon default's batch: would it win there?
+        out["gluon"] = GLUON_WIDE
+        out["gluon-2waves"] = replace(GLUON_WIDE, waves=2.0)  # more splits, smaller grid tail
     return out
 
 
