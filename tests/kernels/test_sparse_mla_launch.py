@@ -201,13 +201,16 @@ def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch
 
 
 def test_default_config_takes_gluon_where_it_was_measured_faster():
-    """H200 table (docs/performance.md): Gluon at B >= 32 for H >= 32 with a 16-bit cache, the
-    tl kernels elsewhere; never Gluon on a device without it, never for an FP8 cache."""
+    """H200 tables (docs/performance.md): Gluon for H >= 32 with a 16-bit cache from B = 8 (B = 4
+    with 128 heads), the tl kernels elsewhere; never Gluon on a device without it, never for an
+    FP8 cache."""
     from servelab.kernels.sparse_mla.splitkv import default_config
 
     bf16 = torch.bfloat16
-    for b, h, want in [(32, 64, "gluon"), (128, 128, "gluon"), (64, 32, "gluon"), (16, 64, "tl"),
-                       (64, 16, "tl"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "tl")]:  # fmt: skip
+    for b, h, want in [(32, 64, "gluon"), (128, 128, "gluon"), (64, 32, "gluon"), (8, 64, "gluon"),
+                       (8, 32, "gluon"), (4, 128, "gluon"), (4, 64, "tl"), (4, 32, "tl"),
+                       (2, 128, "tl"), (64, 16, "tl"), (1, 64, "tl"), (1, 16, "rp"),
+                       (2, 16, "tl")]:  # fmt: skip
         assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
         assert default_config(b, h, 512, bf16, gluon=False).kernel != "gluon"
         assert default_config(b, h, 512, bf16, fp8_tile=64, gluon=True).kernel == "tl"

@@ -86,15 +86,18 @@ PDL_MAX_FILL = 0.75
 PDL_MAX_B = 8
 
 
-# The Gluon kernel (splitkv_gluon.py) at large B, H200 2026-11-29 (bench_sparse_mla_geometry,
-# docs/performance.md): 64-token tiles, a 2-deep ring, 8 warps. Faster than WIDE by 1.13-1.26x
-# on V4-Flash, V4-Pro and the H32 slice at B >= 32; not on the H16 slice (75% of its 64-head
-# tile is padding). NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
-# faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, two calls).
+# The Gluon kernel (splitkv_gluon.py), H200 2026-11-29 (bench_sparse_mla_geometry,
+# docs/performance.md): 64-token tiles, a 2-deep ring, 8 warps. Faster than the tl defaults at
+# B >= 32 by 1.09-1.50x (V3.2, V4-Flash, V4-Pro, the H32 slice), and below that (one call) at
+# B = 8-16 by 1.06-1.43x and, with 128 heads, at B = 4 by 1.21-1.47x; slower at B = 4 with
+# H <= 64 (by 1.5-4%) and on the H16 slice (75% of its 64-head tile is padding).
+# NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
+# faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, five machines).
 GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
                          prefetch_idx=False, kernel="gluon")  # fmt: skip
 GLUON_MIN_H = 32
-GLUON_MIN_B = 32
+GLUON_MIN_B = 8
+GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
 NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
                         prefetch_idx=False, kernel="rp")  # fmt: skip
 
@@ -110,7 +113,8 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
     kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
     (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
-    if fp8_tile is None and b >= GLUON_MIN_B and h >= GLUON_MIN_H:
+    gluon_b = GLUON_MIN_B_WIDE if h >= GLUON_WIDE_H else GLUON_MIN_B
+    if fp8_tile is None and b >= gluon_b and h >= GLUON_MIN_H:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return GLUON_WIDE
     if h >= 64:
