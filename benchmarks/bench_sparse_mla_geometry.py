@@ -18,7 +18,6 @@ import argparse
 import os
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -44,9 +43,9 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
         for bn, nbuf in ((32, 3), (32, 4)):
             out[f"gluon-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
                                               kernel="gluon")  # fmt: skip
-    elif b >= 4 and shape.heads >= 32:  # below the Gluon default's batch: would it win there?
-        out["gluon"] = GLUON_WIDE
-        out["gluon-2waves"] = replace(GLUON_WIDE, waves=2.0)  # more splits, smaller grid tail
+    elif shape.heads >= 32 and default_config(b, shape.heads, shape.d_qk,
+                                              torch.bfloat16).kernel != "gluon":  # fmt: skip
+        out["gluon"] = GLUON_WIDE  # where the default is a Triton kernel: would Gluon win?
     return out
 
 

@@ -102,7 +102,8 @@ def test_split_counts_agree(device):
     cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
     cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="rp"))
     if gluon_here():  # Gluon has no interpreter; both ring depths at a toy shape
-        cfgs += [SplitConfig(64, 16, 8, 3, kernel="gluon"), SplitConfig(64, 16, 8, 2, kernel="gluon")]
+        cfgs += [SplitConfig(64, 16, 8, 3, kernel="gluon"),
+                 SplitConfig(64, 16, 8, 2, kernel="gluon")]
     for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
         out, lse = poisoned(b, h, d_v, dtype, device)
         ws = (
@@ -409,8 +410,9 @@ def test_fp8_quantizer_error_and_layout_bytes():
 @pytest.mark.parametrize(
     "shape",
     [(2, 128, 576, 512, 2048), (1, 64, 512, 512, 640), (3, 128, 512, 512, 1152),
-     (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
-    ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64"],
+     (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640), (4, 128, 576, 512, 2048),
+     (8, 64, 512, 512, 640)],
+    ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64", "v32_b4", "v4flash_b8"],
 )  # fmt: skip
 @pytest.mark.parametrize("variant", ["naive", "splitkv", "fused", "pdl", "rp", "gluon", "fp8",
                                      "fp8_fused", "fp8_reshape"])  # fmt: skip
@@ -423,8 +425,8 @@ def test_real_shapes_on_gpu(shape, variant):
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
-        # The Triton kernels' own default (at B >= 32 the default is Gluon on Hopper): the
-        # merge and FP8 variants below test those kernels' geometry, not the Gluon tile's.
+        # The Triton kernels' own default (from B = 8, or 4 at 128 heads, the default is Gluon
+        # on Hopper): the merge and FP8 variants test those kernels' geometry, not Gluon's.
         cfg = default_config(b, h, d_qk, dtype, gluon=False)
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
             if not gluon_here():

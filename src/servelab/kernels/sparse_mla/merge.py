@@ -6,7 +6,7 @@ and lse_s [BLOCK_H]; the merge is lse = log sum_s exp(lse_s), O = sum_s exp(lse_
 lse = -inf).
 
 Three ways to run it (``SplitConfig.merge``; the default "auto" picks "pdl" or "kernel" by how
-full the split grid is, see splitkv.resolve_merge):
+full the split grid is, see splitkv_config.resolve_merge):
 
 - ``"kernel"``: `_sparse_mla_merge_kernel`, a second launch with grid (B, H, column slices).
 - ``"pdl"``: the same kernel launched with programmatic dependent launch (Hopper): it is

@@ -270,7 +270,7 @@ def splitkv_decode(
     config: SplitConfig | None = None,
     out: torch.Tensor | None = None,  # [B, H, d_v]
     lse: torch.Tensor | None = None,  # [B, H] fp32
-    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,  # partial (O, lse)
+    workspace: tuple[torch.Tensor, torch.Tensor] | None = None,  # partials; with num_splits
     drop: str = "",  # diagnostics only (wrong results): "qk"/"pv" skips that dot; Gluon
     # kernel: "gather" skips the loop's gathers, "dots" both dots
 ) -> tuple[torch.Tensor, torch.Tensor]:

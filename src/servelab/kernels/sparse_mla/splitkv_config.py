@@ -89,8 +89,8 @@ PDL_MAX_B = 8
 # The Gluon kernel (splitkv_gluon.py), H200 2026-11-29 (bench_sparse_mla_geometry,
 # docs/performance.md): 64-token tiles, a 2-deep ring, 8 warps. Faster than the tl defaults at
 # B >= 32 by 1.09-1.50x (V3.2, V4-Flash, V4-Pro, the H32 slice), and below that (two calls) at
-# B = 8-16 by 1.06-1.43x and, with 128 heads, at B = 4 by 1.21-1.47x; slower at B = 4 with
-# H <= 64 (by 1.5-4%) and on the H16 slice (75% of its 64-head tile is padding).
+# B = 8-16 by 1.06-1.43x and, with 128 heads, at B = 4 by 1.21-1.48x; slower at B = 4 with
+# H <= 64 (by 1-4%) and on the H16 slice (75% of its 64-head tile is padding).
 # NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
 # faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, five machines).
 GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
