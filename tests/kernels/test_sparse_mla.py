@@ -405,6 +405,20 @@ def test_fp8_quantizer_error_and_layout_bytes():
     assert quantize_kv(kv[:, :512], 448, 64).bytes_per_token == 604
 
 
+def _check_config(cfg, want_split, tag, q, kv, idx, d_v, ref):
+    """One launch config against the exact result `ref` (from `bounds`), with the split kernel
+    it must have run; outputs poisoned first."""
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    out_ex, lse_ex, out_tol, lse_tol = ref
+    b, h, d_qk = q.shape
+    out, lse = poisoned(b, h, d_v, q.dtype, q.device)
+    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+    assert LAST_PATH["split"] == want_split, LAST_PATH
+    assert_close(f"{tag} out", o, out_ex, out_tol)
+    assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(
@@ -428,33 +442,25 @@ def test_real_shapes_on_gpu(shape, variant):
         # The Triton kernels' own default (from B = 8, or 4 at 128 heads, the default is Gluon
         # on Hopper): the merge and FP8 variants test those kernels' geometry, not Gluon's.
         cfg = default_config(b, h, d_qk, dtype, gluon=False)
+        if variant in ("gluon", "rp", "fused", "pdl"):  # (the others derive their own bounds)
+            ref = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+            out_ex, lse_ex, out_tol, lse_tol = ref
         if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
             if not gluon_here():
                 pytest.skip("the Gluon kernel needs a Hopper GPU")
             for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
                 c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
                                         num_stages=nbuf, kernel="gluon", ctas_per_sm=1)  # fmt: skip
-                out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-                out, lse = poisoned(b, h, d_v, dtype, "cuda")
-                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
-                assert LAST_PATH["split"] == "16bit_gluon", LAST_PATH
-                assert_close(f"gluon bn{bn} {shape} out", o, out_ex, out_tol)
-                assert_close(f"gluon bn{bn} {shape} lse", lg, lse_ex, lse_tol)
+                _check_config(c, "16bit_gluon", f"gluon bn{bn} {shape}", q, kv, idx, d_v, ref)
             continue
         if variant == "rp":  # the register-prefetch kernel, both tile geometries
             for bh, warps in ((64, 8), (16, 4)) if h >= 64 else ((16, 4),):
                 c = dataclasses.replace(cfg, block_h=bh, block_n=32, num_warps=warps,
                                         kernel="rp", ctas_per_sm=1)  # fmt: skip
-                out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-                out, lse = poisoned(b, h, d_v, dtype, "cuda")
-                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=c, out=out, lse=lse)
-                assert LAST_PATH["split"] == "16bit_rp", LAST_PATH
-                assert_close(f"rp {bh} {shape} out", o, out_ex, out_tol)
-                assert_close(f"rp {bh} {shape} lse", lg, lse_ex, lse_tol)
+                _check_config(c, "16bit_rp", f"rp {bh} {shape}", q, kv, idx, d_v, ref)
             continue
         if variant in ("fused", "pdl"):
             cfg = dataclasses.replace(cfg, merge=variant)
-            out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
             for rep in range(2):  # the second call needs the counters reset by the first
                 out, lse = poisoned(b, h, d_v, dtype, "cuda")
                 o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out,

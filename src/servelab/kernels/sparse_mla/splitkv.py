@@ -357,16 +357,16 @@ def splitkv_decode(
     rp = not fp8 and not drop and not fused and cfg.kernel == "rp"
     if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
         merge = "kernel"
-    if gluon and not splitkv_gluon.launch(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h,
-                                          topk, tiles_per_split, so, sl, sm_scale, d_v,
-                                          drop):  # fmt: skip
-        if config is None:  # the default again: now the tl kernel with its own geometry
+    if gluon:
+        compiled = splitkv_gluon.launch(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h, topk,
+                                        tiles_per_split, so, sl, sm_scale, d_v, drop)  # fmt: skip
+        if compiled is None and config is None:  # the default again: the tl kernel's geometry
             return splitkv_decode(q, kv_cache, indices, sm_scale, d_v, num_splits=asked_splits,
                                   out=out, lse=lse, drop=drop,
                                   workspace=workspace if asked_splits else None)  # fmt: skip
-        gluon = False
-    if gluon:
-        LAST_COMPILED["split"] = splitkv_gluon.LAST_COMPILED["split"]
+        gluon = compiled is not None
+        if gluon:
+            LAST_COMPILED["split"] = compiled
     LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else
                      "16bit_rp" if rp else "16bit_gluon" if gluon else "16bit",
                      merge="single" if single else merge,

@@ -33,9 +33,6 @@ if TYPE_CHECKING:
     from .splitkv_config import SplitConfig
 
 LOG2E = 1.4426950408889634
-# The compiled kernel of the latest launch (the benchmark's register report reads it; the
-# dispatcher copies it into splitkv.LAST_COMPILED).
-LAST_COMPILED: dict[str, object] = {}
 
 try:  # Gluon is experimental; a Triton without it (or with another API) disables this path
     from triton.experimental import gluon
@@ -306,17 +303,16 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
 
 
 def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-           sm_scale, d_v, drop) -> bool:  # fmt: skip
-    """Launch splitkv_gluon.py; False (and a one-time warning) if it does not compile here."""
+           sm_scale, d_v, drop):  # fmt: skip
+    """Launch splitkv_gluon.py; the compiled kernel, or None (and a one-time warning) if it
+    does not compile here."""
     kc = consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
     try:
-        compiled = _sparse_mla_split_gluon_kernel[grid](
+        return _sparse_mla_split_gluon_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
             q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
             so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
         )  # fmt: skip
-        LAST_COMPILED["split"] = compiled
-        return True
     except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
         if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise  # compile happens on the first (uncaptured) call; never hide a capture error
@@ -324,4 +320,4 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
         FAILED[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
         warnings.warn(f"sparse MLA: the Gluon split kernel did not compile here "
                       f"({FAILED[k]}); using the Triton kernel", stacklevel=3)  # fmt: skip
-        return False
+        return None
