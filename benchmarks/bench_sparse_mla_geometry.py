@@ -9,6 +9,7 @@ last; OUT/bench_sparse_mla.jsonl holds every cell with its p10/p90 and compiler 
 
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla_geometry.py --out $OUT \\
         [--shapes v4-flash,v3.2] [--batches 32,64,128] [--only rp64-bn32,default]
+    PYTHONPATH=src python3 benchmarks/bench_sparse_mla_geometry.py --fp8 --out $OUT  # FP8 KV
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla_geometry.py --smoke --out /tmp/x  # CPU
 """
 
@@ -49,6 +50,22 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     return out
 
 
+def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
+    """--fp8: label -> (variant, SplitConfig or None = that variant's default): the bf16
+    default (the baseline of the FP8 goal), the FP8 default, and the FP8 kernels it is not."""
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, default_config
+
+    out = {"bf16": ("splitkv", None), "fp8": ("fp8", None)}
+    tile = 128 if shape.d_qk == 576 else 64  # bsm.fp8_cache's layouts
+    dflt = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, fp8_tile=tile)
+    tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, fp8_tile=tile, gluon=False)
+    if tl != dflt:
+        out["fp8-tl"] = ("fp8", tl)
+    if dflt.kernel != "gluon":
+        out["fp8-gluon"] = ("fp8", GLUON_WIDE)
+    return out
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("out"))
@@ -58,6 +75,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--drops", default="", help="B values at which the Gluon default is also "
                     "timed with its gathers or its dots dropped (diagnostics), e.g. 64,128")
+    ap.add_argument("--fp8", action="store_true", help="FP8 KV kernels against the bf16 "
+                    "default (--drops then also drops the FP8 Gluon kernel's dequantisation)")
     ap.add_argument("--wait-file", default="", help="after compiling, wait for this file")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no cell after this")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
@@ -75,40 +94,54 @@ def main(argv: list[str]) -> int:
         shapes = [by_name[n] for n in args.shapes.split(",")]
         batches = [int(x) for x in args.batches.split(",")]
         reps, pool = args.reps, 1 << 20
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv
     from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
 
     dtype = torch.float16 if bsm.DEVICE == "cpu" else torch.bfloat16
     only = set(filter(None, args.only.split(",")))
     t0 = time.time()
-    data, jobs = {}, []
+    data, caches, jobs = {}, {}, []
     for shape in shapes:
         torch.manual_seed(0)
         data[shape.name] = torch.randn(pool, shape.d_qk, device=bsm.DEVICE).to(dtype)
+        if args.fp8:
+            caches[shape.name] = bsm.fp8_cache(shape, data[shape.name])
         for b in batches:
-            for label, cfg in candidates(shape, b).items():
+            cands = (fp8_candidates(shape, b) if args.fp8 else
+                     {k: ("splitkv", c) for k, c in candidates(shape, b).items()})  # fmt: skip
+            for label, (variant, cfg) in cands.items():
                 if not only or label in only:
-                    jobs.append((shape, b, label, cfg, ""))
-            dflt = default_config(b, shape.heads, shape.d_qk, dtype)
-            if str(b) in args.drops.split(",") and dflt.kernel == "gluon":
+                    jobs.append((shape, b, label, variant, cfg, ""))
+            if str(b) not in args.drops.split(","):
+                continue
+            if args.fp8:  # where the FP8 Gluon kernel's time goes
+                from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE
+
+                for drop in ("gather", "dots", "dequant"):
+                    jobs.append((shape, b, f"drop-{drop}", "fp8", GLUON_WIDE, drop))
+            elif default_config(b, shape.heads, shape.d_qk, dtype).kernel == "gluon":
                 for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
-                    jobs.append((shape, b, f"drop-{drop}", None, drop))
+                    jobs.append((shape, b, f"drop-{drop}", "splitkv", None, drop))
     # Check (and so compile) every cell against the fp32 reference, with padding.
     checks = {}
-    for shape, b, label, cfg, drop in jobs:
+    for shape, b, label, variant, cfg, drop in jobs:
         if drop:
             checks[(shape.name, b, label)] = {"diagnostic": drop}  # wrong results by design
             continue
         kv = data[shape.name]
+        src = caches[shape.name] if variant == "fp8" else kv
         (q, idx), = bsm.make_inputs(shape, max(b, 3), kv, 1, seed=7)  # fmt: skip
         idx[0, ::5] = -1
         idx[1, :] = -1  # all padding: out 0, lse -inf
         scale = shape.d_qk**-0.5
         # Check the config that is timed: the default at this B (B >= 3 for the padding rows).
-        ccfg = cfg or default_config(b, shape.heads, shape.d_qk, dtype)
+        ccfg = cfg or default_config(b, shape.heads, shape.d_qk, dtype,
+                                     src.tile if variant == "fp8" else None)  # fmt: skip
         try:
-            o, lg = splitkv_decode(q, kv, idx, scale, shape.d_v, config=ccfg)
-            ref_o, ref_l = sparse_mla_decode_reference(q, kv, idx, scale, shape.d_v)
+            o, lg = splitkv_decode(q, src, idx, scale, shape.d_v, config=ccfg)
+            ref_kv = dequantize_kv(src).to(dtype) if variant == "fp8" else kv
+            ref_o, ref_l = sparse_mla_decode_reference(q, ref_kv, idx, scale, shape.d_v)
             rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
             fin = torch.isfinite(ref_l)
             pad_ok = bool(torch.all(o[1] == 0)) and bool(torch.all(torch.isneginf(lg[1])))
@@ -126,7 +159,7 @@ def main(argv: list[str]) -> int:
             time.sleep(0.5)
         log.say(f"tests done; timing from {time.time() - t0:.0f} s")
     res = {}
-    for shape, b, label, cfg, drop in jobs:
+    for shape, b, label, variant, cfg, drop in jobs:
         chk = checks[(shape.name, b, label)]
         if "error" in chk or (not drop and not (chk["rel_err"] <= MAX_REL_ERR and chk["pad_ok"])):
             log.say(f"not timed (failed its check): {shape.name} B={b} {label}: {chk}")
@@ -134,19 +167,20 @@ def main(argv: list[str]) -> int:
         if time.time() - t0 > args.budget_s:
             log.say(f"time budget spent: skipping {shape.name} B={b} {label}")
             continue
-        rec = bsm.run_cell(log, shape, b, data[shape.name], "splitkv", reps, 128, cfg=cfg,
-                           drop=drop, label=label)  # fmt: skip
+        rec = bsm.run_cell(log, shape, b, data[shape.name], variant, reps, 128, cfg=cfg,
+                           drop=drop, label=label, cache=caches.get(shape.name))  # fmt: skip
         rec.update(checks[(shape.name, b, label)])
         res[(shape.name, b, label)] = rec
         log.say(f"{shape.name} B={b} {label}: {rec.get('us', float('nan')):.2f} us "
                 f"[{rec.get('num_splits')}] regs={rec.get('split_regs')} "
                 f"spills={rec.get('split_spills')} smem={rec.get('split_smem')}")  # fmt: skip
     nan = float("nan")
-    labels = sorted({k[2] for k in res}, key=lambda x: (x != "default", x))
+    first = "bf16" if args.fp8 else "default"
+    labels = sorted({k[2] for k in res}, key=lambda x: (x != first, x))
     log.say(f"\nelapsed {time.time() - t0:.0f} s; us per call (median) [splits], %floor of "
             "the best; * = best")
     log.say(f"{'shape':17} {'B':>4} " + " ".join(f"{x:>14}" for x in labels)
-            + f" {'%floor':>7} {'x default':>9}")
+            + f" {'%floor':>7} {'x ' + first:>9}")
     for shape in shapes:
         for b in batches:
             row = {x: res.get((shape.name, b, x), {}) for x in labels}
@@ -156,7 +190,7 @@ def main(argv: list[str]) -> int:
                        key=lambda x: row[x].get("us", float("inf")))  # diagnostics are not results
             cells = [f"{row[x].get('us', nan):7.2f}{'*' if x == best else ' '}"
                      f"[{row[x].get('num_splits', 0):>3}]" for x in labels]  # fmt: skip
-            d = row.get("default", {}).get("us", nan)
+            d = row.get(first, {}).get("us", nan)
             log.say(f"{shape.name:17} {b:>4} " + " ".join(f"{c:>14}" for c in cells)
                     + f" {row[best].get('pct_floor', nan):>7.1f}"
                     f" {d / row[best].get('us', nan):>9.2f}")

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from . import merge as merge_mod
-from . import splitkv_gluon
+from . import splitkv_gluon, splitkv_gluon_fp8
 from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
 from .merge import fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
@@ -272,7 +272,8 @@ def splitkv_decode(
     lse: torch.Tensor | None = None,  # [B, H] fp32
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,  # partials; with num_splits
     drop: str = "",  # diagnostics only (wrong results): "qk"/"pv" skips that dot; Gluon
-    # kernel: "gather" skips the loop's gathers, "dots" both dots
+    # kernels: "gather" skips the loop's gathers, "dots" both dots, "dequant" (FP8) the
+    # dequantisation into the staging tile
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the split kernel (and the merge kernel when num_splits > 1 and the config's
     merge is not "fused"); returns (out, lse)."""
@@ -301,11 +302,12 @@ def splitkv_decode(
         if not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
         tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
-        gluon = not fp8 and cfg.kernel == "gluon" and splitkv_gluon.serves(
-            cfg, q, kv_main, d_v, tiles_per_split, drop)  # fmt: skip
+        gluon = cfg.kernel == "gluon" and (
+            splitkv_gluon_fp8.serves(cfg, q, kv_cache, d_v, tiles_per_split, drop) if fp8
+            else splitkv_gluon.serves(cfg, q, kv_main, d_v, tiles_per_split, drop))  # fmt: skip
         if config is not None or cfg.kernel != "gluon" or gluon:
             break
-        cfg = default_config(b, h, d_qk, q.dtype, gluon=False)
+        cfg = default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None, gluon=False)
 
     # Splits past the last tile would see nothing; they still run and write (0, -inf).
     if out is None:
@@ -349,17 +351,17 @@ def splitkv_decode(
         PREFETCH_IDX=cfg.prefetch_idx, PDL_TRIGGER=merge == "pdl" and not single,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    chunked = bool(fp8 and cfg.fp8_chunked and not drop and _fp8_chunkable(kv_cache, d_v))
     gluon = gluon and not fused
-    if drop in ("gather", "dots") and not gluon:
+    if drop in ("gather", "dots", "dequant") and not gluon:
         raise ValueError(f"drop={drop!r} is a diagnostic of the Gluon kernel, which this launch "
                          "does not run (config, device or shape)")  # fmt: skip
     rp = not fp8 and not drop and not fused and cfg.kernel == "rp"
     if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
         merge = "kernel"
     if gluon:
-        compiled = splitkv_gluon.launch(cfg, grid, q, kv_main, indices, o_dst, lse_dst, h, topk,
-                                        tiles_per_split, so, sl, sm_scale, d_v, drop)  # fmt: skip
+        compiled = (splitkv_gluon_fp8 if fp8 else splitkv_gluon).launch(
+            cfg, grid, q, kv_cache, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
+            sm_scale, d_v, drop)  # fmt: skip
         if compiled is None and config is None:  # the default again: the tl kernel's geometry
             return splitkv_decode(q, kv_cache, indices, sm_scale, d_v, num_splits=asked_splits,
                                   out=out, lse=lse, drop=drop,
@@ -367,8 +369,11 @@ def splitkv_decode(
         gluon = compiled is not None
         if gluon:
             LAST_COMPILED["split"] = compiled
-    LAST_PATH.update(split="fp8_chunked" if chunked else "fp8_reshape" if fp8 else
-                     "16bit_rp" if rp else "16bit_gluon" if gluon else "16bit",
+    chunked = bool(fp8 and not gluon and cfg.fp8_chunked and not drop
+                   and _fp8_chunkable(kv_cache, d_v))  # fmt: skip
+    LAST_PATH.update(split="fp8_gluon" if fp8 and gluon else "fp8_chunked" if chunked else
+                     "fp8_reshape" if fp8 else "16bit_rp" if rp else
+                     "16bit_gluon" if gluon else "16bit",
                      merge="single" if single else merge,
                      partials="" if single else str(o_dst.dtype).removeprefix("torch."),
                      tile=f"{cfg.block_h}x{cfg.block_n}")  # fmt: skip

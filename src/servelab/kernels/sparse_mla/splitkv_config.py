@@ -98,6 +98,10 @@ GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas
 GLUON_MIN_H = 32
 GLUON_MIN_B = 8
 GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
+# FP8 cache (splitkv_gluon_fp8.py: an FP8 ring dequantised once per tile into a bf16 staging
+# tile), H200 2026-11-30 (bench_sparse_mla_geometry --fp8): faster than both FP8 Triton kernels
+# at every measured cell from B = 8 (all five shapes, B = 8, 32, 128: 1.09-2.94x).
+GLUON_FP8_MIN_B = 8
 NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
                         prefetch_idx=False, kernel="rp")  # fmt: skip
 
@@ -108,13 +112,17 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
     (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
 
-    FP8 (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
+    FP8 from B = 8 on Hopper: the Gluon FP8 kernel (GLUON_FP8_MIN_B). Below that, or without
+    Gluon (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
     with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
     34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
     kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
     (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
     gluon_b = GLUON_MIN_B_WIDE if h >= GLUON_WIDE_H else GLUON_MIN_B
     if fp8_tile is None and b >= gluon_b and h >= GLUON_MIN_H:
+        if splitkv_gluon.gluon_device() if gluon is None else gluon:
+            return GLUON_WIDE
+    if fp8_tile in (64, 128) and b >= GLUON_FP8_MIN_B:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return GLUON_WIDE
     if h >= 64:

@@ -314,10 +314,17 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
             so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - any compile failure: the tl kernel serves instead
-        if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise  # compile happens on the first (uncaptured) call; never hide a capture error
-        k = key(kc, q)
-        FAILED[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        warnings.warn(f"sparse MLA: the Gluon split kernel did not compile here "
-                      f"({FAILED[k]}); using the Triton kernel", stacklevel=3)  # fmt: skip
-        return None
+        return compile_failed(e, kc, q, "Gluon split kernel")
+
+
+def compile_failed(e: Exception, kc: dict, q: torch.Tensor, name: str) -> None:
+    """A Gluon launch that raised: re-raise inside CUDA graph capture (the compile happens on
+    the first, uncaptured call; a capture error must not be hidden), else record the key in
+    FAILED, warn once and return None (the caller runs a Triton kernel)."""
+    if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise e
+    k = key(kc, q)
+    FAILED[k] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    warnings.warn(f"sparse MLA: the {name} did not compile here ({FAILED[k]}); using the "
+                  "Triton kernel", stacklevel=4)  # fmt: skip
+    return None

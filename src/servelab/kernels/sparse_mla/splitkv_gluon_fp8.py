@@ -1,0 +1,329 @@
+"""Split-KV sparse MLA decode over the FP8 cache (fp8.py's layout), written in Gluon, Hopper only.
+
+The bf16 Gluon kernel (splitkv_gluon.py) keeps one 64-token tile in flight per SM: q (64 KB)
+and the slot being computed fill the rest of shared memory. Here the ring holds the FP8 rows
+(e4m3 part, rope, scales: 656 or 604 bytes a row instead of 1152 or 1024), and each tile is
+dequantised once, by all threads, into one bf16 staging tile that both wgmma dots read:
+
+- top of tile j: wait for its gather, and for tile j - 1's P V dot (which read the staging
+  tile); dequantise ring slot j into the staging tile (each e4m3 chunk times its row's scale,
+  rounded once to q's dtype; on the V4 layout the rope columns are copied in after the e4m3
+  part); then the slot is free and tile j + NBUF's gather is issued into it;
+- so NBUF tiles are in flight while a tile's dots run (the bf16 ring: NBUF - 1), twice the
+  rows in about 60-75% of the bytes at NBUF = 2;
+- the scores, the online softmax, the P V dot and the partials are those of splitkv_gluon.py.
+
+Values: the same as the FP8 Triton kernels' (``dequantize_kv`` rounded once to q's dtype).
+V3.2 layout (e4m3 part = d_v columns, rope = the score-only tail): the tail dot reads the rope
+ring slot, so the next gather is issued after the score dot. V4 layout (e4m3 part + rope =
+d_v = D_qk): the rope is part of V and goes into the staging tile.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+from . import splitkv_gluon
+from .splitkv_gluon import AVAILABLE, LOG2E
+
+if TYPE_CHECKING:
+    from .fp8 import Fp8KVCache
+    from .splitkv_config import SplitConfig
+
+if AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        warpgroup_mma,
+        warpgroup_mma_init,
+        warpgroup_mma_wait,
+    )
+
+    from .splitkv_gluon import _cp_load, _cta_barrier, _score
+
+    @gluon.jit
+    def _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr, jn,
+                          t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
+                          D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
+                          NSC: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
+                          NBUF: gl.constexpr, l8: gl.constexpr, lr: gl.constexpr,
+                          ls: gl.constexpr):  # fmt: skip
+        """cp.async of tile jn's FP8 rows (e4m3 chunks, rope, scales) into ring slot
+        jn % NBUF, as one commit group; tiles past the split are masked off (zero-filled, no
+        traffic), so the ring advances by one group per tile."""
+        row = idx_smem.index(gl.maximum(gl.minimum(jn, n_local - 1), 0))
+        slot = jn % NBUF
+        base = (t_start + jn) * BLOCK_N
+        rid = row.load(gl.SliceLayout(1, l8))
+        ok = (base + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, l8)) < n_lim) & (rid >= 0)
+        rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_d16 * 16)
+        offs_c = gl.arange(0, CW, layout=gl.SliceLayout(0, l8))
+        for c in gl.static_range(NCH):
+            _cp_load(d8_ring.index(slot * NCH + c),
+                     d8_ptr + rows[:, None] + c * CW + offs_c[None, :], mask=ok[:, None])  # fmt: skip
+        rid_r = row.load(gl.SliceLayout(1, lr))
+        ok_r = (base + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, lr)) < n_lim) & (rid_r >= 0)
+        rows_r = gl.where(ok_r, rid_r, 0).to(gl.int64) * (stride_r8 * 8)
+        offs_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
+        _cp_load(rope_ring.index(slot), rope_ptr + rows_r[:, None] + offs_r[None, :],
+                 mask=ok_r[:, None])  # fmt: skip
+        rid_s = row.load(gl.SliceLayout(1, ls))
+        ok_s = (base + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ls)) < n_lim) & (rid_s >= 0)
+        rows_s = gl.where(ok_s, rid_s, 0).to(gl.int64) * stride_s
+        offs_s = gl.arange(0, NSC, layout=gl.SliceLayout(0, ls))
+        _cp_load(sc_ring.index(slot), sc_ptr + rows_s[:, None] + offs_s[None, :],
+                 mask=ok_s[:, None] & (offs_s < NCH)[None, :])  # fmt: skip
+        cp.commit_group()
+
+    @gluon.jit
+    def _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, slot, dtype: gl.constexpr,
+                      D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
+                      D_ROPE: gl.constexpr, ROPE_IN_V: gl.constexpr, l8: gl.constexpr,
+                      lr: gl.constexpr):  # fmt: skip
+        """Ring slot -> the bf16 staging tile: chunk c of the e4m3 part times each row's
+        scale c, rounded once to q's dtype; on the V4 layout the rope columns after it."""
+        for c in gl.static_range(NCH):
+            x = d8_ring.index(slot * NCH + c).load(l8)
+            s = sc_ring.index(slot).slice(c, 1, dim=1).load(l8)  # [BLOCK_N, 1]
+            kv_st.slice(c * CW, CW, dim=1).store((x.to(gl.float32) * s).to(dtype))
+        if ROPE_IN_V:
+            kv_st.slice(D_FP8, D_ROPE, dim=1).store(rope_ring.index(slot).load(lr))
+
+    @gluon.jit
+    def _sparse_mla_split_gluon_fp8_kernel(
+        q_ptr,  # [B, H, D_qk]
+        d8_ptr,  # [T, D_FP8] e4m3
+        rope_ptr,  # [T, D_ROPE] q's dtype
+        sc_ptr,  # [T, NCH] fp32
+        idx_ptr,  # [B, topk] int32
+        o_ptr,  # final [B, H, d_v] or partial [B, S, H, d_v]
+        lse_ptr,  # final [B, H] or partial [B, S, H] fp32
+        H,
+        topk,
+        tiles_per_split,
+        stride_qb8,  # q's strides / 8 and the rope rows' / 8 (16-byte units of 16-bit
+        stride_qh8,  # values), the e4m3 rows' / 16: cp.async moves 16 B
+        stride_d16,
+        stride_r8,
+        stride_s,
+        stride_ib,
+        stride_ob,
+        stride_os,
+        stride_oh,
+        stride_lb,
+        stride_ls,
+        scale_log2,
+        D_V: gl.constexpr,
+        D_FP8: gl.constexpr,  # e4m3 columns = NCH x CW
+        CW: gl.constexpr,  # scale tile (columns per scale)
+        NCH: gl.constexpr,
+        NSC: gl.constexpr,  # NCH padded to a power of two
+        D_ROPE: gl.constexpr,  # 16-bit columns after the e4m3 part
+        ROPE_IN_V: gl.constexpr,  # V4 layout (D_FP8 + D_ROPE = D_V); else V3.2 (tail)
+        BLOCK_H: gl.constexpr,  # 64: one wgmma M
+        BLOCK_N: gl.constexpr,
+        NBUF: gl.constexpr,  # ring depth: NBUF gathers in flight during a tile's dots
+        MAX_T: gl.constexpr,  # power of two >= tiles per split
+        num_warps: gl.constexpr,
+        DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop,
+        # 2 no dots, 3 no dequantisation
+    ):
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        D_TAIL: gl.constexpr = 0 if ROPE_IN_V else D_ROPE
+        # Register layouts: 16-byte vectors for the e4m3 chunks, the rope, q.
+        l8: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CW // 16), CW // 16],
+                                            [num_warps, 1], [1, 0])  # fmt: skip
+        lr: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D_ROPE // 8), D_ROPE // 8],
+                                            [num_warps, 1], [1, 0])  # fmt: skip
+        ls: gl.constexpr = gl.BlockedLayout([1, 1], [32 // NSC, NSC], [num_warps, 1], [1, 0])
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+        ix: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BLOCK_N // 2, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D_V // 2, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype)
+        sh_r: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+        flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        sh_ix: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+        b = gl.program_id(0)
+        hb = gl.program_id(1)
+        sp = gl.program_id(2)
+        n_tiles = gl.cdiv(topk, BLOCK_N)
+        t_start = sp * tiles_per_split
+        n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
+        n_lim = gl.minimum(topk, (t_start + n_local) * BLOCK_N)
+
+        idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], sh_ix)
+        offs_in = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ix))
+        for t in range(0, n_local):
+            slot_i = (t_start + t) * BLOCK_N + offs_in
+            _cp_load(idx_smem.index(t), idx_ptr + b * stride_ib + slot_i, mask=slot_i < n_lim)
+        cp.commit_group()
+        offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+        offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
+        q_row = q_ptr + b * (stride_qb8 * 8)
+        _cp_load(q_smem, q_row + offs_h_ld[:, None] * (stride_qh8 * 8)
+                 + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None])  # fmt: skip
+        cp.commit_group()
+        kv_st = gl.allocate_shared_memory(dtype, [BLOCK_N, D_V], sh_kv)
+        d8_ring = gl.allocate_shared_memory(d8_ptr.dtype.element_ty, [NBUF * NCH, BLOCK_N, CW],
+                                            flat)  # fmt: skip
+        rope_ring = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_ROPE], sh_r)
+        sc_ring = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N, NSC], flat)
+        if D_TAIL > 0:  # the q tail (the rope columns) in registers, as in splitkv_gluon.py
+            offs_h_lr = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lr))
+            offs_r_lr = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
+            qt = gl.load(q_row + offs_h_lr[:, None] * (stride_qh8 * 8) + D_V
+                         + offs_r_lr[None, :], mask=(offs_h_lr < H)[:, None],
+                         other=0.0)  # fmt: skip
+            qt_op = gl.convert_layout(qt, gl.DotOperandLayout(0, s_l, 2))
+        else:
+            qt_op = gl.zeros([BLOCK_H, D_ROPE], dtype, layout=lr)  # unused
+        cp.wait_group(1)  # the indices (q may still be in flight)
+        _cta_barrier()
+
+        for j in gl.static_range(NBUF):
+            _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
+                              j, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
+                              D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+
+        m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_H, D_V], gl.float32, layout=o_l))
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+        offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
+        for j in range(0, n_local):
+            buf = j % NBUF
+            cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies)
+            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P V read the staging
+            _cta_barrier()  # everyone's copies landed, both warpgroups done with the staging
+            if DROP != 3:
+                _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, dtype, D_FP8, CW, NCH,
+                              D_ROPE, ROPE_IN_V, l8, lr)  # fmt: skip
+            _cta_barrier()  # the slot is read, the staging tile written
+            fence_async_shared()  # ...and visible to wgmma
+            if D_TAIL == 0:
+                if DROP == 1:
+                    cp.commit_group()
+                else:
+                    _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                                      sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
+                                      stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE,
+                                      BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+            s = _score(q_smem, qt_op, kv_st, rope_ring.index(buf), s_zero, D_TAIL, DROP)
+            if D_TAIL > 0:  # the tail dot read the rope slot: refill it only now
+                _cta_barrier()
+                if DROP == 1:
+                    cp.commit_group()
+                else:
+                    _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                                      sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
+                                      stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE,
+                                      BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+            valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
+                idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
+            s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            o_j = o_j * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            p_op = gl.convert_layout(p.to(dtype), p_l)
+            if DROP == 2:
+                acc = warpgroup_mma_init(o_j)
+            else:
+                acc = warpgroup_mma(p_op, kv_st, o_j, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cp.wait_group(0)
+
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
+        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
+        offs_d_o = gl.arange(0, D_V, layout=gl.SliceLayout(0, o_l))
+        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
+                  + offs_d_o[None, :])  # fmt: skip
+        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
+        offs_h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
+        gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
+
+
+DROPS = {"": 0, "gather": 1, "dots": 2, "dequant": 3}
+
+
+def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
+           drop: str) -> dict:  # fmt: skip
+    """The FP8 Gluon kernel's compile-time arguments for a launch (its compile cache key)."""
+    nch = cache.d_fp8 // cache.tile
+    return dict(D_V=d_v, D_FP8=cache.d_fp8, CW=cache.tile, NCH=nch,
+                NSC=max(triton.next_power_of_2(nch), 4), D_ROPE=cache.d_qk - cache.d_fp8,
+                ROPE_IN_V=cache.d_fp8 < d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                NBUF=cfg.num_stages, MAX_T=triton.next_power_of_2(tiles_per_split),
+                num_warps=8, DROP=DROPS[drop])  # fmt: skip
+
+
+def smem_bytes(kc: dict) -> int:
+    """Shared memory the kernel asks for (q, staging, ring, indices) plus 8 KB of scratch
+    (the softmax's cross-warpgroup reductions, P's layout conversion)."""
+    bn, elem = kc["BLOCK_N"], 2
+    ring = bn * (kc["D_FP8"] + elem * kc["D_ROPE"] + 4 * kc["NSC"])
+    return (elem * kc["D_V"] * (kc["BLOCK_H"] + bn) + kc["NBUF"] * ring
+            + 4 * kc["MAX_T"] * bn + 8 * 1024)  # fmt: skip
+
+
+def serves(cfg: SplitConfig, q: torch.Tensor, cache: Fp8KVCache, d_v: int,
+           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
+    """Whether this kernel can run the launch: what splitkv_gluon.serves asks of the geometry
+    (Hopper, Gluon, 64-head tiles over 8 warps, d_v a power of two <= 512), 64-token tiles
+    and a scale tile of 64 or 128 columns and a power-of-two rope of 32-256 columns (the
+    16-byte gather layouts then cover the 64 rows without replicated copies), either layout
+    (e4m3 part = d_v, or e4m3 + rope = d_v = D_qk), 16-byte rows for cp.async, and the
+    shared-memory budget."""
+    d_rope = cache.d_qk - cache.d_fp8
+    cw = cache.tile
+    layout_ok = cache.d_fp8 == d_v or cache.d_fp8 + d_rope == d_v
+    if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
+            and cfg.block_n == 64 and cfg.num_stages >= 1 and 32 <= d_v <= 512
+            and d_v & (d_v - 1) == 0 and cw in (64, 128)
+            and 32 <= d_rope <= 256 and d_rope & (d_rope - 1) == 0 and layout_ok
+            and q.element_size() == 2 and cache.rope.dtype == q.dtype
+            and drop in DROPS):  # fmt: skip
+        return False
+    strided = ((q.stride(0), 8), (q.stride(1), 8), (cache.data.stride(0), 16),
+               (cache.rope.stride(0), 8))  # fmt: skip
+    if any(s % m for s, m in strided) or any(
+        t.data_ptr() % 16 for t in (q, cache.data, cache.rope)
+    ):
+        return False
+    kc = consts(cfg, cache, d_v, tiles_per_split, drop)
+    return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
+        splitkv_gluon.FAILED
+    )
+
+
+def launch(cfg, grid, q, cache, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
+           sm_scale, d_v, drop):  # fmt: skip
+    """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
+    compile here (the caller then runs a Triton FP8 kernel)."""
+    kc = consts(cfg, cache, d_v, tiles_per_split, drop)
+    try:
+        return _sparse_mla_split_gluon_fp8_kernel[grid](
+            q, cache.data, cache.rope, cache.scale, indices, o_dst, lse_dst, h, topk,
+            tiles_per_split, q.stride(0) // 8, q.stride(1) // 8, cache.data.stride(0) // 16,
+            cache.rope.stride(0) // 8, cache.scale.stride(0), indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
+        return splitkv_gluon.compile_failed(e, kc, q, "FP8 Gluon split kernel")

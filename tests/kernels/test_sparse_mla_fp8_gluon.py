@@ -1,0 +1,309 @@
+"""The FP8 Gluon split kernel (splitkv_gluon_fp8.py): numbers against the exact result on the
+dequantised cache (mla_check's derived bounds, kv_rounded: each value is rounded once to q's
+dtype in the staging tile), its launch rules, its fallbacks, and a compile for Hopper without
+a GPU. Gluon has no CPU interpreter: the numeric tests need a Hopper GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from mla_check import DEVICES, assert_close, bounds, gluon_here, interpreted_kernels, make, poisoned
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
+
+needs_hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or not gluon_here(), reason="the Gluon kernel needs Hopper"
+)
+
+
+def _gluon(nbuf: int = 2):
+    from servelab.kernels.sparse_mla.splitkv import SplitConfig
+
+    return SplitConfig(64, 64, 8, nbuf, 1, prefetch_idx=False, kernel="gluon")
+
+
+def _check(q, cache, idx, d_v, dtype, splits, tag, cfg=None):
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    b, h, d_qk = q.shape
+    scale = d_qk**-0.5
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, dequantize_kv(cache), idx, scale, d_v, dtype,
+                                              kv_rounded=True)  # fmt: skip
+    out, lse = poisoned(b, h, d_v, dtype, q.device)
+    o, lg = splitkv_decode(q, cache, idx, scale, d_v, config=cfg or _gluon(),
+                           num_splits=splits, out=out, lse=lse)  # fmt: skip
+    assert LAST_PATH["split"] == "fp8_gluon", (tag, LAST_PATH)
+    assert_close(f"{tag} out", o, out_ex, out_tol)
+    assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
+    return o, lg
+
+
+# (d_qk, d_v, e4m3 columns, scale tile): the V3.2 layout (rope = score-only tail) and the V4
+# layout (rope = the last value columns), at small widths the kernel serves.
+TOY = {"v32_like": (192, 128, 128, 64), "v4_like": (128, 128, 64, 64),
+       "v32_tile128": (320, 256, 256, 128)}  # fmt: skip
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("case", list(TOY))
+def test_toy_layouts_splits_padding_duplicates(case):
+    """topk = 300 (4 full tiles and a 44-token tail), 20% padding, duplicated rows, one
+    all-padding request (out 0, lse -inf), split counts 1-5 (a split of one tile, trailing
+    tiles past the split), both 16-bit dtypes; outputs NaN-poisoned before each call."""
+    from servelab.kernels.sparse_mla.fp8 import quantize_kv
+
+    d_qk, d_v, d_fp8, tile = TOY[case]
+    for dtype in (torch.bfloat16, torch.float16):
+        q, kv, idx = make("cuda", dtype, 4, 20, d_qk, 300, t=900, seed=3)
+        idx[2, 100:160] = idx[2, 0]  # duplicates count once per slot
+        idx[1] = -1
+        cache = quantize_kv(kv, d_fp8, tile)
+        for splits in (1, 2, 3, 5):
+            o, lg = _check(q, cache, idx, d_v, dtype, splits, f"{case} {dtype} s{splits}")
+            assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "shape",
+    [(4, 128, 576, 512, 2048), (8, 64, 512, 512, 640), (3, 128, 512, 512, 1152),
+     (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
+    ids=["v32_b4", "v4flash_b8", "v4pro_b3", "h16_b5", "h32_b64"],
+)  # fmt: skip
+def test_real_shapes(shape):
+    """The model layouts (V3.2: 512 e4m3 in 128-column tiles + 64 rope; V4: 448 in 64-column
+    tiles + 64 rope) at real head counts (H < 64 masked in the 64-head tile), with the default
+    split count and with 3 splits; and the public default at B >= 8 takes this kernel."""
+    from servelab.kernels.sparse_mla import sparse_mla_decode
+    from servelab.kernels.sparse_mla.fp8 import quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH
+
+    b, h, d_qk, d_v, topk = shape
+    for dtype in (torch.bfloat16, torch.float16):
+        q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
+        cache = quantize_kv(kv, 512, 128) if d_qk == 576 else quantize_kv(kv, 448, 64)
+        for splits in (None, 3):
+            _check(q, cache, idx, d_v, dtype, splits, f"{shape} {dtype} s{splits}")
+        sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8")
+        assert (LAST_PATH["split"] == "fp8_gluon") == (b >= 8), (shape, LAST_PATH)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_replayed_inside_a_cuda_graph():
+    """Captured once, replayed with new queries and indices (one request all padding), the
+    outputs poisoned before each replay, as the engine's decode graphs do."""
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
+    dtype = torch.bfloat16
+    q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
+    cache = quantize_kv(kv, 448, 64)
+    out, lse = poisoned(b, h, d_v, dtype, "cuda")
+    scale = d_qk**-0.5
+    splitkv_decode(q, cache, idx, scale, d_v, out=out, lse=lse)  # compile outside the capture
+    assert LAST_PATH["split"] == "fp8_gluon", LAST_PATH
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        splitkv_decode(q, cache, idx, scale, d_v, out=out, lse=lse)
+    exact_kv = dequantize_kv(cache)
+    for seed in (22, 23):
+        q2, _, idx2 = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
+        idx2[3] = -1
+        q.copy_(q2)
+        idx.copy_(idx2)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        out_ex, lse_ex, out_tol, lse_tol = bounds(q, exact_kv, idx, scale, d_v, dtype,
+                                                  kv_rounded=True)  # fmt: skip
+        assert_close(f"graph seed {seed} out", out, out_ex, out_tol)
+        assert_close(f"graph seed {seed} lse", lse, lse_ex, lse_tol)
+    del g
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from servelab.kernels.sparse_mla import splitkv_gluon
+if not splitkv_gluon.AVAILABLE:
+    print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
+from triton.experimental.gluon._runtime import GluonASTSource
+from servelab.kernels.sparse_mla import splitkv_gluon_fp8 as m
+v4 = sys.argv[1] == "v4"
+k = m._sparse_mla_split_gluon_fp8_kernel
+ce = dict(D_V=512, D_FP8=448 if v4 else 512, CW=64 if v4 else 128, NCH=7 if v4 else 4,
+          NSC=8 if v4 else 4, D_ROPE=64, ROPE_IN_V=v4, BLOCK_H=64, BLOCK_N=64, NBUF=2,
+          MAX_T=16 if v4 else 32, num_warps=8, DROP=0)  # a whole topk in one split
+ptrs = dict(q_ptr="*bf16", d8_ptr="*fp8e4nv", rope_ptr="*bf16", sc_ptr="*fp32",
+            idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32")
+sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
+       for n in k.arg_names}
+# the launcher's specialisations at B = 64, H = 64, one split: 16-aligned pointers and the
+# int arguments that are multiples of 16 there
+vals = dict(H=64, topk=640 if v4 else 2048, stride_qb8=64 * (512 if v4 else 576) // 8,
+            stride_qh8=(512 if v4 else 576) // 8, stride_d16=(448 if v4 else 512) // 16,
+            stride_r8=8, stride_s=7 if v4 else 4, stride_ib=640 if v4 else 2048,
+            stride_ob=64 * 512, stride_os=0,
+            stride_oh=512, stride_lb=64, stride_ls=0, tiles_per_split=10 if v4 else 32)
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
+         if sig[n].startswith("*") or (n in vals and vals[n] % 16 == 0)}
+c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=8))
+ptx = c.asm["ptx"]
+print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                  "cp_async": ptx.count("cp.async.c"), "cvt_e4m3": ptx.count("e4m3x2"),
+                  "smem_est": m.smem_bytes(ce)}))
+"""
+
+
+@pytest.mark.parametrize("layout", ["v32", "v4"])
+def test_compiles_for_hopper(layout):
+    """Without a GPU: compile for sm_90a (the H200) in a fresh process (no TRITON_INTERPRET):
+    the code must lower to wgmma, cp.async and e4m3 conversions, and fit Hopper's 227 KB of
+    shared memory per block, within the launcher's estimate (which decides serves())."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE, layout], env=env, capture_output=True,
+                       text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert got["wgmma"] > 0 and got["cp_async"] > 0 and got["cvt_e4m3"] > 0, got
+    staging_and_q = 2 * 64 * 512 * 2
+    assert staging_and_q < got["shared"] <= min(got["smem_est"], 227 * 1024), got
+
+
+def _reachable(monkeypatch, m):
+    """Make the FP8 Gluon launch reachable where Gluon cannot run (the CPU, other GPUs)."""
+    if not gluon_here():
+        monkeypatch.setattr(m, "serves", lambda cfg, q, cache, d_v, tps, drop="": (
+            m.splitkv_gluon.key(m.consts(cfg, cache, d_v, tps, drop), q)
+            not in m.splitkv_gluon.FAILED))  # fmt: skip
+
+
+class _Broken:
+    """Stands in for the kernel: its launch raises as a failed compile does."""
+
+    def __init__(self):
+        self.tries = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.tries.append(grid)
+            raise RuntimeError("PassManager::run failed")
+
+        return launch
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_compile_failure_falls_back_to_a_triton_fp8_kernel(device, monkeypatch):
+    """If the installed Triton rejects the kernel: warn once, run a Triton FP8 kernel (right
+    numbers, LAST_PATH says which), and do not retry the compile on later calls."""
+    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_fp8
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    broken = _Broken()
+    monkeypatch.setattr(splitkv_gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", broken,
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    _reachable(monkeypatch, splitkv_gluon_fp8)
+    dtype = torch.float16
+    q, kv, idx = make(device, dtype, 3, 20, 128, 70, seed=5)
+    cache = quantize_kv(kv, 64, 64)
+    ex = bounds(q, dequantize_kv(cache), idx, 128**-0.5, 128, dtype, kv_rounded=True)
+    for call in range(2):
+        out, lse = poisoned(3, 20, 128, dtype, device)
+        if call == 0:
+            with pytest.warns(UserWarning, match="FP8 Gluon split kernel did not compile"):
+                o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128, config=_gluon(), out=out,
+                                       lse=lse)  # fmt: skip
+        else:
+            o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128, config=_gluon(), out=out,
+                                   lse=lse)  # fmt: skip
+        assert LAST_PATH["split"] in ("fp8_chunked", "fp8_reshape"), LAST_PATH
+        assert len(broken.tries) == 1, "the failed compile was retried"
+        assert_close(f"fallback {call} out", o, ex[0], ex[2])
+        assert_close(f"fallback {call} lse", lg, ex[1], ex[3])
+
+
+def test_default_that_fails_to_compile_runs_the_triton_fp8_default(monkeypatch):
+    """With no config (the FP8 default is Gluon from B = 8), a failed compile runs the Triton
+    FP8 default for the shape (16-head tiles at H = 20), not the Gluon tile on a Triton
+    kernel."""
+    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_fp8
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    monkeypatch.setattr(splitkv_gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", _Broken(),
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(splitkv_gluon_fp8, "serves", lambda cfg, q, c, d_v, tps, drop="": (
+        cfg.kernel == "gluon" and not splitkv_gluon.FAILED))  # fmt: skip
+    device, dtype = DEVICES[0], torch.float16
+    q, kv, idx = make(device, dtype, 8, 20, 128, 40, seed=9)
+    cache = quantize_kv(kv, 64, 64)
+    ex = bounds(q, dequantize_kv(cache), idx, 128**-0.5, 128, dtype, kv_rounded=True)
+    with pytest.warns(UserWarning, match="did not compile"):
+        o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128)
+    assert LAST_PATH["split"].startswith("fp8_") and LAST_PATH["tile"].startswith("16x"), LAST_PATH
+    assert LAST_PATH["split"] != "fp8_gluon"
+    assert_close("default fallback out", o, ex[0], ex[2])
+    assert_close("default fallback lse", lg, ex[1], ex[3])
+
+
+def test_serves_only_the_layouts_it_was_written_for(monkeypatch):
+    """serves(): 64- or 128-column scale tiles, a 32-256-column rope, the V3.2 or V4 layout,
+    16-byte rows, the 64 x 64 tile over 8 warps, shared memory within 227 KB."""
+    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_fp8
+    from servelab.kernels.sparse_mla.fp8 import Fp8KVCache, quantize_kv
+
+    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    q = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
+    q4 = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
+    kv = torch.randn(100, 576).to(torch.bfloat16)
+    v32 = quantize_kv(kv, 512, 128)
+    v4 = quantize_kv(kv[:, :512].contiguous(), 448, 64)
+    ok = splitkv_gluon_fp8.serves
+    assert ok(_gluon(), q, v32, 512, 32) and ok(_gluon(), q4, v4, 512, 10)
+    assert not ok(_gluon(3), q4, v4, 512, 10)  # a 3-deep ring: 250 KB of shared memory
+    assert not ok(dataclasses.replace(_gluon(), block_n=32), q4, v4, 512, 10)
+    assert not ok(_gluon(), q, quantize_kv(kv, 512, 32), 512, 32)  # 32-column scale tiles
+    assert not ok(_gluon(), q, quantize_kv(kv, 512, 256), 512, 32)
+    assert not ok(_gluon(), q4, v4, 256, 10)  # neither layout: e4m3 448 + rope 64 != 256
+    assert not ok(_gluon(), q4.half(), v4, 512, 10)  # rope dtype != q dtype
+    rope = torch.randn(100, 68).to(torch.bfloat16)[:, :64]  # rows 136 B apart: not 16-B units
+    odd = Fp8KVCache(data=v4.data, scale=v4.scale, rope=rope, tile=64)
+    assert not ok(_gluon(), q4, odd, 512, 10)
+
+
+def test_default_config_takes_gluon_fp8_from_b_8():
+    """The FP8 default is the Gluon FP8 kernel from B = 8 for every head count (H200
+    tables, docs/performance.md), never where Gluon cannot run or for other scale tiles."""
+    from servelab.kernels.sparse_mla.splitkv import default_config
+
+    bf16 = torch.bfloat16
+    for b, h in [(8, 64), (128, 128), (32, 32), (8, 16), (64, 16)]:
+        for tile in (64, 128):
+            assert default_config(b, h, 512, bf16, fp8_tile=tile, gluon=True).kernel == "gluon"
+            assert default_config(b, h, 512, bf16, fp8_tile=tile, gluon=False).kernel == "tl"
+        assert default_config(b, h, 512, bf16, fp8_tile=16, gluon=True).kernel == "tl"
+    for b, h in [(1, 64), (4, 128), (2, 16)]:
+        assert default_config(b, h, 512, bf16, fp8_tile=64, gluon=True).kernel == "tl"
