@@ -33,10 +33,12 @@ MAX_REL_ERR = 1e-2
 
 def candidates(shape: bsm.Shape, b: int) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell)."""
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, default_config
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, GLUON_WS, default_config
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
-    out = {"default": None}
+    out = {"default": None, "ws": GLUON_WS}  # ws: the warp-specialised Gluon kernel
+    for bn, nk in ((32, 4), (32, 3), (16, 8)):  # its other tile / K-ring geometries
+        out[f"ws-bn{bn}-nk{nk}"] = C(64, bn, 4, nk, 1, prefetch_idx=False, kernel="ws")
     tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
     if tl != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
         out["tl"] = tl  # the Triton-only default, where the default now differs

@@ -29,12 +29,13 @@ import triton
 import triton.language as tl
 
 from . import merge as merge_mod
-from . import splitkv_gluon, splitkv_gluon_fp8
+from . import splitkv_gluon, splitkv_gluon_fp8, splitkv_gluon_ws
 from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
 from .merge import fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
 from .splitkv_config import (  # noqa: F401 - re-exported: the launch geometry lives there
     GLUON_WIDE,
+    GLUON_WS,
     MAX_SPLITS,
     NARROW,
     NARROW_RP,
@@ -259,6 +260,13 @@ def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
     return (v32_like or v4_like) and cache.d_fp8 // cache.tile <= MAX_CHUNKS and d_rope > 0
 
 
+def _gluon_module(kernel: str, fp8: bool):
+    """The Gluon module a config's kernel names (None: a Triton kernel)."""
+    if fp8:
+        return splitkv_gluon_fp8 if kernel == "gluon" else None
+    return {"gluon": splitkv_gluon, "ws": splitkv_gluon_ws}.get(kernel)
+
+
 def splitkv_decode(
     q: torch.Tensor,  # [B, H, D_qk]
     kv_cache: torch.Tensor | Fp8KVCache,  # [T, D_qk], or the FP8 layout of fp8.py
@@ -302,10 +310,9 @@ def splitkv_decode(
         if not 1 <= num_splits <= MAX_SPLITS:
             raise ValueError(f"num_splits must be in [1, {MAX_SPLITS}], got {num_splits}")
         tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
-        gluon = cfg.kernel == "gluon" and (
-            splitkv_gluon_fp8.serves(cfg, q, kv_cache, d_v, tiles_per_split, drop) if fp8
-            else splitkv_gluon.serves(cfg, q, kv_main, d_v, tiles_per_split, drop))  # fmt: skip
-        if config is not None or cfg.kernel != "gluon" or gluon:
+        gmod = _gluon_module(cfg.kernel, fp8)
+        gluon = gmod is not None and gmod.serves(cfg, q, kv_cache, d_v, tiles_per_split, drop)
+        if config is not None or cfg.kernel not in ("gluon", "ws") or gluon:
             break
         cfg = default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None, gluon=False)
 
@@ -359,7 +366,7 @@ def splitkv_decode(
     if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
         merge = "kernel"
     if gluon:
-        compiled = (splitkv_gluon_fp8 if fp8 else splitkv_gluon).launch(
+        compiled = gmod.launch(
             cfg, grid, q, kv_cache, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
             sm_scale, d_v, drop)  # fmt: skip
         if compiled is None and config is None:  # the default again: the tl kernel's geometry
@@ -373,7 +380,8 @@ def splitkv_decode(
                    and _fp8_chunkable(kv_cache, d_v))  # fmt: skip
     LAST_PATH.update(split="fp8_gluon" if fp8 and gluon else "fp8_chunked" if chunked else
                      "fp8_reshape" if fp8 else "16bit_rp" if rp else
-                     "16bit_gluon" if gluon else "16bit",
+                     ("16bit_ws" if cfg.kernel == "ws" else "16bit_gluon") if gluon else
+                     "16bit",
                      merge="single" if single else merge,
                      partials="" if single else str(o_dst.dtype).removeprefix("torch."),
                      tile=f"{cfg.block_h}x{cfg.block_n}")  # fmt: skip

@@ -12,7 +12,8 @@ from . import merge as merge_mod
 from . import splitkv_gluon
 from .merge import MERGES
 
-MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
+MAX_SPLITS = 256
+KERNELS = ("tl", "rp", "gluon", "ws")  # the merge kernel loads all partials of a column slice at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,9 @@ class SplitConfig:
     # gather issued into registers before this tile's dots, num_stages unused) or "gluon"
     # (splitkv_gluon.py: Hopper, 64-head tiles, 8 warps; num_stages = ring depth). A config
     # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
-    # runs the "tl" kernel; LAST_PATH["split"] says which ran.
+    # runs the "tl" kernel; LAST_PATH["split"] says which ran. "ws": splitkv_gluon_ws.py
+    # (Hopper, 16-bit cache: loader, scorer and second-half partitions; num_stages = K
+    # buffers).
     kernel: str = "tl"
 
     def __post_init__(self) -> None:
@@ -58,8 +61,8 @@ class SplitConfig:
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot), got {v}")
         if self.merge not in MERGES:
             raise ValueError(f"merge must be one of {MERGES}, got {self.merge!r}")
-        if self.kernel not in ("tl", "rp", "gluon"):
-            raise ValueError(f"kernel must be 'tl', 'rp' or 'gluon', got {self.kernel!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
         if self.partial_dtype not in ("fp32", "input"):
             raise ValueError(f"partial_dtype must be 'fp32' or 'input', got {self.partial_dtype!r}")
 
@@ -95,6 +98,8 @@ PDL_MAX_B = 8
 # faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, five machines).
 GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
                          prefetch_idx=False, kernel="gluon")  # fmt: skip
+GLUON_WS = SplitConfig(block_h=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,
+                       prefetch_idx=False, kernel="ws")  # fmt: skip
 GLUON_MIN_H = 32
 GLUON_MIN_B = 8
 GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads

@@ -1,0 +1,342 @@
+"""Split-KV sparse MLA decode, warp-specialised (Gluon, Hopper only; 16-bit KV).
+
+splitkv_gluon.py runs one tile at a time through all 8 warps: gather, score dot, softmax
+(row max and sum crossing the two warpgroups through shared memory), P's layout change, P V,
+with CTA barriers between the steps, so the tensor cores idle during the softmax and the
+gathers. Its loop without gathers takes ~88% of the full time (docs/performance.md). Here
+three partitions of 4 warps each run their own loop, handing tiles over by mbarriers:
+
+- **loader** (worker): gathers tile j's rows by cp.async into K buffer j % NK (after the
+  consumers have released it), then signals ``k_ready``;
+- **scorer** (default partition): S = q K^T over the whole 64-token tile (one warpgroup, no
+  cross-warpgroup reductions), the online softmax, P to shared memory for the other half,
+  then P V for the first half of d_v (P from registers); releases the K buffer;
+- **second half** (worker): P V for the second half of d_v, P from shared memory, rescaled by
+  the scorer's per-row factor; releases P and the K buffer.
+
+So the second half's P V of tile j runs while the scorer's score dot of tile j + 1 does, and
+the gathers run beside both. Same grid, partials and merge as the other split kernels.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+
+from . import splitkv_gluon
+from .splitkv_gluon import AVAILABLE, LOG2E
+
+if TYPE_CHECKING:
+    from .splitkv_config import SplitConfig
+
+if AVAILABLE:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    from .splitkv_gluon import _cp_load, _cta_barrier
+
+    @gluon.jit
+    def _tile_idx(idx_row, t, n_lim, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        """Tile t's indices in `layout` (-1 past the split, like padding)."""
+        pos = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
+        return gl.load(idx_row + pos, mask=pos < n_lim, other=-1)
+
+    @gluon.jit
+    def _loader(kbuf, ktail, idx_ring, k_ready, k_free, kv_ptr, idx_row, t_start, n_local,
+                n_lim, stride_kvt8, D_V: gl.constexpr, D_TAIL: gl.constexpr,
+                BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr):  # fmt: skip
+        """Worker: tile j's rows -> K buffer j % NK by cp.async, once both consumers released
+        the buffer's previous tile, and its indices -> idx_ring (the scorer's mask). Up to NK
+        tiles are in flight: tile j's k_ready is signalled after tile j + NK - 1 is issued
+        (cp.async groups complete in order). Padding rows and positions past the split are
+        zero-filled (no memory traffic). The next tile's indices are loaded while this tile's
+        copies are issued."""
+        nw: gl.constexpr = gl.num_warps()
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [nw, 1], [1, 0])
+        ld_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [nw, 1], [1, 0])
+        ix: gl.constexpr = gl.BlockedLayout([1], [32], [nw], [0])
+        offs_d = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
+        offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, ld_t))
+        rid = _tile_idx(idx_row, t_start, n_lim, BLOCK_N, gl.SliceLayout(1, ld))
+        rid_t = _tile_idx(idx_row, t_start, n_lim, BLOCK_N, gl.SliceLayout(1, ld_t))
+        rid_x = _tile_idx(idx_row, t_start, n_lim, BLOCK_N, ix)
+        for j in range(0, n_local):
+            buf = j % NK
+            mbarrier.wait(k_free.index(buf), (j // NK + 1) & 1, pred=j >= NK)
+            idx_ring.index(buf).store(rid_x)
+            ok = rid >= 0
+            rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
+            _cp_load(kbuf.index(buf), kv_ptr + rows[:, None] + offs_d[None, :], mask=ok[:, None])
+            if D_TAIL > 0:
+                ok_t = rid_t >= 0
+                rows_t = gl.where(ok_t, rid_t, 0).to(gl.int64) * (stride_kvt8 * 8)
+                _cp_load(ktail.index(buf), kv_ptr + rows_t[:, None] + D_V + offs_t[None, :],
+                         mask=ok_t[:, None] & (offs_t < D_TAIL)[None, :])  # fmt: skip
+            cp.commit_group()
+            rid = _tile_idx(idx_row, t_start + j + 1, n_lim, BLOCK_N, gl.SliceLayout(1, ld))
+            rid_x = _tile_idx(idx_row, t_start + j + 1, n_lim, BLOCK_N, ix)
+            if D_TAIL > 0:
+                rid_t = _tile_idx(idx_row, t_start + j + 1, n_lim, BLOCK_N,
+                                  gl.SliceLayout(1, ld_t))  # fmt: skip
+            if j >= NK - 1:  # tile j - NK + 1 landed (this thread's copies), ...
+                cp.wait_group(NK - 1)
+                fence_async_shared()  # ... visible to the consumers' wgmma, ...
+                _cta_barrier()  # ... for all of this partition's threads
+                mbarrier.arrive(k_ready.index((j - NK + 1) % NK))
+        cp.wait_group(0)
+        fence_async_shared()
+        _cta_barrier()
+        for jr in range(gl.maximum(n_local - NK + 1, 0), n_local):
+            mbarrier.arrive(k_ready.index(jr % NK))
+
+    @gluon.jit
+    def _scorer(q_smem, kbuf, ktail, idx_ring, s_p, s_alpha, l_smem, k_ready, k_free, p_ready,
+                p_free, done, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b, hb, sp, H,
+                t_start, n_local, n_lim, stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
+                scale_log2, D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_T: gl.constexpr,
+                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr):  # fmt: skip
+        """Default partition: scores, softmax, P for the second half, P V for d_v[:D_V/2]."""
+        dtype: gl.constexpr = q_smem.dtype
+        nw: gl.constexpr = gl.num_warps()
+        s_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[nw, 1], instr_shape=[16, BLOCK_N, 16])
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[nw, 1], instr_shape=[16, D_V // 2, 16])
+        p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
+        if D_TAIL > 0:  # the q tail as the score dot's A operand, in registers
+            ld_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [nw, 1], [1, 0])
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld_t))
+            offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, ld_t))
+            qt = gl.load(q_ptr + b * (stride_qb8 * 8) + offs_h[:, None] * (stride_qh8 * 8) + D_V
+                         + offs_t[None, :],
+                         mask=(offs_h < H)[:, None] & (offs_t < D_TAIL)[None, :], other=0.0)  # fmt: skip
+            qt_op = gl.convert_layout(qt, gl.DotOperandLayout(0, s_l, 2))
+        m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
+        acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
+        s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+        for j in range(0, n_local):
+            buf = j % NK
+            mbarrier.wait(k_ready.index(buf), (j // NK) & 1)
+            kj = kbuf.index(buf)
+            s = warpgroup_mma(q_smem, kj.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            if D_TAIL > 0:
+                s = warpgroup_mma(qt_op, ktail.index(buf).permute((1, 0)), s, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            valid = idx_ring.index(buf).load(gl.SliceLayout(0, s_l)) >= 0  # (-1 past the split)
+            s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # all padding so far
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            m_i = m_new
+            pb = p.to(dtype)
+            # P and the rescale factor for the second half, once it is done with tile j - 1's.
+            mbarrier.wait(p_free, (j + 1) & 1, pred=j > 0)
+            s_p.store(pb)
+            s_alpha.store(alpha)
+            fence_async_shared()
+            _cta_barrier()
+            mbarrier.arrive(p_ready)
+            acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
+            acc = warpgroup_mma(gl.convert_layout(pb, p_l), kj.slice(0, D_V // 2, dim=1), acc,
+                                is_async=True)  # fmt: skip
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()
+            mbarrier.arrive(k_free.index(buf))
+        l_smem.store(l_i)
+        _cta_barrier()
+        mbarrier.arrive(done)
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
+        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # rows with nothing stay 0
+        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
+        offs_d_o = gl.arange(0, D_V // 2, layout=gl.SliceLayout(0, o_l))
+        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
+                  + offs_d_o[None, :])  # fmt: skip
+        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
+        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # -inf when l_i == 0
+        offs_h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
+        gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
+
+    @gluon.jit
+    def _second_half(kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b, hb, sp,
+                     H, n_local, stride_ob, stride_os, stride_oh, D_V: gl.constexpr,
+                     BLOCK_H: gl.constexpr, NK: gl.constexpr):  # fmt: skip
+        """Worker: P V for d_v[D_V/2:], P from shared memory."""
+        nw: gl.constexpr = gl.num_warps()
+        o_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[nw, 1], instr_shape=[16, D_V // 2, 16])
+        acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
+        for j in range(0, n_local):
+            buf = j % NK
+            mbarrier.wait(p_ready, j & 1)
+            alpha = s_alpha.load(gl.SliceLayout(1, o_l))
+            acc = acc * alpha[:, None]
+            acc = warpgroup_mma(s_p, kbuf.index(buf).slice(D_V // 2, D_V // 2, dim=1), acc,
+                                is_async=True)  # fmt: skip
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _cta_barrier()
+            mbarrier.arrive(p_free)
+            mbarrier.arrive(k_free.index(buf))
+        mbarrier.wait(done, 0)
+        l_o = l_smem.load(gl.SliceLayout(1, o_l))
+        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
+        offs_d_o = D_V // 2 + gl.arange(0, D_V // 2, layout=gl.SliceLayout(0, o_l))
+        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
+                  + offs_d_o[None, :])  # fmt: skip
+        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
+
+    @gluon.jit
+    def _sparse_mla_split_gluon_ws_kernel(
+        q_ptr,  # [B, H, D_qk]
+        kv_ptr,  # [T, D_qk]
+        idx_ptr,  # [B, topk] int32
+        o_ptr,  # final [B, H, d_v] or partial [B, S, H, d_v]
+        lse_ptr,  # final [B, H] or partial [B, S, H] fp32
+        H,
+        topk,
+        tiles_per_split,
+        stride_qb8,  # q's and KV's strides / 8 (16-byte units, for cp.async)
+        stride_qh8,
+        stride_kvt8,
+        stride_ib,
+        stride_ob,
+        stride_os,
+        stride_oh,
+        stride_lb,
+        stride_ls,
+        scale_log2,
+        D_V: gl.constexpr,
+        D_TAIL: gl.constexpr,  # score-only columns after d_v (V3.2: 64), 0 if none
+        BLOCK_H: gl.constexpr,  # 64: one wgmma M
+        BLOCK_N: gl.constexpr,
+        BLOCK_T: gl.constexpr,  # D_TAIL padded to a power of two >= 16
+        NK: gl.constexpr,  # K buffers
+        SECOND_REGS: gl.constexpr,  # registers per thread of the two workers
+        LOADER_REGS: gl.constexpr,
+        num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
+    ):
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype)
+        sh_p: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, BLOCK_N], dtype)
+        sh_kt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_T], dtype)
+        flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+
+        b = gl.program_id(0)
+        hb = gl.program_id(1)
+        sp = gl.program_id(2)
+        n_tiles = gl.cdiv(topk, BLOCK_N)
+        t_start = sp * tiles_per_split
+        n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
+        n_lim = gl.minimum(topk, (t_start + n_local) * BLOCK_N)
+
+        # q, by the scorer's warps before the partitions start.
+        offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+        offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
+        _cp_load(q_smem, q_ptr + b * (stride_qb8 * 8) + offs_h_ld[:, None] * (stride_qh8 * 8)
+                 + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None])  # fmt: skip
+        cp.commit_group()
+        kbuf = gl.allocate_shared_memory(dtype, [NK, BLOCK_N, D_V], sh_kv)
+        ktail = gl.allocate_shared_memory(dtype, [NK if D_TAIL > 0 else 1, BLOCK_N, BLOCK_T],
+                                          sh_kt)  # fmt: skip
+        s_p = gl.allocate_shared_memory(dtype, [BLOCK_H, BLOCK_N], sh_p)
+        idx_ring = gl.allocate_shared_memory(gl.int32, [NK, BLOCK_N], flat1)
+        s_alpha = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat1)
+        l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_H], flat1)
+        k_ready = gl.allocate_shared_memory(gl.int64, [NK, 1], mbarrier.MBarrierLayout())
+        k_free = gl.allocate_shared_memory(gl.int64, [NK, 1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(NK):
+            mbarrier.init(k_ready.index(i), count=1)  # the loader
+            mbarrier.init(k_free.index(i), count=2)  # the scorer and the second half
+        mbarrier.init(p_ready, count=1)
+        mbarrier.init(p_free, count=1)
+        mbarrier.init(done, count=1)
+        cp.wait_group(0)
+        fence_async_shared()  # q, visible to wgmma
+        _cta_barrier()
+
+        gl.warp_specialize([
+            (_scorer, (q_smem, kbuf, ktail, idx_ring, s_p, s_alpha, l_smem, k_ready, k_free,
+                       p_ready, p_free, done, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b,
+                       hb, sp, H, t_start, n_local, n_lim, stride_ob, stride_os, stride_oh,
+                       stride_lb, stride_ls, scale_log2, D_V, D_TAIL, BLOCK_T, BLOCK_H, BLOCK_N,
+                       NK)),
+            (_second_half, (kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b,
+                            hb, sp, H, n_local, stride_ob, stride_os, stride_oh, D_V, BLOCK_H,
+                            NK)),
+            (_loader, (kbuf, ktail, idx_ring, k_ready, k_free, kv_ptr, idx_ptr + b * stride_ib,
+                       t_start, n_local, n_lim, stride_kvt8, D_V, D_TAIL,
+                       BLOCK_T, BLOCK_N, NK)),
+        ], [4, 4], [SECOND_REGS, LOADER_REGS])  # fmt: skip
+
+
+def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int) -> dict:
+    """The kernel's compile-time arguments for a launch (its compile cache key)."""
+    return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
+                SECOND_REGS=168, LOADER_REGS=88,
+                num_warps=4)  # fmt: skip
+
+
+def smem_bytes(kc: dict) -> int:
+    """Shared memory the kernel asks for (q, K buffers and tails, P, the buffers' indices)
+    plus 10 KB for the barriers, the per-row factors and layout-conversion scratch (Triton
+    3.6 and 3.9 asked 8-9 KB more than the buffers at V3.2's shape)."""
+    bn, nk = kc["BLOCK_N"], kc["NK"]
+    tail = nk * bn * kc["BLOCK_T"] if kc["D_TAIL"] > 0 else 0
+    return (2 * (kc["BLOCK_H"] * kc["D_V"] + nk * bn * kc["D_V"] + tail + kc["BLOCK_H"] * bn)
+            + 4 * nk * bn + 10 * 1024)  # fmt: skip
+
+
+def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
+           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
+    """Whether this kernel can run the launch: what splitkv_gluon.serves asks (Hopper, Gluon,
+    64-head tiles, d_v a power of two <= 512, 16-byte rows) and d_v >= 64 (each half one
+    wgmma N >= 32), and the shared-memory budget."""
+    d_tail = kv.shape[1] - d_v
+    if drop or not isinstance(kv, torch.Tensor):  # (no diagnostics, no FP8 cache here)
+        return False
+    if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and 16 <= cfg.block_n <= 64
+            and cfg.num_stages >= 2 and 64 <= d_v <= 512 and d_v & (d_v - 1) == 0
+            and d_tail % 8 == 0 and kv.element_size() == 2 and q.element_size() == 2):  # fmt: skip
+        return False
+    if any(x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))) or any(
+        t.data_ptr() % 16 for t in (q, kv)
+    ):
+        return False
+    kc = consts(cfg, d_v, d_tail, tiles_per_split)
+    return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
+        splitkv_gluon.FAILED
+    )
+
+
+def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
+           sm_scale, d_v, drop):  # fmt: skip
+    """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
+    compile here (the caller then runs a Triton kernel)."""
+    kc = consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split)
+    try:
+        return _sparse_mla_split_gluon_ws_kernel[grid](
+            q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
+            q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
+        return splitkv_gluon.compile_failed(e, kc, q, "warp-specialised Gluon split kernel")

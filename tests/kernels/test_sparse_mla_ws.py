@@ -1,0 +1,162 @@
+"""The warp-specialised Gluon split kernel (splitkv_gluon_ws.py: loader, scorer and
+second-half partitions handing tiles over by mbarriers): numbers against the exact reference
+(mla_check's derived bounds), replay in a CUDA graph, and a compile for Hopper without a GPU.
+Gluon has no CPU interpreter: the numeric tests need a Hopper GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from mla_check import assert_close, bounds, gluon_here, interpreted_kernels, make, poisoned
+
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
+assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
+
+needs_hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or not gluon_here(), reason="the Gluon kernel needs Hopper"
+)
+
+
+# (tokens per tile, K buffers): the geometries bench_sparse_mla_geometry.py times
+WS_GEOMETRIES = [(64, 2), (32, 4), (32, 3), (16, 8)]
+
+
+def _check(q, kv, idx, d_v, splits, tag, cfg):
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    b, h, d_qk = q.shape
+    scale = d_qk**-0.5
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, scale, d_v, q.dtype)
+    out, lse = poisoned(b, h, d_v, q.dtype, q.device)
+    o, lg = splitkv_decode(q, kv, idx, scale, d_v, config=cfg, num_splits=splits, out=out,
+                           lse=lse)  # fmt: skip
+    assert LAST_PATH["split"] == "16bit_ws", (tag, LAST_PATH)
+    assert_close(f"{tag} out", o, out_ex, out_tol)
+    assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
+    return o, lg
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("d_qk, d_v", [(128, 128), (192, 128), (576, 512)],
+                         ids=["no_tail", "tail", "v32_dims"])  # fmt: skip
+def test_toy_shapes_splits_padding_duplicates(d_qk, d_v):
+    """topk = 300 (a tail tile), 20% padding, duplicated rows, one all-padding request,
+    split counts 1-5 (splits shorter than the K ring, tiles past the split), both 16-bit
+    dtypes, every measured tile/ring geometry; outputs NaN-poisoned before each call."""
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS
+
+    for dtype in (torch.bfloat16, torch.float16):
+        q, kv, idx = make("cuda", dtype, 4, 20, d_qk, 300, t=900, seed=3)
+        idx[2, 100:160] = idx[2, 0]
+        idx[1] = -1
+        for bn, nk in WS_GEOMETRIES:
+            cfg = dataclasses.replace(GLUON_WS, block_n=bn, num_stages=nk)
+            for splits in (1, 2, 3, 5):
+                tag = f"{d_qk} {dtype} bn{bn} nk{nk} s{splits}"
+                o, lg = _check(q, kv, idx, d_v, splits, tag, cfg)
+                assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize(
+    "shape",
+    [(4, 128, 576, 512, 2048), (8, 64, 512, 512, 640), (3, 128, 512, 512, 1152),
+     (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
+    ids=["v32_b4", "v4flash_b8", "v4pro_b3", "h16_b5", "h32_b64"],
+)  # fmt: skip
+def test_real_shapes(shape):
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS
+
+    b, h, d_qk, d_v, topk = shape
+    for dtype in (torch.bfloat16, torch.float16):
+        q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
+        for bn, nk in WS_GEOMETRIES[:2]:
+            cfg = dataclasses.replace(GLUON_WS, block_n=bn, num_stages=nk)
+            for splits in (None, 3):
+                _check(q, kv, idx, d_v, splits, f"{shape} {dtype} bn{bn} s{splits}", cfg)
+
+
+@pytest.mark.gpu
+@needs_hopper
+def test_replayed_inside_a_cuda_graph():
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
+
+    b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
+    dtype = torch.bfloat16
+    q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
+    out, lse = poisoned(b, h, d_v, dtype, "cuda")
+    scale = d_qk**-0.5
+    splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, out=out, lse=lse)
+    assert LAST_PATH["split"] == "16bit_ws", LAST_PATH
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, out=out, lse=lse)
+    for seed in (22, 23):
+        q2, _, idx2 = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
+        idx2[3] = -1
+        q.copy_(q2)
+        idx.copy_(idx2)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, scale, d_v, dtype)
+        assert_close(f"graph seed {seed} out", out, out_ex, out_tol)
+        assert_close(f"graph seed {seed} lse", lse, lse_ex, lse_tol)
+    del g
+
+
+_COMPILE = """
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from servelab.kernels.sparse_mla import splitkv_gluon
+if not splitkv_gluon.AVAILABLE:
+    print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
+from triton.experimental.gluon._runtime import GluonASTSource
+from servelab.kernels.sparse_mla import splitkv_gluon_ws as m
+d_tail = int(sys.argv[1])
+k = m._sparse_mla_split_gluon_ws_kernel
+ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=64, BLOCK_T=max(d_tail, 16), NK=2,
+          SECOND_REGS=168, LOADER_REGS=88, num_warps=4)
+ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32")
+sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
+       for n in k.arg_names}
+d_qk = 512 + d_tail
+vals = dict(H=64, topk=2048, tiles_per_split=32, stride_qb8=64 * d_qk // 8,
+            stride_qh8=d_qk // 8, stride_kvt8=d_qk // 8, stride_ib=2048, stride_ob=64 * 512,
+            stride_os=0, stride_oh=512, stride_lb=64, stride_ls=0)
+attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
+         if sig[n].startswith("*") or (n in vals and vals[n] % 16 == 0)}
+c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
+                   options=dict(num_warps=4))
+ptx = c.asm["ptx"]
+print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                  "mbarrier_wait": ptx.count("mbarrier.try_wait"),
+                  "setmaxnreg": ptx.count("setmaxnreg"), "smem_est": m.smem_bytes(ce)}))
+"""
+
+
+@pytest.mark.parametrize("d_tail", [0, 64], ids=["v4", "v32"])
+def test_compiles_for_hopper(d_tail):
+    """Without a GPU: compile for sm_90a in a fresh process: wgmma, mbarrier waits and the
+    partitions' register moves (setmaxnreg) must be there, and shared memory must fit 227 KB
+    within the launcher's estimate (which decides serves())."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", _COMPILE, str(d_tail)], env=env,
+                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    if "skip" in got:
+        pytest.skip(got["skip"])
+    assert got["wgmma"] > 0 and got["mbarrier_wait"] > 0 and got["setmaxnreg"] > 0, got
+    assert 2 * 3 * 64 * 512 < got["shared"] <= min(got["smem_est"], 227 * 1024), got
