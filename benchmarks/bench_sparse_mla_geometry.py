@@ -36,19 +36,16 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, GLUON_WS, default_config
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
-    out = {"default": None, "ws": GLUON_WS}  # ws: the warp-specialised Gluon kernel
+    out = {"default": None}
+    if default_config(b, shape.heads, shape.d_qk, torch.bfloat16) != GLUON_WS:
+        out["ws"] = GLUON_WS  # the warp-specialised Gluon kernel, where it is not the default
     for bn, nk in ((32, 4), (32, 3), (16, 8)):  # its other tile / K-ring geometries
         out[f"ws-bn{bn}-nk{nk}"] = C(64, bn, 4, nk, 1, prefetch_idx=False, kernel="ws")
     tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
     if tl != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
         out["tl"] = tl  # the Triton-only default, where the default now differs
-    if b >= 32:  # other ring geometries of the Gluon kernel (64-head tiles; H < 64 masked)
-        for bn, nbuf in ((32, 3), (32, 4)):
-            out[f"gluon-bn{bn}-nb{nbuf}"] = C(64, bn, 8, nbuf, 1, prefetch_idx=False,
-                                              kernel="gluon")  # fmt: skip
-    elif shape.heads >= 32 and default_config(b, shape.heads, shape.d_qk,
-                                              torch.bfloat16).kernel != "gluon":  # fmt: skip
-        out["gluon"] = GLUON_WIDE  # where the default is a Triton kernel: would Gluon win?
+    if default_config(b, shape.heads, shape.d_qk, torch.bfloat16).kernel != "gluon":
+        out["gluon"] = GLUON_WIDE  # the one-partition Gluon kernel (the default before ws)
     return out
 
 
@@ -122,7 +119,7 @@ def main(argv: list[str]) -> int:
 
                 for drop in ("gather", "dots", "dequant"):
                     jobs.append((shape, b, f"drop-{drop}", "fp8", GLUON_WIDE, drop))
-            elif default_config(b, shape.heads, shape.d_qk, dtype).kernel == "gluon":
+            elif default_config(b, shape.heads, shape.d_qk, dtype).kernel in ("gluon", "ws"):
                 for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
                     jobs.append((shape, b, f"drop-{drop}", "splitkv", None, drop))
     # Check (and so compile) every cell against the fp32 reference, with padding.

@@ -94,6 +94,12 @@ PDL_MAX_B = 8
 # B >= 32 by 1.09-1.50x (V3.2, V4-Flash, V4-Pro, the H32 slice), and below that (two calls) at
 # B = 8-16 by 1.06-1.43x and, with 128 heads, at B = 4 by 1.21-1.48x; slower at B = 4 with
 # H <= 64 (by 1-4%) and on the H16 slice (75% of its 64-head tile is padding).
+# GLUON_WS (splitkv_gluon_ws.py, warp-specialised), H200 2026-11-30 (calls 2-3, two machines):
+# faster than GLUON_WIDE at every cell from B = 32 (1.01-1.34x: V4-Flash B = 128 48.1 -> 40.8-41.7
+# us, V3.2 B = 64 110 -> 86-96, V4-Pro B = 128 137-139 -> 108-113) and within 1% or faster at
+# B = 8; on the H16 slice (64-head tile, 75% padding) it also beats the tl kernel from B = 8
+# (17.5 -> 15.2 us at B = 8; 93.1 -> 92.4 at B = 128). So it is the 16-bit default from B = 8
+# (B = 4 with 128 heads) for every head count.
 # NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
 # faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, five machines).
 GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
@@ -124,9 +130,9 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
     (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
     gluon_b = GLUON_MIN_B_WIDE if h >= GLUON_WIDE_H else GLUON_MIN_B
-    if fp8_tile is None and b >= gluon_b and h >= GLUON_MIN_H:
+    if fp8_tile is None and b >= gluon_b:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
-            return GLUON_WIDE
+            return GLUON_WS
     if fp8_tile in (64, 128) and b >= GLUON_FP8_MIN_B:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return GLUON_WIDE

@@ -20,6 +20,7 @@ the gathers run beside both. Same grid, partials and merge as the other split ke
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,6 +40,7 @@ if AVAILABLE:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
+        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
 
@@ -53,13 +55,17 @@ if AVAILABLE:
     @gluon.jit
     def _loader(kbuf, ktail, idx_ring, k_ready, k_free, kv_ptr, idx_row, t_start, n_local,
                 n_lim, stride_kvt8, D_V: gl.constexpr, D_TAIL: gl.constexpr,
-                BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr):  # fmt: skip
+                BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
+                DROP: gl.constexpr):  # fmt: skip
         """Worker: tile j's rows -> K buffer j % NK by cp.async, once both consumers released
-        the buffer's previous tile, and its indices -> idx_ring (the scorer's mask). Up to NK
-        tiles are in flight: tile j's k_ready is signalled after tile j + NK - 1 is issued
-        (cp.async groups complete in order). Padding rows and positions past the split are
+        the buffer's previous tile, and its indices -> idx_ring (the scorer's mask). With
+        LAG = NK - 2, tile j's k_ready is signalled after tile j + LAG is issued (cp.async
+        groups complete in order): up to NK - 1 tiles in flight while the consumers hold one
+        buffer (LAG = NK - 1 was measured: with NK = 2 it delays every k_ready by one tile's
+        issue, 2-12% slower). Padding rows and positions past the split are
         zero-filled (no memory traffic). The next tile's indices are loaded while this tile's
         copies are issued."""
+        LAG: gl.constexpr = NK - 2
         nw: gl.constexpr = gl.num_warps()
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [nw, 1], [1, 0])
         ld_t: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [nw, 1], [1, 0])
@@ -73,11 +79,11 @@ if AVAILABLE:
             buf = j % NK
             mbarrier.wait(k_free.index(buf), (j // NK + 1) & 1, pred=j >= NK)
             idx_ring.index(buf).store(rid_x)
-            ok = rid >= 0
+            ok = (rid >= 0) & (DROP != 1)  # (DROP 1: no gathers, timing only)
             rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
             _cp_load(kbuf.index(buf), kv_ptr + rows[:, None] + offs_d[None, :], mask=ok[:, None])
             if D_TAIL > 0:
-                ok_t = rid_t >= 0
+                ok_t = (rid_t >= 0) & (DROP != 1)
                 rows_t = gl.where(ok_t, rid_t, 0).to(gl.int64) * (stride_kvt8 * 8)
                 _cp_load(ktail.index(buf), kv_ptr + rows_t[:, None] + D_V + offs_t[None, :],
                          mask=ok_t[:, None] & (offs_t < D_TAIL)[None, :])  # fmt: skip
@@ -87,24 +93,28 @@ if AVAILABLE:
             if D_TAIL > 0:
                 rid_t = _tile_idx(idx_row, t_start + j + 1, n_lim, BLOCK_N,
                                   gl.SliceLayout(1, ld_t))  # fmt: skip
-            if j >= NK - 1:  # tile j - NK + 1 landed (this thread's copies), ...
-                cp.wait_group(NK - 1)
+            if j >= LAG:  # tile j - LAG landed (this thread's copies), ...
+                cp.wait_group(LAG)
                 fence_async_shared()  # ... visible to the consumers' wgmma, ...
                 _cta_barrier()  # ... for all of this partition's threads
-                mbarrier.arrive(k_ready.index((j - NK + 1) % NK))
-        cp.wait_group(0)
-        fence_async_shared()
-        _cta_barrier()
-        for jr in range(gl.maximum(n_local - NK + 1, 0), n_local):
-            mbarrier.arrive(k_ready.index(jr % NK))
+                mbarrier.arrive(k_ready.index((j - LAG) % NK))
+        if LAG > 0:
+            cp.wait_group(0)
+            fence_async_shared()
+            _cta_barrier()
+            for jr in range(gl.maximum(n_local - LAG, 0), n_local):
+                mbarrier.arrive(k_ready.index(jr % NK))
 
     @gluon.jit
     def _scorer(q_smem, kbuf, ktail, idx_ring, s_p, s_alpha, l_smem, k_ready, k_free, p_ready,
                 p_free, done, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b, hb, sp, H,
                 t_start, n_local, n_lim, stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
                 scale_log2, D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_T: gl.constexpr,
-                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr):  # fmt: skip
-        """Default partition: scores, softmax, P for the second half, P V for d_v[:D_V/2]."""
+                BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
+                DROP: gl.constexpr, PV_ASYNC: gl.constexpr):  # fmt: skip
+        """Default partition: scores, softmax, P for the second half, P V for d_v[:D_V/2].
+        PV_ASYNC: tile j's P V is left in flight under tile j + 1's score dot (its K buffer
+        is released after that)."""
         dtype: gl.constexpr = q_smem.dtype
         nw: gl.constexpr = gl.num_warps()
         s_l: gl.constexpr = gl.NVMMADistributedLayout(
@@ -123,15 +133,29 @@ if AVAILABLE:
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
         acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
+        if PV_ASYNC:
+            acc = warpgroup_mma_init(acc)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
         for j in range(0, n_local):
             buf = j % NK
             mbarrier.wait(k_ready.index(buf), (j // NK) & 1)
             kj = kbuf.index(buf)
-            s = warpgroup_mma(q_smem, kj.permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            if D_TAIL > 0:
-                s = warpgroup_mma(qt_op, ktail.index(buf).permute((1, 0)), s, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            if DROP == 2:  # (no dots, timing only)
+                s = s_zero
+                if PV_ASYNC:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            else:
+                s = warpgroup_mma(q_smem, kj.permute((1, 0)), s_zero, use_acc=False,
+                                  is_async=True)  # fmt: skip
+                if D_TAIL > 0:
+                    s = warpgroup_mma(qt_op, ktail.index(buf).permute((1, 0)), s, is_async=True)
+                if PV_ASYNC:  # tile j - 1's P V with it: then its K buffer is free
+                    s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
+                else:
+                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            if PV_ASYNC:
+                _cta_barrier()
+                mbarrier.arrive(k_free.index((j + NK - 1) % NK), pred=j > 0)
             valid = idx_ring.index(buf).load(gl.SliceLayout(0, s_l)) >= 0  # (-1 past the split)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -149,11 +173,20 @@ if AVAILABLE:
             _cta_barrier()
             mbarrier.arrive(p_ready)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-            acc = warpgroup_mma(gl.convert_layout(pb, p_l), kj.slice(0, D_V // 2, dim=1), acc,
-                                is_async=True)  # fmt: skip
+            if DROP != 2:
+                acc = warpgroup_mma(gl.convert_layout(pb, p_l), kj.slice(0, D_V // 2, dim=1),
+                                    acc, is_async=True)  # fmt: skip
+                if not PV_ASYNC:
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            elif PV_ASYNC:
+                acc = warpgroup_mma_init(acc)
+            if not PV_ASYNC:
+                _cta_barrier()
+                mbarrier.arrive(k_free.index(buf))
+        if PV_ASYNC:
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()
-            mbarrier.arrive(k_free.index(buf))
+            mbarrier.arrive(k_free.index((n_local + NK - 1) % NK), pred=n_local > 0)
         l_smem.store(l_i)
         _cta_barrier()
         mbarrier.arrive(done)
@@ -171,7 +204,7 @@ if AVAILABLE:
     @gluon.jit
     def _second_half(kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b, hb, sp,
                      H, n_local, stride_ob, stride_os, stride_oh, D_V: gl.constexpr,
-                     BLOCK_H: gl.constexpr, NK: gl.constexpr):  # fmt: skip
+                     BLOCK_H: gl.constexpr, NK: gl.constexpr, DROP: gl.constexpr):  # fmt: skip
         """Worker: P V for d_v[D_V/2:], P from shared memory."""
         nw: gl.constexpr = gl.num_warps()
         o_l: gl.constexpr = gl.NVMMADistributedLayout(
@@ -182,9 +215,10 @@ if AVAILABLE:
             mbarrier.wait(p_ready, j & 1)
             alpha = s_alpha.load(gl.SliceLayout(1, o_l))
             acc = acc * alpha[:, None]
-            acc = warpgroup_mma(s_p, kbuf.index(buf).slice(D_V // 2, D_V // 2, dim=1), acc,
-                                is_async=True)  # fmt: skip
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if DROP != 2:
+                acc = warpgroup_mma(s_p, kbuf.index(buf).slice(D_V // 2, D_V // 2, dim=1), acc,
+                                    is_async=True)  # fmt: skip
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()
             mbarrier.arrive(p_free)
             mbarrier.arrive(k_free.index(buf))
@@ -223,6 +257,8 @@ if AVAILABLE:
         BLOCK_N: gl.constexpr,
         BLOCK_T: gl.constexpr,  # D_TAIL padded to a power of two >= 16
         NK: gl.constexpr,  # K buffers
+        DROP: gl.constexpr,  # diagnostics (wrong results): 1 no gathers, 2 no dots
+        PV_ASYNC: gl.constexpr,  # the scorer's P V left in flight under the next score dot
         SECOND_REGS: gl.constexpr,  # registers per thread of the two workers
         LOADER_REGS: gl.constexpr,
         num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
@@ -277,21 +313,26 @@ if AVAILABLE:
                        p_ready, p_free, done, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b,
                        hb, sp, H, t_start, n_local, n_lim, stride_ob, stride_os, stride_oh,
                        stride_lb, stride_ls, scale_log2, D_V, D_TAIL, BLOCK_T, BLOCK_H, BLOCK_N,
-                       NK)),
+                       NK, DROP, PV_ASYNC)),
             (_second_half, (kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b,
                             hb, sp, H, n_local, stride_ob, stride_os, stride_oh, D_V, BLOCK_H,
-                            NK)),
+                            NK, DROP)),
             (_loader, (kbuf, ktail, idx_ring, k_ready, k_free, kv_ptr, idx_ptr + b * stride_ib,
                        t_start, n_local, n_lim, stride_kvt8, D_V, D_TAIL,
-                       BLOCK_T, BLOCK_N, NK)),
+                       BLOCK_T, BLOCK_N, NK, DROP)),
         ], [4, 4], [SECOND_REGS, LOADER_REGS])  # fmt: skip
 
 
-def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int) -> dict:
+DROPS = {"": 0, "gather": 1, "dots": 2}
+
+
+def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int,
+           drop: str = "") -> dict:  # fmt: skip
     """The kernel's compile-time arguments for a launch (its compile cache key)."""
+    pv_async = os.environ.get("SERVELAB_WS_PV_ASYNC", "0") == "1"  # experiment (A/B)
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
-                SECOND_REGS=168, LOADER_REGS=88,
+                DROP=DROPS[drop], PV_ASYNC=pv_async, SECOND_REGS=168, LOADER_REGS=88,
                 num_warps=4)  # fmt: skip
 
 
@@ -311,7 +352,7 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
     64-head tiles, d_v a power of two <= 512, 16-byte rows) and d_v >= 64 (each half one
     wgmma N >= 32), and the shared-memory budget."""
     d_tail = kv.shape[1] - d_v
-    if drop or not isinstance(kv, torch.Tensor):  # (no diagnostics, no FP8 cache here)
+    if drop not in DROPS or not isinstance(kv, torch.Tensor):  # (no FP8 cache here)
         return False
     if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and 16 <= cfg.block_n <= 64
             and cfg.num_stages >= 2 and 64 <= d_v <= 512 and d_v & (d_v - 1) == 0
@@ -321,7 +362,7 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
         t.data_ptr() % 16 for t in (q, kv)
     ):
         return False
-    kc = consts(cfg, d_v, d_tail, tiles_per_split)
+    kc = consts(cfg, d_v, d_tail, tiles_per_split, drop)
     return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
         splitkv_gluon.FAILED
     )
@@ -331,7 +372,7 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
            sm_scale, d_v, drop):  # fmt: skip
     """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
     compile here (the caller then runs a Triton kernel)."""
-    kc = consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split)
+    kc = consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
     try:
         return _sparse_mla_split_gluon_ws_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
