@@ -127,7 +127,7 @@ from servelab.kernels.sparse_mla import splitkv_gluon_ws as m
 d_tail = int(sys.argv[1])
 k = m._sparse_mla_split_gluon_ws_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=64, BLOCK_T=max(d_tail, 16), NK=2,
-          DROP=0, PV_ASYNC=False, SECOND_REGS=168, LOADER_REGS=88, num_warps=4)
+          DROP=0, SECOND_REGS=168, LOADER_REGS=88, num_warps=4)
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32")
 sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
        for n in k.arg_names}

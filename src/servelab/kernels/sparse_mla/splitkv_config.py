@@ -110,9 +110,12 @@ GLUON_MIN_H = 32
 GLUON_MIN_B = 8
 GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
 # FP8 cache (splitkv_gluon_fp8.py: an FP8 ring dequantised once per tile into a bf16 staging
-# tile), H200 2026-11-30 (bench_sparse_mla_geometry --fp8): faster than both FP8 Triton kernels
-# at every measured cell from B = 8 (all five shapes, B = 8, 32, 128: 1.09-2.94x).
-GLUON_FP8_MIN_B = 8
+# tile), H200 2026-11-30 (bench_sparse_mla_geometry --fp8, calls 1 and 4): faster than both FP8
+# Triton kernels at every cell from B = 8 (all five shapes, B = 8, 32, 128: 1.09-2.94x), and
+# below that from B = 1 with 128 heads (V4-Pro B = 1 24.6 -> 14.0 us, V3.2 18.5 -> 16.1), from
+# B = 2 with 32-64 heads (V4-Flash B = 2 13.9 -> 12.9, B = 4 19.3 -> 13.2); slower at B = 1
+# with 32-64 heads (10.6 vs 12.3) and at B <= 4 on the H16 slice (75% padding).
+GLUON_FP8_MIN_B = {128: 1, 32: 2, 0: 8}  # smallest B by head count (at least the key)
 NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
                         prefetch_idx=False, kernel="rp")  # fmt: skip
 
@@ -123,7 +126,7 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
     (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
 
-    FP8 from B = 8 on Hopper: the Gluon FP8 kernel (GLUON_FP8_MIN_B). Below that, or without
+    FP8 on Hopper: the Gluon FP8 kernel from the B of GLUON_FP8_MIN_B. Below that, or without
     Gluon (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
     with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
     34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
@@ -133,7 +136,8 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     if fp8_tile is None and b >= gluon_b:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return GLUON_WS
-    if fp8_tile in (64, 128) and b >= GLUON_FP8_MIN_B:
+    fp8_b = next(v for k, v in GLUON_FP8_MIN_B.items() if h >= k)
+    if fp8_tile in (64, 128) and b >= fp8_b:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return GLUON_WIDE
     if h >= 64:

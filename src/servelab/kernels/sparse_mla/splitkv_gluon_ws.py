@@ -20,7 +20,6 @@ the gathers run beside both. Same grid, partials and merge as the other split ke
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -40,7 +39,6 @@ if AVAILABLE:
         fence_async_shared,
         mbarrier,
         warpgroup_mma,
-        warpgroup_mma_init,
         warpgroup_mma_wait,
     )
 
@@ -111,10 +109,10 @@ if AVAILABLE:
                 t_start, n_local, n_lim, stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
                 scale_log2, D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_T: gl.constexpr,
                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
-                DROP: gl.constexpr, PV_ASYNC: gl.constexpr):  # fmt: skip
+                DROP: gl.constexpr):  # fmt: skip
         """Default partition: scores, softmax, P for the second half, P V for d_v[:D_V/2].
-        PV_ASYNC: tile j's P V is left in flight under tile j + 1's score dot (its K buffer
-        is released after that)."""
+        (Leaving tile j's P V in flight under tile j + 1's score dot, releasing its K buffer
+        after that, was measured: 1.18-1.30x slower at B = 32-128, H200 2026-11-30.)"""
         dtype: gl.constexpr = q_smem.dtype
         nw: gl.constexpr = gl.num_warps()
         s_l: gl.constexpr = gl.NVMMADistributedLayout(
@@ -133,8 +131,6 @@ if AVAILABLE:
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
         acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
-        if PV_ASYNC:
-            acc = warpgroup_mma_init(acc)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
         for j in range(0, n_local):
             buf = j % NK
@@ -142,20 +138,12 @@ if AVAILABLE:
             kj = kbuf.index(buf)
             if DROP == 2:  # (no dots, timing only)
                 s = s_zero
-                if PV_ASYNC:
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             else:
                 s = warpgroup_mma(q_smem, kj.permute((1, 0)), s_zero, use_acc=False,
                                   is_async=True)  # fmt: skip
                 if D_TAIL > 0:
                     s = warpgroup_mma(qt_op, ktail.index(buf).permute((1, 0)), s, is_async=True)
-                if PV_ASYNC:  # tile j - 1's P V with it: then its K buffer is free
-                    s, acc = warpgroup_mma_wait(num_outstanding=0, deps=(s, acc))
-                else:
-                    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            if PV_ASYNC:
-                _cta_barrier()
-                mbarrier.arrive(k_free.index((j + NK - 1) % NK), pred=j > 0)
+                s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
             valid = idx_ring.index(buf).load(gl.SliceLayout(0, s_l)) >= 0  # (-1 past the split)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -176,17 +164,9 @@ if AVAILABLE:
             if DROP != 2:
                 acc = warpgroup_mma(gl.convert_layout(pb, p_l), kj.slice(0, D_V // 2, dim=1),
                                     acc, is_async=True)  # fmt: skip
-                if not PV_ASYNC:
-                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            elif PV_ASYNC:
-                acc = warpgroup_mma_init(acc)
-            if not PV_ASYNC:
-                _cta_barrier()
-                mbarrier.arrive(k_free.index(buf))
-        if PV_ASYNC:
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()
-            mbarrier.arrive(k_free.index((n_local + NK - 1) % NK), pred=n_local > 0)
+            mbarrier.arrive(k_free.index(buf))
         l_smem.store(l_i)
         _cta_barrier()
         mbarrier.arrive(done)
@@ -258,7 +238,6 @@ if AVAILABLE:
         BLOCK_T: gl.constexpr,  # D_TAIL padded to a power of two >= 16
         NK: gl.constexpr,  # K buffers
         DROP: gl.constexpr,  # diagnostics (wrong results): 1 no gathers, 2 no dots
-        PV_ASYNC: gl.constexpr,  # the scorer's P V left in flight under the next score dot
         SECOND_REGS: gl.constexpr,  # registers per thread of the two workers
         LOADER_REGS: gl.constexpr,
         num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
@@ -313,7 +292,7 @@ if AVAILABLE:
                        p_ready, p_free, done, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b,
                        hb, sp, H, t_start, n_local, n_lim, stride_ob, stride_os, stride_oh,
                        stride_lb, stride_ls, scale_log2, D_V, D_TAIL, BLOCK_T, BLOCK_H, BLOCK_N,
-                       NK, DROP, PV_ASYNC)),
+                       NK, DROP)),
             (_second_half, (kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b,
                             hb, sp, H, n_local, stride_ob, stride_os, stride_oh, D_V, BLOCK_H,
                             NK, DROP)),
@@ -329,10 +308,9 @@ DROPS = {"": 0, "gather": 1, "dots": 2}
 def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int,
            drop: str = "") -> dict:  # fmt: skip
     """The kernel's compile-time arguments for a launch (its compile cache key)."""
-    pv_async = os.environ.get("SERVELAB_WS_PV_ASYNC", "0") == "1"  # experiment (A/B)
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
-                DROP=DROPS[drop], PV_ASYNC=pv_async, SECOND_REGS=168, LOADER_REGS=88,
+                DROP=DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
                 num_warps=4)  # fmt: skip
 
 
