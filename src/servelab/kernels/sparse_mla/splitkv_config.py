@@ -99,7 +99,10 @@ PDL_MAX_B = 8
 # us, V3.2 B = 64 110 -> 86-96, V4-Pro B = 128 137-139 -> 108-113) and within 1% or faster at
 # B = 8; on the H16 slice (64-head tile, 75% padding) it also beats the tl kernel from B = 8
 # (17.5 -> 15.2 us at B = 8; 93.1 -> 92.4 at B = 128). So it is the 16-bit default from B = 8
-# (B = 4 with 128 heads) for every head count.
+# (B = 4 with 128 heads) for every head count, except B < 16 with 32-64 heads, where
+# GLUON_WIDE stayed 1-2% faster in both calls that timed it (V4-Flash B = 8: 13.89 vs 14.14,
+# 14.18 vs 14.46 us).
+WS_MIN_B = 16
 # NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
 # faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, five machines).
 GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
@@ -135,6 +138,8 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     gluon_b = GLUON_MIN_B_WIDE if h >= GLUON_WIDE_H else GLUON_MIN_B
     if fp8_tile is None and b >= gluon_b:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
+            if b < WS_MIN_B and GLUON_MIN_H <= h < GLUON_WIDE_H:
+                return GLUON_WIDE
             return GLUON_WS
     fp8_b = next(v for k, v in GLUON_FP8_MIN_B.items() if h >= k)
     if fp8_tile in (64, 128) and b >= fp8_b:
