@@ -147,6 +147,12 @@ def main(argv: list[str]) -> int:
             checks[(shape.name, b, label)] = dict(
                 rel_err=rel, lse_err=(lg[fin] - ref_l[fin]).abs().max().item(), pad_ok=pad_ok,
                 path=dict(LAST_PATH))  # fmt: skip
+            # A Gluon candidate this launch cannot serve runs a Triton kernel on its geometry:
+            # never time that under the Gluon label.
+            want = "_ws" if label.startswith("ws") else "gluon" if "gluon" in label else ""
+            if want and want not in LAST_PATH["split"]:
+                checks[(shape.name, b, label)] = dict(
+                    error=f"ran {LAST_PATH['split']}, not the kernel its label names")
         except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
             checks[(shape.name, b, label)] = dict(error=f"{type(e).__name__}: {str(e)[:160]}")
         log.say(f"check {shape.name} B={b} {label}: {checks[(shape.name, b, label)]}")

@@ -29,15 +29,21 @@ def _gluon(nbuf: int = 2):
     return SplitConfig(64, 64, 8, nbuf, 1, prefetch_idx=False, kernel="gluon")
 
 
-def _check(q, cache, idx, d_v, dtype, splits, tag, cfg=None):
+def _ref(q, cache, idx, d_v):
+    """The exact result on the dequantised cache and its tolerances (values rounded once)."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv
+
+    return bounds(q, dequantize_kv(cache), idx, q.shape[-1] ** -0.5, d_v, q.dtype,
+                  kv_rounded=True)  # fmt: skip
+
+
+def _check(q, cache, idx, d_v, splits, tag, ref, cfg=None):
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     b, h, d_qk = q.shape
     scale = d_qk**-0.5
-    out_ex, lse_ex, out_tol, lse_tol = bounds(q, dequantize_kv(cache), idx, scale, d_v, dtype,
-                                              kv_rounded=True)  # fmt: skip
-    out, lse = poisoned(b, h, d_v, dtype, q.device)
+    out_ex, lse_ex, out_tol, lse_tol = ref
+    out, lse = poisoned(b, h, d_v, q.dtype, q.device)
     o, lg = splitkv_decode(q, cache, idx, scale, d_v, config=cfg or _gluon(),
                            num_splits=splits, out=out, lse=lse)  # fmt: skip
     assert LAST_PATH["split"] == "fp8_gluon", (tag, LAST_PATH)
@@ -57,8 +63,9 @@ TOY = {"v32_like": (192, 128, 128, 64), "v4_like": (128, 128, 64, 64),
 @pytest.mark.parametrize("case", list(TOY))
 def test_toy_layouts_splits_padding_duplicates(case):
     """topk = 300 (4 full tiles and a 44-token tail), 20% padding, duplicated rows, one
-    all-padding request (out 0, lse -inf), split counts 1-5 (a split of one tile, trailing
-    tiles past the split), both 16-bit dtypes; outputs NaN-poisoned before each call."""
+    all-padding request (out 0, lse -inf), split counts 1-8 (a split of one tile, trailing
+    tiles past the split, programs past the last tile at 8), both 16-bit dtypes; outputs
+    NaN-poisoned before each call."""
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
     d_qk, d_v, d_fp8, tile = TOY[case]
@@ -67,8 +74,9 @@ def test_toy_layouts_splits_padding_duplicates(case):
         idx[2, 100:160] = idx[2, 0]  # duplicates count once per slot
         idx[1] = -1
         cache = quantize_kv(kv, d_fp8, tile)
-        for splits in (1, 2, 3, 5):
-            o, lg = _check(q, cache, idx, d_v, dtype, splits, f"{case} {dtype} s{splits}")
+        ref = _ref(q, cache, idx, d_v)
+        for splits in (1, 2, 3, 5, 8):
+            o, lg = _check(q, cache, idx, d_v, splits, f"{case} {dtype} s{splits}", ref)
             assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
@@ -83,7 +91,8 @@ def test_toy_layouts_splits_padding_duplicates(case):
 def test_real_shapes(shape):
     """The model layouts (V3.2: 512 e4m3 in 128-column tiles + 64 rope; V4: 448 in 64-column
     tiles + 64 rope) at real head counts (H < 64 masked in the 64-head tile), with the default
-    split count and with 3 splits; and the public default at B >= 8 takes this kernel."""
+    split count and with 3 splits; and the public default takes this kernel exactly where
+    default_config says (B >= 1 at 128 heads, 2 at 32-64, 8 at 16)."""
     from servelab.kernels.sparse_mla import sparse_mla_decode
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH
@@ -92,8 +101,9 @@ def test_real_shapes(shape):
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         cache = quantize_kv(kv, 512, 128) if d_qk == 576 else quantize_kv(kv, 448, 64)
+        ref = _ref(q, cache, idx, d_v)
         for splits in (None, 3):
-            _check(q, cache, idx, d_v, dtype, splits, f"{shape} {dtype} s{splits}")
+            _check(q, cache, idx, d_v, splits, f"{shape} {dtype} s{splits}", ref)
         sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8")
         gluon_default = b >= (1 if h >= 128 else 2 if h >= 32 else 8)
         assert (LAST_PATH["split"] == "fp8_gluon") == gluon_default, (shape, LAST_PATH)
@@ -267,6 +277,24 @@ def test_default_that_fails_to_compile_runs_the_triton_fp8_default(monkeypatch):
     assert LAST_PATH["split"] != "fp8_gluon"
     assert_close("default fallback out", o, ex[0], ex[2])
     assert_close("default fallback lse", lg, ex[1], ex[3])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_cache_with_the_ws_config_runs_a_triton_fp8_kernel(device):
+    """The warp-specialised kernel reads only 16-bit caches: an FP8 cache with its config must
+    run a Triton FP8 kernel on that geometry, with the right numbers."""
+    from servelab.kernels.sparse_mla.fp8 import quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
+
+    dtype = torch.float16
+    q, kv, idx = make(device, dtype, 3, 20, 128, 70, seed=6)
+    cache = quantize_kv(kv, 64, 64)
+    out_ex, lse_ex, out_tol, lse_tol = _ref(q, cache, idx, 128)
+    out, lse = poisoned(3, 20, 128, dtype, device)
+    o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128, config=GLUON_WS, out=out, lse=lse)
+    assert LAST_PATH["split"] in ("fp8_chunked", "fp8_reshape"), LAST_PATH
+    assert_close("ws config fp8 out", o, out_ex, out_tol)
+    assert_close("ws config fp8 lse", lg, lse_ex, lse_tol)
 
 
 def test_serves_only_the_layouts_it_was_written_for(monkeypatch):

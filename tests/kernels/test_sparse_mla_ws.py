@@ -27,12 +27,13 @@ needs_hopper = pytest.mark.skipif(
 WS_GEOMETRIES = [(64, 2), (32, 4), (32, 3), (16, 8)]
 
 
-def _check(q, kv, idx, d_v, splits, tag, cfg):
+def _check(q, kv, idx, d_v, splits, tag, cfg, ref):
+    """One launch against `ref` (bounds(): the exact result and its tolerances)."""
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     b, h, d_qk = q.shape
     scale = d_qk**-0.5
-    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, scale, d_v, q.dtype)
+    out_ex, lse_ex, out_tol, lse_tol = ref
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
     o, lg = splitkv_decode(q, kv, idx, scale, d_v, config=cfg, num_splits=splits, out=out,
                            lse=lse)  # fmt: skip
@@ -48,7 +49,8 @@ def _check(q, kv, idx, d_v, splits, tag, cfg):
                          ids=["no_tail", "tail", "v32_dims"])  # fmt: skip
 def test_toy_shapes_splits_padding_duplicates(d_qk, d_v):
     """topk = 300 (a tail tile), 20% padding, duplicated rows, one all-padding request,
-    split counts 1-5 (splits shorter than the K ring, tiles past the split), both 16-bit
+    split counts 1-8 (splits shorter than the K ring, tiles past the split, and at 8 splits
+    programs past the last tile, which must write (0, -inf) for the merge), both 16-bit
     dtypes, every measured tile/ring geometry; outputs NaN-poisoned before each call."""
     from servelab.kernels.sparse_mla.splitkv import GLUON_WS
 
@@ -56,11 +58,12 @@ def test_toy_shapes_splits_padding_duplicates(d_qk, d_v):
         q, kv, idx = make("cuda", dtype, 4, 20, d_qk, 300, t=900, seed=3)
         idx[2, 100:160] = idx[2, 0]
         idx[1] = -1
+        ref = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
         for bn, nk in WS_GEOMETRIES:
             cfg = dataclasses.replace(GLUON_WS, block_n=bn, num_stages=nk)
-            for splits in (1, 2, 3, 5):
+            for splits in (1, 2, 3, 5, 8):
                 tag = f"{d_qk} {dtype} bn{bn} nk{nk} s{splits}"
-                o, lg = _check(q, kv, idx, d_v, splits, tag, cfg)
+                o, lg = _check(q, kv, idx, d_v, splits, tag, cfg, ref)
                 assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
@@ -78,10 +81,11 @@ def test_real_shapes(shape):
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
+        ref = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
         for bn, nk in WS_GEOMETRIES[:2]:
             cfg = dataclasses.replace(GLUON_WS, block_n=bn, num_stages=nk)
             for splits in (None, 3):
-                _check(q, kv, idx, d_v, splits, f"{shape} {dtype} bn{bn} s{splits}", cfg)
+                _check(q, kv, idx, d_v, splits, f"{shape} {dtype} bn{bn} s{splits}", cfg, ref)
 
 
 @pytest.mark.gpu
@@ -124,9 +128,9 @@ if not splitkv_gluon.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
 from servelab.kernels.sparse_mla import splitkv_gluon_ws as m
-d_tail = int(sys.argv[1])
+d_tail, bn, nk = map(int, sys.argv[1:4])
 k = m._sparse_mla_split_gluon_ws_kernel
-ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=64, BLOCK_T=max(d_tail, 16), NK=2,
+ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NK=nk,
           DROP=0, SECOND_REGS=168, LOADER_REGS=88, num_warps=4)
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32")
 sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
@@ -146,17 +150,19 @@ print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_asy
 """
 
 
-@pytest.mark.parametrize("d_tail", [0, 64], ids=["v4", "v32"])
-def test_compiles_for_hopper(d_tail):
-    """Without a GPU: compile for sm_90a in a fresh process: wgmma, mbarrier waits and the
-    partitions' register moves (setmaxnreg) must be there, and shared memory must fit 227 KB
-    within the launcher's estimate (which decides serves())."""
+@pytest.mark.parametrize("d_tail, bn, nk", [(0, 64, 2), (64, 64, 2), (0, 32, 4)],
+                         ids=["v4", "v32", "v4_bn32_lagged"])  # fmt: skip
+def test_compiles_for_hopper(d_tail, bn, nk):
+    """Without a GPU: compile for sm_90a in a fresh process (the default geometry, and a
+    4-buffer ring whose loader lags by two tiles): wgmma, mbarrier waits and the partitions'
+    register moves (setmaxnreg) must be there, and shared memory must fit 227 KB within the
+    launcher's estimate (which decides serves())."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE, str(d_tail)], env=env,
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", _COMPILE, str(d_tail), str(bn), str(nk)],
+                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in got:
         pytest.skip(got["skip"])
     assert got["wgmma"] > 0 and got["mbarrier_wait"] > 0 and got["setmaxnreg"] > 0, got
-    assert 2 * 3 * 64 * 512 < got["shared"] <= min(got["smem_est"], 227 * 1024), got
+    assert 2 * (64 + nk * bn) * 512 < got["shared"] <= min(got["smem_est"], 227 * 1024), got

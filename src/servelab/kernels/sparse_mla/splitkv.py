@@ -359,7 +359,7 @@ def splitkv_decode(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     gluon = gluon and not fused
-    if drop in ("gather", "dots", "dequant") and not gluon:
+    if drop in splitkv_gluon.DROPS and drop and not gluon:
         raise ValueError(f"drop={drop!r} is a diagnostic of the Gluon kernel, which this launch "
                          "does not run (config, device or shape)")  # fmt: skip
     rp = not fp8 and not drop and not fused and cfg.kernel == "rp"
@@ -378,10 +378,13 @@ def splitkv_decode(
             LAST_COMPILED["split"] = compiled
     chunked = bool(fp8 and not gluon and cfg.fp8_chunked and not drop
                    and _fp8_chunkable(kv_cache, d_v))  # fmt: skip
-    LAST_PATH.update(split="fp8_gluon" if fp8 and gluon else "fp8_chunked" if chunked else
-                     "fp8_reshape" if fp8 else "16bit_rp" if rp else
-                     ("16bit_ws" if cfg.kernel == "ws" else "16bit_gluon") if gluon else
-                     "16bit",
+    if gluon:
+        split = "fp8_gluon" if fp8 else f"16bit_{cfg.kernel}"  # 16bit_gluon / 16bit_ws
+    elif fp8:
+        split = "fp8_chunked" if chunked else "fp8_reshape"
+    else:
+        split = "16bit_rp" if rp else "16bit"
+    LAST_PATH.update(split=split,
                      merge="single" if single else merge,
                      partials="" if single else str(o_dst.dtype).removeprefix("torch."),
                      tile=f"{cfg.block_h}x{cfg.block_n}")  # fmt: skip

@@ -12,8 +12,8 @@ from . import merge as merge_mod
 from . import splitkv_gluon
 from .merge import MERGES
 
-MAX_SPLITS = 256
-KERNELS = ("tl", "rp", "gluon", "ws")  # the merge kernel loads all partials of a column slice at once
+MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
+KERNELS = ("tl", "rp", "gluon", "ws")
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +45,14 @@ class SplitConfig:
     # one extra rounding of u per partial). Timed on the H200: faster only for the 64-split
     # H16 slice at B <= 2 (9.37 -> 8.30 us), slower elsewhere; so not a default.
     partial_dtype: str = "fp32"
-    # Split kernel for a 16-bit cache: "tl" (this file), "rp" (splitkv_rp.py: the next tile's
-    # gather issued into registers before this tile's dots, num_stages unused) or "gluon"
-    # (splitkv_gluon.py: Hopper, 64-head tiles, 8 warps; num_stages = ring depth). A config
-    # the chosen kernel cannot serve (FP8 cache, fused merge, no Hopper GPU, other tiles)
-    # runs the "tl" kernel; LAST_PATH["split"] says which ran. "ws": splitkv_gluon_ws.py
-    # (Hopper, 16-bit cache: loader, scorer and second-half partitions; num_stages = K
-    # buffers).
+    # Split kernel: "tl" (splitkv.py), "rp" (splitkv_rp.py: the next tile's gather issued into
+    # registers before this tile's dots, num_stages unused), "gluon" (Hopper, 64-head tiles,
+    # 8 warps, num_stages = ring depth: splitkv_gluon.py for a 16-bit cache,
+    # splitkv_gluon_fp8.py for an FP8 one) or "ws" (splitkv_gluon_ws.py: Hopper, 16-bit cache,
+    # loader / scorer / second-half partitions, num_stages = K buffers). A launch the chosen
+    # kernel cannot serve (fused merge, no Hopper GPU, other tiles, "rp" or "ws" with an FP8
+    # cache) runs a Triton kernel on the same geometry ("tl", or for an FP8 cache the
+    # per-chunk or reshape kernel by fp8_chunked); LAST_PATH["split"] says which ran.
     kernel: str = "tl"
 
     def __post_init__(self) -> None:
@@ -118,7 +119,11 @@ GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
 # below that from B = 1 with 128 heads (V4-Pro B = 1 24.6 -> 14.0 us, V3.2 18.5 -> 16.1), from
 # B = 2 with 32-64 heads (V4-Flash B = 2 13.9 -> 12.9, B = 4 19.3 -> 13.2); slower at B = 1
 # with 32-64 heads (10.6 vs 12.3) and at B <= 4 on the H16 slice (75% padding).
-GLUON_FP8_MIN_B = {128: 1, 32: 2, 0: 8}  # smallest B by head count (at least the key)
+def gluon_fp8_min_b(h: int) -> int:
+    """Smallest batch from which the FP8 default is the Gluon FP8 kernel, by head count."""
+    if h >= 128:
+        return 1
+    return 2 if h >= 32 else 8
 NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
                         prefetch_idx=False, kernel="rp")  # fmt: skip
 
@@ -129,7 +134,7 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
     (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
 
-    FP8 on Hopper: the Gluon FP8 kernel from the B of GLUON_FP8_MIN_B. Below that, or without
+    FP8 on Hopper: the Gluon FP8 kernel from gluon_fp8_min_b(h). Below that, or without
     Gluon (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
     with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
     34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
@@ -141,8 +146,7 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
             if b < WS_MIN_B and GLUON_MIN_H <= h < GLUON_WIDE_H:
                 return GLUON_WIDE
             return GLUON_WS
-    fp8_b = next(v for k, v in GLUON_FP8_MIN_B.items() if h >= k)
-    if fp8_tile in (64, 128) and b >= fp8_b:
+    if fp8_tile in (64, 128) and b >= gluon_fp8_min_b(h):
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return GLUON_WIDE
     if h >= 64:

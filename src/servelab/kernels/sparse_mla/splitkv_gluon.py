@@ -264,6 +264,9 @@ def _is_hopper(index: int) -> bool:  # asked on every default launch: once per d
 # may reject the code): key -> error; those launches run the tl kernel instead.
 FAILED: dict[tuple, str] = {}
 SMEM_LIMIT = 227 * 1024  # bytes of shared memory per block on Hopper
+# Diagnostics of the Gluon kernels (wrong results, timing only) -> their DROP constexpr; each
+# kernel serves the ones it implements ("dequant": the FP8 kernel only).
+DROPS = {"": 0, "gather": 1, "dots": 2, "dequant": 3}
 
 
 def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int, drop: str) -> dict:
@@ -271,7 +274,7 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int, drop: 
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
                 MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
-                DROP={"": 0, "gather": 1, "dots": 2}[drop])  # fmt: skip
+                DROP=DROPS[drop])  # fmt: skip
 
 
 def key(kconsts: dict, q: torch.Tensor) -> tuple:

@@ -260,7 +260,6 @@ if AVAILABLE:
         gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
 
 
-DROPS = {"": 0, "gather": 1, "dots": 2, "dequant": 3}
 
 
 def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
@@ -271,7 +270,7 @@ def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
                 NSC=max(triton.next_power_of_2(nch), 4), D_ROPE=cache.d_qk - cache.d_fp8,
                 ROPE_IN_V=cache.d_fp8 < d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 NBUF=cfg.num_stages, MAX_T=triton.next_power_of_2(tiles_per_split),
-                num_warps=8, DROP=DROPS[drop])  # fmt: skip
+                num_warps=8, DROP=splitkv_gluon.DROPS[drop])  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -299,7 +298,7 @@ def serves(cfg: SplitConfig, q: torch.Tensor, cache: Fp8KVCache, d_v: int,
             and d_v & (d_v - 1) == 0 and cw in (64, 128)
             and 32 <= d_rope <= 256 and d_rope & (d_rope - 1) == 0 and layout_ok
             and q.element_size() == 2 and cache.rope.dtype == q.dtype
-            and drop in DROPS):  # fmt: skip
+            and drop in splitkv_gluon.DROPS):  # fmt: skip
         return False
     strided = ((q.stride(0), 8), (q.stride(1), 8), (cache.data.stride(0), 16),
                (cache.rope.stride(0), 8))  # fmt: skip

@@ -302,15 +302,18 @@ if AVAILABLE:
         ], [4, 4], [SECOND_REGS, LOADER_REGS])  # fmt: skip
 
 
-DROPS = {"": 0, "gather": 1, "dots": 2}
+DROPS = ("", "gather", "dots")  # the diagnostics this kernel implements
 
 
-def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int,
-           drop: str = "") -> dict:  # fmt: skip
-    """The kernel's compile-time arguments for a launch (its compile cache key)."""
+def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
+    """The kernel's compile-time arguments for a launch (its compile cache key). Registers
+    per thread (setmaxnreg; 512 per lane across the three 4-warp partitions): the second
+    half holds a 64 x 256 fp32 accumulator (128) plus addresses -> 168; the loader only
+    addresses and masks -> 88; the scorer gets the rest, 256 - 8 = 248 (ptxas: no spills at
+    V3.2's and V4's shapes, Triton 3.6)."""
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
-                DROP=DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
+                DROP=splitkv_gluon.DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
                 num_warps=4)  # fmt: skip
 
 
@@ -327,20 +330,20 @@ def smem_bytes(kc: dict) -> int:
 def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
            tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
     """Whether this kernel can run the launch: what splitkv_gluon.serves asks (Hopper, Gluon,
-    64-head tiles, d_v a power of two <= 512, 16-byte rows) and d_v >= 64 (each half one
-    wgmma N >= 32), and the shared-memory budget."""
+    64-head tiles, d_v a power of two <= 512, 16-byte rows) and d_v >= 128 (each half one
+    wgmma N >= 64, a whole 128-byte swizzle atom), and the shared-memory budget."""
     d_tail = kv.shape[1] - d_v
-    if drop not in DROPS or not isinstance(kv, torch.Tensor):  # (no FP8 cache here)
+    if drop not in DROPS:
         return False
     if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and 16 <= cfg.block_n <= 64
-            and cfg.num_stages >= 2 and 64 <= d_v <= 512 and d_v & (d_v - 1) == 0
+            and cfg.num_stages >= 2 and 128 <= d_v <= 512 and d_v & (d_v - 1) == 0
             and d_tail % 8 == 0 and kv.element_size() == 2 and q.element_size() == 2):  # fmt: skip
         return False
     if any(x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))) or any(
         t.data_ptr() % 16 for t in (q, kv)
     ):
         return False
-    kc = consts(cfg, d_v, d_tail, tiles_per_split, drop)
+    kc = consts(cfg, d_v, d_tail, drop)
     return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
         splitkv_gluon.FAILED
     )
@@ -350,7 +353,7 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
            sm_scale, d_v, drop):  # fmt: skip
     """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
     compile here (the caller then runs a Triton kernel)."""
-    kc = consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
+    kc = consts(cfg, d_v, kv.shape[1] - d_v, drop)
     try:
         return _sparse_mla_split_gluon_ws_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
