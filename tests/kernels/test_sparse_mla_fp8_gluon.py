@@ -13,7 +13,16 @@ import sys
 
 import pytest
 import torch
-from mla_check import DEVICES, assert_close, bounds, gluon_here, interpreted_kernels, make, poisoned
+from mla_check import (
+    DEVICES,
+    assert_close,
+    bounds,
+    check_graph_replays,
+    gluon_here,
+    interpreted_kernels,
+    make,
+    poisoned,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
@@ -115,35 +124,20 @@ def test_replayed_inside_a_cuda_graph():
     """Captured once, replayed with new queries and indices (one request all padding), the
     outputs poisoned before each replay, as the engine's decode graphs do."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import splitkv_decode
 
     b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
     dtype = torch.bfloat16
     q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
     cache = quantize_kv(kv, 448, 64)
     out, lse = poisoned(b, h, d_v, dtype, "cuda")
-    scale = d_qk**-0.5
-    splitkv_decode(q, cache, idx, scale, d_v, out=out, lse=lse)  # compile outside the capture
-    assert LAST_PATH["split"] == "fp8_gluon", LAST_PATH
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        splitkv_decode(q, cache, idx, scale, d_v, out=out, lse=lse)
-    exact_kv = dequantize_kv(cache)
-    for seed in (22, 23):
-        q2, _, idx2 = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
-        idx2[3] = -1
-        q.copy_(q2)
-        idx.copy_(idx2)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        out_ex, lse_ex, out_tol, lse_tol = bounds(q, exact_kv, idx, scale, d_v, dtype,
-                                                  kv_rounded=True)  # fmt: skip
-        assert_close(f"graph seed {seed} out", out, out_ex, out_tol)
-        assert_close(f"graph seed {seed} lse", lse, lse_ex, lse_tol)
-    del g
+
+    def call():  # the default config: the FP8 Gluon kernel at B = 16
+        splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, out=out, lse=lse)
+
+    path = check_graph_replays(call, q, idx, out, lse, dequantize_kv(cache), d_v,
+                               ((22, 3), (23, 3)), "fp8", kv_rounded=True)  # fmt: skip
+    assert path["split"] == "fp8_gluon", path
 
 
 _COMPILE = """

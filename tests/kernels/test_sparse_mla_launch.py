@@ -9,7 +9,16 @@ import os
 
 import pytest
 import torch
-from mla_check import DEVICES, assert_close, bounds, gluon_here, interpreted_kernels, make, poisoned
+from mla_check import (
+    DEVICES,
+    assert_close,
+    bounds,
+    check_graph_replays,
+    gluon_here,
+    interpreted_kernels,
+    make,
+    poisoned,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
@@ -28,7 +37,7 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     capture must all hold over replays; outputs are NaN-poisoned before each replay."""
     import dataclasses
 
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import default_config, splitkv_decode
 
     b, h, d_qk, d_v, topk = shape
     dtype = torch.bfloat16
@@ -44,14 +53,13 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     else:
         cfg = dataclasses.replace(cfg, merge=mode)
     out, lse = poisoned(b, h, d_v, dtype, "cuda")
-    scale = d_qk**-0.5
-    splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)  # compile outside
-    path = dict(LAST_PATH)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        splitkv_decode(q, kv, idx, scale, d_v, config=cfg, out=out, lse=lse)
-    assert dict(LAST_PATH) == path, (path, LAST_PATH)
+
+    def call():
+        splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+
+    # seed 24: an all-padding request inside the graph (out 0, lse -inf)
+    replays = ((22, None), (23, None), (24, 0))
+    path = check_graph_replays(call, q, idx, out, lse, kv, d_v, replays, f"{mode} {shape}")
     if mode in ("kernel", "fused") and path["merge"] != "single":
         assert path["merge"] == mode, path
     # The Gluon kernels (the default from B = 8 on Hopper) have no fused merge: tl runs then.
@@ -59,20 +67,6 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     want = {"rp": "16bit_rp", "gluon": "16bit_gluon", "ws": "16bit_ws"}
     assert path["split"] == want.get(cfg.kernel if gluon_ran or mode == "rp" else "tl",
                                      "16bit"), path  # fmt: skip
-    for seed in (22, 23, 24):
-        q2, _, idx2 = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
-        if seed == 24:
-            idx2[0] = -1  # an all-padding request inside the graph: out 0, lse -inf
-        q.copy_(q2)
-        idx.copy_(idx2)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, scale, d_v, dtype)
-        assert_close(f"graph {mode} {shape} seed {seed} out", out, out_ex, out_tol)
-        assert_close(f"graph {mode} {shape} seed {seed} lse", lse, lse_ex, lse_tol)
-    del g
 
 
 _GLUON_COMPILE = """

@@ -13,7 +13,15 @@ import sys
 
 import pytest
 import torch
-from mla_check import assert_close, bounds, gluon_here, interpreted_kernels, make, poisoned
+from mla_check import (
+    assert_close,
+    bounds,
+    check_graph_replays,
+    gluon_here,
+    interpreted_kernels,
+    make,
+    poisoned,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
@@ -91,32 +99,18 @@ def test_real_shapes(shape):
 @pytest.mark.gpu
 @needs_hopper
 def test_replayed_inside_a_cuda_graph():
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, splitkv_decode
 
     b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
     dtype = torch.bfloat16
     q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=21)
     out, lse = poisoned(b, h, d_v, dtype, "cuda")
-    scale = d_qk**-0.5
-    splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, out=out, lse=lse)
-    assert LAST_PATH["split"] == "16bit_ws", LAST_PATH
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, out=out, lse=lse)
-    for seed in (22, 23):
-        q2, _, idx2 = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=seed)
-        idx2[3] = -1
-        q.copy_(q2)
-        idx.copy_(idx2)
-        out.fill_(float("nan"))
-        lse.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
-        out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, scale, d_v, dtype)
-        assert_close(f"graph seed {seed} out", out, out_ex, out_tol)
-        assert_close(f"graph seed {seed} lse", lse, lse_ex, lse_tol)
-    del g
+
+    def call():
+        splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, out=out, lse=lse)
+
+    path = check_graph_replays(call, q, idx, out, lse, kv, d_v, ((22, 3), (23, 3)), "ws")
+    assert path["split"] == "16bit_ws", path
 
 
 _COMPILE = """

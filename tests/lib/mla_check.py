@@ -138,3 +138,38 @@ def poisoned(b, h, d_v, dtype, device):
     out = torch.full((b, h, d_v), float("nan"), dtype=dtype, device=device)
     lse = torch.full((b, h), float("nan"), dtype=torch.float32, device=device)
     return out, lse
+
+
+def check_graph_replays(call, q, idx, out, lse, ref_kv, d_v, replays, tag, kv_rounded=False):
+    """What the engine does with a decode step: compile `call()` outside a capture, capture it
+    once in a CUDA graph, then for each (seed, pad_row) of `replays` copy new queries and
+    indices (request pad_row all padding, unless None) into the captured inputs, NaN-poison
+    the outputs, replay, and check against the exact result on `ref_kv`. Returns LAST_PATH of
+    the captured call."""
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH
+
+    call()
+    path = dict(LAST_PATH)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        call()
+    assert dict(LAST_PATH) == path, (path, LAST_PATH)
+    b, h, d_qk = q.shape
+    for seed, pad_row in replays:
+        q2, _, idx2 = make("cuda", q.dtype, b, h, d_qk, idx.shape[1], t=ref_kv.shape[0],
+                           pad_frac=0.05, seed=seed)  # fmt: skip
+        if pad_row is not None:
+            idx2[pad_row] = -1
+        q.copy_(q2)
+        idx.copy_(idx2)
+        out.fill_(float("nan"))
+        lse.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        out_ex, lse_ex, out_tol, lse_tol = bounds(q, ref_kv, idx, d_qk**-0.5, d_v, q.dtype,
+                                                  kv_rounded=kv_rounded)  # fmt: skip
+        assert_close(f"{tag} graph seed {seed} out", out, out_ex, out_tol)
+        assert_close(f"{tag} graph seed {seed} lse", lse, lse_ex, lse_tol)
+    del g
+    return path

@@ -57,6 +57,52 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 if AVAILABLE:
 
     @gluon.jit
+    def _split_tiles(topk, tiles_per_split, BLOCK_N: gl.constexpr):
+        """This program's split (grid axis 2): its first tile, its tile count (<= 0 for a
+        split past the last tile) and the token limit."""
+        n_tiles = gl.cdiv(topk, BLOCK_N)
+        t_start = gl.program_id(2) * tiles_per_split
+        n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
+        return t_start, n_local, gl.minimum(topk, (t_start + n_local) * BLOCK_N)
+
+    @gluon.jit
+    def _load_split_indices(idx_smem, idx_row, t_start, n_local, n_lim, BLOCK_N: gl.constexpr,
+                            layout: gl.constexpr):  # fmt: skip
+        """The split's indices into shared memory ([tile, slot]) by cp.async, one row per
+        tile (a 1-D view per row keeps the layouts simple); no commit."""
+        offs = gl.arange(0, BLOCK_N, layout=layout)
+        for t in range(0, n_local):
+            slot = (t_start + t) * BLOCK_N + offs
+            _cp_load(idx_smem.index(t), idx_row + slot, mask=slot < n_lim)
+
+    @gluon.jit
+    def _load_q(q_smem, q_row, hb, H, stride_qh8, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
+                layout: gl.constexpr):  # fmt: skip
+        """This head block's q rows (the first D_V columns) into shared memory by cp.async
+        (heads >= H zero-filled); no commit."""
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
+        offs_d = gl.arange(0, D_V, layout=gl.SliceLayout(0, layout))
+        _cp_load(q_smem, q_row + offs_h[:, None] * (stride_qh8 * 8) + offs_d[None, :],
+                 mask=(offs_h < H)[:, None])  # fmt: skip
+
+    @gluon.jit
+    def _store_out(o_row, acc, l_o, hb, H, stride_oh, COL0: gl.constexpr, D: gl.constexpr,
+                   BLOCK_H: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+        """acc / l (rows with nothing stay 0) -> columns [COL0, COL0 + D) of this head block's
+        output rows (heads < H)."""
+        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, layout))
+        offs_d = COL0 + gl.arange(0, D, layout=gl.SliceLayout(0, layout))
+        gl.store(o_row + offs_h[:, None] * stride_oh + offs_d[None, :],
+                 o.to(o_row.dtype.element_ty), mask=(offs_h < H)[:, None])  # fmt: skip
+
+    @gluon.jit
+    def _store_lse(lse_row, m_i, l_i, hb, H, BLOCK_H: gl.constexpr, layout: gl.constexpr):
+        """Natural-log lse = (m + log2 l) ln 2 of this head block (-inf when l == 0)."""
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=layout)
+        gl.store(lse_row + offs_h, (m_i + gl.log2(l_i)) * 0.6931471805599453, mask=offs_h < H)
+
+    @gluon.jit
     def _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, jn, t_start, n_local, n_lim,
                       stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
                       D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -140,26 +186,18 @@ if AVAILABLE:
         b = gl.program_id(0)
         hb = gl.program_id(1)
         sp = gl.program_id(2)
-        n_tiles = gl.cdiv(topk, BLOCK_N)
-        t_start = sp * tiles_per_split
-        n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
-        n_lim = gl.minimum(topk, (t_start + n_local) * BLOCK_N)
+        t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
-        # This split's indices, once, into shared memory ([tile, slot]) by cp.async, one row
-        # per tile (a 1-D view per row keeps the layouts simple).
+        # This split's indices, once, into shared memory.
         idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], sh_ix)
-        offs_in = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ix))
-        for t in range(0, n_local):
-            slot = (t_start + t) * BLOCK_N + offs_in
-            _cp_load(idx_smem.index(t), idx_ptr + b * stride_ib + slot, mask=slot < n_lim)
+        _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
+                            gl.SliceLayout(0, ix))  # fmt: skip
         cp.commit_group()
         # q (and its score-only tail) by cp.async too, in flight with the first gathers.
-        offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-        offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
         q_row = q_ptr + b * (stride_qb8 * 8)
-        _cp_load(q_smem, q_row + offs_h_ld[:, None] * (stride_qh8 * 8)
-                 + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None])  # fmt: skip
+        _load_q(q_smem, q_row, hb, H, stride_qh8, D_V, BLOCK_H, ld)
+        offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
         kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_V], sh_kv)
         offs_n_ld = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld))
         offs_n_lt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_t))
@@ -229,16 +267,11 @@ if AVAILABLE:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cp.wait_group(0)
 
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
-        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # rows with nothing stay 0
-        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
-        offs_d_o = gl.arange(0, D_V, layout=gl.SliceLayout(0, o_l))
-        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
-                  + offs_d_o[None, :])  # fmt: skip
-        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # -inf when l_i == 0
-        offs_h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
-        gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
+        _store_out(o_ptr + b * stride_ob + sp * stride_os, acc,
+                   gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), hb, H, stride_oh, 0, D_V,
+                   BLOCK_H, o_l)  # fmt: skip
+        _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, hb, H, BLOCK_H,
+                   gl.SliceLayout(1, s_l))  # fmt: skip
 
 
 def gluon_device(device: torch.device | None = None) -> bool:

@@ -44,7 +44,16 @@ if AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .splitkv_gluon import _cp_load, _cta_barrier, _score
+    from .splitkv_gluon import (
+        _cp_load,
+        _cta_barrier,
+        _load_q,
+        _load_split_indices,
+        _score,
+        _split_tiles,
+        _store_lse,
+        _store_out,
+    )
 
     @gluon.jit
     def _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr, jn,
@@ -157,23 +166,15 @@ if AVAILABLE:
         b = gl.program_id(0)
         hb = gl.program_id(1)
         sp = gl.program_id(2)
-        n_tiles = gl.cdiv(topk, BLOCK_N)
-        t_start = sp * tiles_per_split
-        n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
-        n_lim = gl.minimum(topk, (t_start + n_local) * BLOCK_N)
+        t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
         idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], sh_ix)
-        offs_in = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, ix))
-        for t in range(0, n_local):
-            slot_i = (t_start + t) * BLOCK_N + offs_in
-            _cp_load(idx_smem.index(t), idx_ptr + b * stride_ib + slot_i, mask=slot_i < n_lim)
+        _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
+                            gl.SliceLayout(0, ix))  # fmt: skip
         cp.commit_group()
-        offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-        offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
         q_row = q_ptr + b * (stride_qb8 * 8)
-        _cp_load(q_smem, q_row + offs_h_ld[:, None] * (stride_qh8 * 8)
-                 + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None])  # fmt: skip
+        _load_q(q_smem, q_row, hb, H, stride_qh8, D_V, BLOCK_H, ld)
         cp.commit_group()
         kv_st = gl.allocate_shared_memory(dtype, [BLOCK_N, D_V], sh_kv)
         d8_ring = gl.allocate_shared_memory(d8_ptr.dtype.element_ty, [NBUF * NCH, BLOCK_N, CW],
@@ -248,16 +249,11 @@ if AVAILABLE:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cp.wait_group(0)
 
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
-        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
-        offs_d_o = gl.arange(0, D_V, layout=gl.SliceLayout(0, o_l))
-        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
-                  + offs_d_o[None, :])  # fmt: skip
-        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453
-        offs_h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
-        gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
+        _store_out(o_ptr + b * stride_ob + sp * stride_os, acc,
+                   gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), hb, H, stride_oh, 0, D_V,
+                   BLOCK_H, o_l)  # fmt: skip
+        _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, hb, H, BLOCK_H,
+                   gl.SliceLayout(1, s_l))  # fmt: skip
 
 
 

@@ -42,7 +42,14 @@ if AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .splitkv_gluon import _cp_load, _cta_barrier
+    from .splitkv_gluon import (
+        _cp_load,
+        _cta_barrier,
+        _load_q,
+        _split_tiles,
+        _store_lse,
+        _store_out,
+    )
 
     @gluon.jit
     def _tile_idx(idx_row, t, n_lim, BLOCK_N: gl.constexpr, layout: gl.constexpr):
@@ -170,16 +177,11 @@ if AVAILABLE:
         l_smem.store(l_i)
         _cta_barrier()
         mbarrier.arrive(done)
-        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
-        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # rows with nothing stay 0
-        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
-        offs_d_o = gl.arange(0, D_V // 2, layout=gl.SliceLayout(0, o_l))
-        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
-                  + offs_d_o[None, :])  # fmt: skip
-        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
-        lse = (m_i + gl.log2(l_i)) * 0.6931471805599453  # -inf when l_i == 0
-        offs_h_s = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, s_l))
-        gl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h_s, lse, mask=offs_h_s < H)
+        _store_out(o_ptr + b * stride_ob + sp * stride_os, acc,
+                   gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), hb, H, stride_oh, 0, D_V // 2,
+                   BLOCK_H, o_l)  # fmt: skip
+        _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, hb, H, BLOCK_H,
+                   gl.SliceLayout(1, s_l))  # fmt: skip
 
     @gluon.jit
     def _second_half(kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b, hb, sp,
@@ -203,13 +205,9 @@ if AVAILABLE:
             mbarrier.arrive(p_free)
             mbarrier.arrive(k_free.index(buf))
         mbarrier.wait(done, 0)
-        l_o = l_smem.load(gl.SliceLayout(1, o_l))
-        o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-        offs_h_o = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, o_l))
-        offs_d_o = D_V // 2 + gl.arange(0, D_V // 2, layout=gl.SliceLayout(0, o_l))
-        o_ptrs = (o_ptr + b * stride_ob + sp * stride_os + offs_h_o[:, None] * stride_oh
-                  + offs_d_o[None, :])  # fmt: skip
-        gl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=(offs_h_o < H)[:, None])
+        _store_out(o_ptr + b * stride_ob + sp * stride_os, acc,
+                   l_smem.load(gl.SliceLayout(1, o_l)), hb, H, stride_oh, D_V // 2, D_V // 2,
+                   BLOCK_H, o_l)  # fmt: skip
 
     @gluon.jit
     def _sparse_mla_split_gluon_ws_kernel(
@@ -253,17 +251,11 @@ if AVAILABLE:
         b = gl.program_id(0)
         hb = gl.program_id(1)
         sp = gl.program_id(2)
-        n_tiles = gl.cdiv(topk, BLOCK_N)
-        t_start = sp * tiles_per_split
-        n_local = gl.minimum(t_start + tiles_per_split, n_tiles) - t_start
-        n_lim = gl.minimum(topk, (t_start + n_local) * BLOCK_N)
+        t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
         # q, by the scorer's warps before the partitions start.
-        offs_h_ld = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
-        offs_d_ld = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
-        _cp_load(q_smem, q_ptr + b * (stride_qb8 * 8) + offs_h_ld[:, None] * (stride_qh8 * 8)
-                 + offs_d_ld[None, :], mask=(offs_h_ld < H)[:, None])  # fmt: skip
+        _load_q(q_smem, q_ptr + b * (stride_qb8 * 8), hb, H, stride_qh8, D_V, BLOCK_H, ld)
         cp.commit_group()
         kbuf = gl.allocate_shared_memory(dtype, [NK, BLOCK_N, D_V], sh_kv)
         ktail = gl.allocate_shared_memory(dtype, [NK if D_TAIL > 0 else 1, BLOCK_N, BLOCK_T],
