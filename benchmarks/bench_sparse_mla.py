@@ -84,6 +84,16 @@ class Log:
         self.rows.flush()
 
 
+def wait_for_file(log: Log, path: str, t0: float) -> None:
+    """--wait-file: after compiling, hold the timing until `path` exists (GPU tests running
+    meanwhile must not share the GPU with timed cells)."""
+    if not path:
+        return
+    while not Path(path).exists():
+        time.sleep(0.5)
+    log.say(f"tests done; timing from {time.time() - t0:.0f} s")
+
+
 def make_inputs(shape: Shape, b: int, kv: torch.Tensor, r: int, seed: int):
     """R rotated (q, indices) sets over one shared KV pool (random rows, no padding)."""
     gen = torch.Generator(device=DEVICE).manual_seed(seed)

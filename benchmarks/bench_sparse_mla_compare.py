@@ -6,7 +6,6 @@ Kept apart from bench_sparse_mla.py, whose helpers it uses."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import bench_sparse_mla as bsm
 import torch
@@ -98,10 +97,7 @@ def compare(log: Log, args, shapes, reps: int, pool: int) -> None:
     if bsm.DEVICE == "cuda":
         torch.cuda.synchronize()
     log.say(f"compiled {len(jobs)} cells in {time.time() - t0:.0f} s")
-    if args.wait_file:
-        while not Path(args.wait_file).exists():
-            time.sleep(0.5)
-        log.say(f"tests done; timing from {time.time() - t0:.0f} s")
+    bsm.wait_for_file(log, args.wait_file, t0)
     res = {}
     for shape, b, label, variant, cfg in jobs:
         if time.time() - t0 > args.budget_s:

@@ -159,10 +159,7 @@ def main(argv: list[str]) -> int:
     if bsm.DEVICE == "cuda":
         torch.cuda.synchronize()
     log.say(f"checked {len(jobs)} cells in {time.time() - t0:.0f} s")
-    if args.wait_file:
-        while not Path(args.wait_file).exists():
-            time.sleep(0.5)
-        log.say(f"tests done; timing from {time.time() - t0:.0f} s")
+    bsm.wait_for_file(log, args.wait_file, t0)
     res = {}
     for shape, b, label, variant, cfg, drop in jobs:
         chk = checks[(shape.name, b, label)]

@@ -21,15 +21,12 @@ from mla_check import (
     gluon_here,
     interpreted_kernels,
     make,
+    needs_hopper,
     poisoned,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
-
-needs_hopper = pytest.mark.skipif(
-    not torch.cuda.is_available() or not gluon_here(), reason="the Gluon kernel needs Hopper"
-)
 
 
 def _gluon(nbuf: int = 2):

@@ -17,18 +17,14 @@ from mla_check import (
     assert_close,
     bounds,
     check_graph_replays,
-    gluon_here,
     interpreted_kernels,
     make,
+    needs_hopper,
     poisoned,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
-
-needs_hopper = pytest.mark.skipif(
-    not torch.cuda.is_available() or not gluon_here(), reason="the Gluon kernel needs Hopper"
-)
 
 
 # (tokens per tile, K buffers): the geometries bench_sparse_mla_geometry.py times

@@ -50,6 +50,12 @@ def gluon_here() -> bool:
     return gluon_device()
 
 
+# Marks a test that runs a Gluon kernel (no CPU interpreter): it needs a Hopper GPU.
+needs_hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or not gluon_here(), reason="the Gluon kernel needs Hopper"
+)
+
+
 @pytest.fixture(scope="module", autouse=True)
 def interpreted_kernels():
     """On CPU the kernels must be interpreter functions; if another test imported the kernel
