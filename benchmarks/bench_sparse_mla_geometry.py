@@ -33,7 +33,7 @@ MAX_REL_ERR = 1e-2
 
 def candidates(shape: bsm.Shape, b: int) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell)."""
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, GLUON_WS, default_config
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, GLUON_WS, default_config, nh_config
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
     out = {"default": None}
@@ -46,13 +46,18 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
         out["tl"] = tl  # the Triton-only default, where the default now differs
     if default_config(b, shape.heads, shape.d_qk, torch.bfloat16).kernel != "gluon":
         out["gluon"] = GLUON_WIDE  # the one-partition Gluon kernel (the default before ws)
+    if shape.heads <= 32:  # the few-heads kernel (heads on wgmma N), its ring depths
+        for nbuf in (2, 3):
+            cfg = nh_config(shape.heads, nbuf)
+            if cfg != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
+                out[f"nh-nb{nbuf}"] = cfg
     return out
 
 
 def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
     """--fp8: label -> (variant, SplitConfig or None = that variant's default): the bf16
     default (the baseline of the FP8 goal), the FP8 default, and the FP8 kernels it is not."""
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, default_config
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, default_config, nh_config
 
     out = {"bf16": ("splitkv", None), "fp8": ("fp8", None)}
     tile = 128 if shape.d_qk == 576 else 64  # bsm.fp8_cache's layouts
@@ -62,6 +67,10 @@ def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
         out["fp8-tl"] = ("fp8", tl)
     if dflt.kernel != "gluon":
         out["fp8-gluon"] = ("fp8", GLUON_WIDE)
+    if shape.heads <= 32:  # the few-heads kernel on the FP8 cache, its ring depths
+        for nbuf in (1, 2, 3):
+            if nh_config(shape.heads, nbuf) != dflt:
+                out[f"fp8-nh-nb{nbuf}"] = ("fp8", nh_config(shape.heads, nbuf))
     return out
 
 
@@ -114,14 +123,19 @@ def main(argv: list[str]) -> int:
                     jobs.append((shape, b, label, variant, cfg, ""))
             if str(b) not in args.drops.split(","):
                 continue
-            if args.fp8:  # where the FP8 Gluon kernel's time goes
-                from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE
+            from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, nh_config
 
+            nh = nh_config(shape.heads, 2) if shape.heads <= 32 else None
+            if args.fp8:  # where the FP8 Gluon kernel's time goes
                 for drop in ("gather", "dots", "dequant"):
                     jobs.append((shape, b, f"drop-{drop}", "fp8", GLUON_WIDE, drop))
+                    if nh is not None:
+                        jobs.append((shape, b, f"drop-nh-{drop}", "fp8", nh, drop))
             elif default_config(b, shape.heads, shape.d_qk, dtype).kernel in ("gluon", "ws"):
                 for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
                     jobs.append((shape, b, f"drop-{drop}", "splitkv", None, drop))
+                    if nh is not None:
+                        jobs.append((shape, b, f"drop-nh-{drop}", "splitkv", nh, drop))
     # Check (and so compile) every cell against the fp32 reference, with padding.
     checks = {}
     for shape, b, label, variant, cfg, drop in jobs:
@@ -149,7 +163,8 @@ def main(argv: list[str]) -> int:
                 path=dict(LAST_PATH))  # fmt: skip
             # A Gluon candidate this launch cannot serve runs a Triton kernel on its geometry:
             # never time that under the Gluon label.
-            want = "_ws" if label.startswith("ws") else "gluon" if "gluon" in label else ""
+            want = ("_ws" if label.startswith("ws") else "_nh" if "nh" in label
+                    else "gluon" if "gluon" in label else "")  # fmt: skip
             if want and want not in LAST_PATH["split"]:
                 checks[(shape.name, b, label)] = dict(
                     error=f"ran {LAST_PATH['split']}, not the kernel its label names")

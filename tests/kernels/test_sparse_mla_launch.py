@@ -63,8 +63,8 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     if mode in ("kernel", "fused") and path["merge"] != "single":
         assert path["merge"] == mode, path
     # The Gluon kernels (the default from B = 8 on Hopper) have no fused merge: tl runs then.
-    gluon_ran = cfg.kernel in ("gluon", "ws") and mode != "fused" and gluon_here()
-    want = {"rp": "16bit_rp", "gluon": "16bit_gluon", "ws": "16bit_ws"}
+    gluon_ran = cfg.kernel in ("gluon", "ws", "nh") and mode != "fused" and gluon_here()
+    want = {"rp": "16bit_rp", "gluon": "16bit_gluon", "ws": "16bit_ws", "nh": "16bit_nh"}
     assert path["split"] == want.get(cfg.kernel if gluon_ran or mode == "rp" else "tl",
                                      "16bit"), path  # fmt: skip
 
@@ -199,8 +199,9 @@ def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch
 
 def test_default_config_takes_gluon_where_it_was_measured_faster():
     """H200 tables (docs/performance.md): the warp-specialised Gluon kernel with a 16-bit cache
-    from B = 8 (B = 4 with 128 heads) at every head count, except the one-partition Gluon
-    kernel at B = 8-15 with 32-64 heads; the tl kernels below; never Gluon on a device without
+    from B = 8 (B = 4 with 128 heads) for 32-128 heads, except the one-partition Gluon
+    kernel at B = 8-15 with 32-64 heads; the few-heads kernel from B = 4 with <= 16 heads;
+    the tl kernels below; never Gluon on a device without
     it. (The FP8 cache's rule: test_sparse_mla_fp8_gluon.py.)"""
     from servelab.kernels.sparse_mla.splitkv import default_config
 
@@ -208,8 +209,8 @@ def test_default_config_takes_gluon_where_it_was_measured_faster():
     for b, h, want in [(32, 64, "ws"), (128, 128, "ws"), (64, 32, "ws"), (8, 64, "gluon"),
                        (16, 64, "ws"), (8, 32, "gluon"), (8, 128, "ws"), (4, 128, "ws"),
                        (4, 64, "tl"), (4, 32, "tl"),
-                       (2, 128, "tl"), (64, 16, "ws"), (8, 16, "ws"), (1, 64, "tl"),
-                       (1, 16, "rp"), (2, 16, "tl")]:  # fmt: skip
+                       (2, 128, "tl"), (64, 16, "nh"), (8, 16, "nh"), (4, 16, "nh"),
+                       (4, 8, "nh"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "tl")]:  # fmt: skip
         assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
         assert default_config(b, h, 512, bf16, gluon=False).kernel in ("tl", "rp")
 

@@ -29,11 +29,12 @@ import triton
 import triton.language as tl
 
 from . import merge as merge_mod
-from . import splitkv_gluon, splitkv_gluon_fp8, splitkv_gluon_ws
+from . import splitkv_gluon, splitkv_gluon_fp8, splitkv_gluon_nh, splitkv_gluon_ws
 from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
 from .merge import fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
 from .splitkv_config import (  # noqa: F401 - re-exported: the launch geometry lives there
+    GLUON_KERNELS,
     GLUON_WIDE,
     GLUON_WS,
     MAX_SPLITS,
@@ -44,6 +45,7 @@ from .splitkv_config import (  # noqa: F401 - re-exported: the launch geometry l
     SplitConfig,
     choose_num_splits,
     default_config,
+    nh_config,
     resolve_merge,
 )
 from .splitkv_rp import _sparse_mla_split_rp_kernel
@@ -263,8 +265,8 @@ def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
 def _gluon_module(kernel: str, fp8: bool):
     """The Gluon module a config's kernel names (None: a Triton kernel)."""
     if fp8:
-        return splitkv_gluon_fp8 if kernel == "gluon" else None
-    return {"gluon": splitkv_gluon, "ws": splitkv_gluon_ws}.get(kernel)
+        return {"gluon": splitkv_gluon_fp8, "nh": splitkv_gluon_nh}.get(kernel)
+    return {"gluon": splitkv_gluon, "ws": splitkv_gluon_ws, "nh": splitkv_gluon_nh}.get(kernel)
 
 
 def splitkv_decode(
@@ -312,7 +314,7 @@ def splitkv_decode(
         tiles_per_split = triton.cdiv(n_tiles, min(num_splits, n_tiles))
         gmod = _gluon_module(cfg.kernel, fp8)
         gluon = gmod is not None and gmod.serves(cfg, q, kv_cache, d_v, tiles_per_split, drop)
-        if config is not None or cfg.kernel not in ("gluon", "ws") or gluon:
+        if config is not None or cfg.kernel not in GLUON_KERNELS or gluon:
             break
         cfg = default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None, gluon=False)
 
@@ -379,7 +381,8 @@ def splitkv_decode(
     chunked = bool(fp8 and not gluon and cfg.fp8_chunked and not drop
                    and _fp8_chunkable(kv_cache, d_v))  # fmt: skip
     if gluon:
-        split = "fp8_gluon" if fp8 else f"16bit_{cfg.kernel}"  # 16bit_gluon / 16bit_ws
+        # fp8_gluon / fp8_nh; 16bit_gluon / 16bit_ws / 16bit_nh
+        split = ("fp8_nh" if cfg.kernel == "nh" else "fp8_gluon") if fp8 else f"16bit_{cfg.kernel}"
     elif fp8:
         split = "fp8_chunked" if chunked else "fp8_reshape"
     else:

@@ -13,7 +13,8 @@ from . import splitkv_gluon
 from .merge import MERGES
 
 MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
-KERNELS = ("tl", "rp", "gluon", "ws")
+KERNELS = ("tl", "rp", "gluon", "ws", "nh")
+GLUON_KERNELS = ("gluon", "ws", "nh")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,9 +50,11 @@ class SplitConfig:
     # registers before this tile's dots, num_stages unused), "gluon" (Hopper, 64-head tiles,
     # 8 warps, num_stages = ring depth: splitkv_gluon.py for a 16-bit cache,
     # splitkv_gluon_fp8.py for an FP8 one) or "ws" (splitkv_gluon_ws.py: Hopper, 16-bit cache,
-    # loader / scorer / second-half partitions, num_stages = K buffers). A launch the chosen
-    # kernel cannot serve (fused merge, no Hopper GPU, other tiles, "rp" or "ws" with an FP8
-    # cache) runs a Triton kernel on the same geometry ("tl", or for an FP8 cache the
+    # loader / scorer / second-half partitions, num_stages = K buffers) or "nh"
+    # (splitkv_gluon_nh.py: Hopper, all heads in one 16- or 32-head block on the wgmma N
+    # dimension, 64-token tiles, 4 warps, 16-bit or FP8 cache, num_stages = ring depth). A
+    # launch the chosen kernel cannot serve (fused merge, no Hopper GPU, other tiles, "rp" or
+    # "ws" with an FP8 cache) runs a Triton kernel on the same geometry ("tl", or for an FP8 cache the
     # per-chunk or reshape kernel by fp8_chunked); LAST_PATH["split"] says which ran.
     kernel: str = "tl"
 
@@ -124,6 +127,31 @@ def gluon_fp8_min_b(h: int) -> int:
     if h >= 128:
         return 1
     return 2 if h >= 32 else 8
+# The few-heads kernel (splitkv_gluon_nh.py: heads on the wgmma N dimension, for H <= 32), H200
+# 2026-11-30 (bench_sparse_mla_geometry, two calls, docs/performance.md): with a 16-bit cache
+# on the H16 slice faster than the previous defaults from B = 4 (1.06-1.14x: B = 16
+# 21.4 -> 18.8 us, B = 128 91.8 -> 86.3), not at B <= 2; at 32 heads within +-4% of ws (kept).
+# With the FP8 cache faster than the FP8 Gluon kernel from B = 2 on H16 (1.03-1.36x: B = 128
+# 140 -> 103 us) and from B = 8 at 32 heads (1.03-1.13x: B = 128 50.8 -> 44.8 us).
+NH_MIN_B = 4  # 16-bit cache, H <= 16
+NH_FP8_MIN_B = {16: 2, 32: 8}  # FP8 cache: heads (at most) -> smallest batch
+
+
+def _nh_measured_faster(b: int, h: int, fp8_tile: int | None) -> bool:
+    """Whether the few-heads kernel is the Hopper default for this batch and head count."""
+    if fp8_tile is None:
+        return h <= 16 and b >= NH_MIN_B
+    if fp8_tile not in (64, 128) or h > 32:
+        return False
+    return b >= NH_FP8_MIN_B[16 if h <= 16 else 32]
+
+
+def nh_config(h: int, num_stages: int = 2) -> SplitConfig:
+    """The few-heads Gluon geometry for h <= 32 heads (one 16- or 32-head block)."""
+    return SplitConfig(block_h=16 if h <= 16 else 32, block_n=64, num_warps=4,
+                       num_stages=num_stages, ctas_per_sm=1, prefetch_idx=False, kernel="nh")  # fmt: skip
+
+
 NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,
                         prefetch_idx=False, kernel="rp")  # fmt: skip
 
@@ -134,13 +162,18 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
     (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
 
-    FP8 on Hopper: the Gluon FP8 kernel from gluon_fp8_min_b(h). Below that, or without
+    On Hopper with at most 32 heads, the few-heads kernel where it was measured faster
+    (NH_MIN_B, NH_FP8_MIN_B). FP8 on Hopper otherwise: the Gluon FP8 kernel from
+    gluon_fp8_min_b(h). Below that, or without
     Gluon (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
     with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
     34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
     kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
     (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
     gluon_b = GLUON_MIN_B_WIDE if h >= GLUON_WIDE_H else GLUON_MIN_B
+    if _nh_measured_faster(b, h, fp8_tile):
+        if splitkv_gluon.gluon_device() if gluon is None else gluon:
+            return nh_config(h)
     if fp8_tile is None and b >= gluon_b:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             if b < WS_MIN_B and GLUON_MIN_H <= h < GLUON_WIDE_H:
