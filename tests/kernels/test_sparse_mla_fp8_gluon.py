@@ -248,8 +248,8 @@ def test_compile_failure_falls_back_to_a_triton_fp8_kernel(device, monkeypatch):
 
 
 def test_default_that_fails_to_compile_runs_the_triton_fp8_default(monkeypatch):
-    """With no config (the FP8 default is Gluon at B = 8), a failed compile runs the Triton
-    FP8 default for the shape (16-head tiles at H = 20), not the Gluon tile on a Triton
+    """With no config (the FP8 default is this kernel at B = 4 with 32 heads), a failed compile
+    runs the Triton FP8 default for the shape (16-head tiles), not the Gluon tile on a Triton
     kernel."""
     from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_fp8
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
@@ -262,10 +262,10 @@ def test_default_that_fails_to_compile_runs_the_triton_fp8_default(monkeypatch):
     monkeypatch.setattr(splitkv_gluon_fp8, "serves", lambda cfg, q, c, d_v, tps, drop="": (
         cfg.kernel == "gluon" and not splitkv_gluon.FAILED))  # fmt: skip
     device, dtype = DEVICES[0], torch.float16
-    q, kv, idx = make(device, dtype, 8, 20, 128, 40, seed=9)
+    q, kv, idx = make(device, dtype, 4, 32, 128, 40, seed=9)
     cache = quantize_kv(kv, 64, 64)
     ex = bounds(q, dequantize_kv(cache), idx, 128**-0.5, 128, dtype, kv_rounded=True)
-    with pytest.warns(UserWarning, match="did not compile"):
+    with pytest.warns(UserWarning, match="FP8 Gluon split kernel did not compile"):
         o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128)
     assert LAST_PATH["split"].startswith("fp8_") and LAST_PATH["tile"].startswith("16x"), LAST_PATH
     assert LAST_PATH["split"] != "fp8_gluon"
