@@ -57,12 +57,7 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
 def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
     """--fp8: label -> (variant, SplitConfig or None = that variant's default): the bf16
     default (the baseline of the FP8 goal), the FP8 default, and the FP8 kernels it is not."""
-    from servelab.kernels.sparse_mla.splitkv import (
-        GLUON_WIDE,
-        default_config,
-        nh_config,
-        nh_ws_config,
-    )
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, default_config, nh_config
 
     out = {"bf16": ("splitkv", None), "fp8": ("fp8", None)}
     tile = 128 if shape.d_qk == 576 else 64  # bsm.fp8_cache's layouts
@@ -76,9 +71,6 @@ def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
         for nbuf in (1, 2, 3):
             if nh_config(shape.heads, nbuf) != dflt:
                 out[f"fp8-nh-nb{nbuf}"] = ("fp8", nh_config(shape.heads, nbuf))
-        for pw in (4, 8):  # the warp-specialised FP8 kernel, 4 or 8 producer warps
-            if nh_ws_config(shape.heads, pw) != dflt:
-                out[f"fp8-nhws-p{pw}"] = ("fp8", nh_ws_config(shape.heads, pw))
     return out
 
 
@@ -131,16 +123,14 @@ def main(argv: list[str]) -> int:
                     jobs.append((shape, b, label, variant, cfg, ""))
             if str(b) not in args.drops.split(","):
                 continue
-            from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, nh_config, nh_ws_config
+            from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, nh_config
 
             nh = nh_config(shape.heads, 2) if shape.heads <= 32 else None
-            if args.fp8:  # where the FP8 Gluon kernels' time goes
+            if args.fp8:  # where the FP8 Gluon kernel's time goes
                 for drop in ("gather", "dots", "dequant"):
                     jobs.append((shape, b, f"drop-{drop}", "fp8", GLUON_WIDE, drop))
                     if nh is not None:
                         jobs.append((shape, b, f"drop-nh-{drop}", "fp8", nh, drop))
-                        jobs.append((shape, b, f"drop-nhws-{drop}", "fp8",
-                                     nh_ws_config(shape.heads), drop))  # fmt: skip
             elif default_config(b, shape.heads, shape.d_qk, dtype).kernel in ("gluon", "ws"):
                 for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
                     jobs.append((shape, b, f"drop-{drop}", "splitkv", None, drop))
@@ -173,8 +163,8 @@ def main(argv: list[str]) -> int:
                 path=dict(LAST_PATH))  # fmt: skip
             # A Gluon candidate this launch cannot serve runs a Triton kernel on its geometry:
             # never time that under the Gluon label.
-            want = ("_ws" if label.startswith("ws") else "_nhws" if "nhws" in label
-                    else "_nh" if "nh" in label else "gluon" if "gluon" in label else "")  # fmt: skip
+            want = ("_ws" if label.startswith("ws") else "_nh" if "nh" in label
+                    else "gluon" if "gluon" in label else "")  # fmt: skip
             if want and want not in LAST_PATH["split"]:
                 checks[(shape.name, b, label)] = dict(
                     error=f"ran {LAST_PATH['split']}, not the kernel its label names")

@@ -51,12 +51,6 @@ def _ref(q, kv, idx, d_v):
     return bounds(q, dense, idx, q.shape[-1] ** -0.5, d_v, q.dtype, kv_rounded=fp8)
 
 
-def _ws(h: int, producer_warps: int = 4):
-    from servelab.kernels.sparse_mla.splitkv import nh_ws_config
-
-    return nh_ws_config(h, producer_warps)
-
-
 def _check(q, kv, idx, d_v, splits, tag, cfg, ref):
     """One launch against `ref`, outputs NaN-poisoned first; the nh kernel must have run."""
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
@@ -66,7 +60,7 @@ def _check(q, kv, idx, d_v, splits, tag, cfg, ref):
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
     o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, num_splits=splits, out=out,
                            lse=lse)  # fmt: skip
-    want = ("16bit_" if isinstance(kv, torch.Tensor) else "fp8_") + cfg.kernel
+    want = "16bit_nh" if isinstance(kv, torch.Tensor) else "fp8_nh"
     assert LAST_PATH["split"] == want, (tag, LAST_PATH)
     assert_close(f"{tag} out", o, out_ex, out_tol)
     assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
@@ -109,9 +103,8 @@ FP8_TOY = {"v32_like": (192, 128, 128, 64), "v4_like": (256, 256, 192, 64),
 @pytest.mark.parametrize("case", list(FP8_TOY))
 @pytest.mark.parametrize("h", [16, 20])
 def test_fp8_toy_layouts_splits_padding_duplicates(case, h):
-    """The FP8 kernels on both layouts: padding, duplicates, an all-padding request, 1-8
-    splits (a split of one tile: the producer runs ahead past it), ring depths 1-3, the
-    warp-specialised kernel with 4 and 8 producer warps, both 16-bit dtypes."""
+    """The FP8 kernel on both layouts: padding, duplicates, an all-padding request, 1-8
+    splits, ring depths 1-3, both 16-bit dtypes."""
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
     d_qk, d_v, d_fp8, tile = FP8_TOY[case]
@@ -121,12 +114,10 @@ def test_fp8_toy_layouts_splits_padding_duplicates(case, h):
         idx[1] = -1
         cache = quantize_kv(kv, d_fp8, tile)
         ref = _ref(q, cache, idx, d_v)
-        cfgs = {f"nb{n}": _cfg(h, n) for n in (1, 2, 3)}
-        cfgs.update({f"ws-p{w}": _ws(h, w) for w in (4, 8)})
-        for name, cfg in cfgs.items():
+        for nbuf in (1, 2, 3):
             for splits in (1, 2, 3, 5, 8):
-                tag = f"{case} h{h} {dtype} {name} s{splits}"
-                o, lg = _check(q, cache, idx, d_v, splits, tag, cfg, ref)
+                tag = f"{case} h{h} {dtype} nb{nbuf} s{splits}"
+                o, lg = _check(q, cache, idx, d_v, splits, tag, _cfg(h, nbuf), ref)
                 assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
@@ -146,18 +137,18 @@ def test_real_shapes(shape):
         cache = quantize_kv(kv, 512, 128) if d_qk == 576 else quantize_kv(kv, 448, 64)
         for src in (kv, cache):
             ref = _ref(q, src, idx, d_v)
-            cfgs = [_cfg(h, 2), _cfg(h, 3)] + ([_ws(h, 4), _ws(h, 8)] if src is cache else [])
-            for cfg in cfgs:
+            for nbuf in (2, 3):
+                cfg = _cfg(h, nbuf)
                 if not _fits(cfg, q, src, d_v):
                     continue  # a 16-bit ring that does not fit (3 x 64-72 KB + q)
                 for splits in (None, 3):
-                    _check(q, src, idx, d_v, splits, f"{shape} {dtype} {cfg} s{splits}", cfg,
-                           ref)  # fmt: skip
+                    _check(q, src, idx, d_v, splits, f"{shape} {dtype} nb{nbuf} s{splits}",
+                           cfg, ref)  # fmt: skip
 
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("fp8", [False, True, "ws"], ids=["bf16", "fp8", "fp8_ws"])
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 def test_replayed_inside_a_cuda_graph(fp8):
     """Captured once, replayed with new queries and indices (one request all padding), the
     outputs poisoned before each replay, as the engine's decode graphs do."""
@@ -170,15 +161,13 @@ def test_replayed_inside_a_cuda_graph(fp8):
     src = quantize_kv(kv, 448, 64) if fp8 else kv
     out, lse = poisoned(b, h, d_v, dtype, "cuda")
 
-    cfg = _ws(h) if fp8 == "ws" else _cfg(h, 2)
-
     def call():
-        splitkv_decode(q, src, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+        splitkv_decode(q, src, idx, d_qk**-0.5, d_v, config=_cfg(h, 2), out=out, lse=lse)
 
     ref_kv = dequantize_kv(src) if fp8 else kv
     path = check_graph_replays(call, q, idx, out, lse, ref_kv, d_v, ((22, 3), (23, 3)), "nh",
-                               kv_rounded=bool(fp8))  # fmt: skip
-    assert path["split"] == ("fp8_" if fp8 else "16bit_") + cfg.kernel, path
+                               kv_rounded=fp8)  # fmt: skip
+    assert path["split"] == ("fp8_nh" if fp8 else "16bit_nh"), path
 
 
 _COMPILE = r"""
@@ -197,13 +186,7 @@ common = dict(D_V=512, BLOCK_H=bh, BLOCK_N=64, NBUF=nbuf, MAX_T=16 if v4 else 32
               DROP=0)
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", d8_ptr="*fp8e4nv", rope_ptr="*bf16",
             sc_ptr="*fp32", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32")
-if kind.startswith("fp8ws"):  # nbuf = the producer's warps here
-    k = m._sparse_mla_split_nh_fp8_ws_kernel
-    ce = dict(D_V=512, D_FP8=448 if v4 else 512, CW=64 if v4 else 128, NCH=7 if v4 else 4,
-              NCP=8 if v4 else 4, D_ROPE=64, ROPE_IN_V=v4, BLOCK_H=bh, BLOCK_N=64, NST=2,
-              SUB=m.WS_SUB, DROP=0, PRODUCER_WARPS=nbuf,
-              PRODUCER_REGS=m.WS_PRODUCER_REGS[nbuf], num_warps=4)
-elif kind.startswith("fp8"):
+if kind.startswith("fp8"):
     k = m._sparse_mla_split_nh_fp8_kernel
     ce = dict(common, D_FP8=448 if v4 else 512, CW=64 if v4 else 128, NCH=7 if v4 else 4,
               NSC=8 if v4 else 4, D_ROPE=64, ROPE_IN_V=v4)
@@ -222,18 +205,7 @@ attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(k.arg_names)
 c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 90, 32),
                    options=dict(num_warps=4))
 ptx = c.asm["ptx"]
-import os, subprocess, tempfile
-ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
-spills = None
-if os.path.exists(ptxas):  # the compiler's spill report
-    with tempfile.TemporaryDirectory() as d:
-        open(os.path.join(d, "k.ptx"), "w").write(ptx)
-        r = subprocess.run([ptxas, "-v", "--gpu-name", "sm_90a", os.path.join(d, "k.ptx"),
-                            "-o", os.path.join(d, "k.o")], capture_output=True, text=True)
-        found = re.search(r"(\d+) bytes spill stores", r.stderr)
-        spills = int(found.group(1)) if found else None
 print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
-                  "spills": spills, "setmaxnreg": ptx.count("setmaxnreg"),
                   "wgmma_n": sorted({int(n) for n in
                                      re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k", ptx)}),
                   "cp_async": ptx.count("cp.async.c"), "cvt_e4m3": ptx.count("e4m3x2"),
@@ -242,14 +214,11 @@ print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_asy
 
 
 @pytest.mark.parametrize("kind, bh, nbuf", [("16bit_v4", 32, 2), ("16bit_v32", 16, 2), ("16bit_v4", 16, 3),
-                                            ("fp8_v4", 32, 2), ("fp8_v32", 16, 2),
-                                            ("fp8ws_v4", 32, 4), ("fp8ws_v32", 16, 8)])  # fmt: skip
+                                            ("fp8_v4", 32, 2), ("fp8_v32", 16, 2)])  # fmt: skip
 def test_compiles_for_hopper(kind, bh, nbuf):
     """Without a GPU: compile for sm_90a in a fresh process: the dots must be wgmma with the
-    heads as N (n16 / n32, never a 64-row head tile), cp.async gathers (the warp-specialised
-    FP8 kernel: register loads and the partitions' register moves instead), e4m3
-    conversions for FP8, no register spills, and shared memory within 227 KB and the
-    launcher's estimate (serves())."""
+    heads as N (n16 / n32, never a 64-row head tile), cp.async gathers (and e4m3 conversions
+    for FP8), and shared memory within 227 KB and the launcher's estimate (serves())."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", _COMPILE, kind, str(bh), str(nbuf)], env=env,
                        capture_output=True, text=True, timeout=300)  # fmt: skip
@@ -257,9 +226,7 @@ def test_compiles_for_hopper(kind, bh, nbuf):
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in got:
         pytest.skip(got["skip"])
-    ws = kind.startswith("fp8ws")
-    assert got["wgmma"] > 0 and (got["setmaxnreg"] > 0 if ws else got["cp_async"] > 0), got
-    assert got["spills"] in (0, None), got
+    assert got["wgmma"] > 0 and got["cp_async"] > 0, got
     assert got["wgmma_n"] == [bh], got
     assert (got["cvt_e4m3"] > 0) == kind.startswith("fp8"), got
     assert got["shared"] <= min(got["smem_est"], 227 * 1024), got
@@ -291,11 +258,6 @@ def test_serves_few_heads_only(monkeypatch):
     assert not ok(_cfg(16, 2), q16, kv, 512, 32, "dequant")  # an FP8-only diagnostic
     v32, v4 = quantize_kv(kv, 512, 128), quantize_kv(kv4, 448, 64)
     assert ok(_cfg(16, 1), q16, v32, 512, 32) and ok(_cfg(32, 3), q32, v4, 512, 10)
-    assert ok(_ws(16), q16, v32, 512, 32) and ok(_ws(32, 8), q32, v4, 512, 10)
-    assert not ok(_ws(16), q16, kv, 512, 32)  # the warp-specialised kernel: FP8 only
-    assert not ok(dataclasses.replace(_ws(16), num_stages=1), q16, v32, 512, 32)  # deadlock
-    assert not ok(dataclasses.replace(_ws(16), num_warps=6), q16, v32, 512, 32)
-    assert not ok(_ws(16), q16, quantize_kv(kv, 448, 64), 512, 32)  # neither layout
     assert not ok(_cfg(16, 2), q16, quantize_kv(kv, 512, 32), 512, 32)  # 32-column scales
     assert not ok(_cfg(16, 2), q16.half(), v32, 512, 32)  # rope dtype != q dtype
 

@@ -46,7 +46,6 @@ from .splitkv_config import (  # noqa: F401 - re-exported: the launch geometry l
     choose_num_splits,
     default_config,
     nh_config,
-    nh_ws_config,
     resolve_merge,
 )
 from .splitkv_rp import _sparse_mla_split_rp_kernel
@@ -266,8 +265,7 @@ def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:
 def _gluon_module(kernel: str, fp8: bool):
     """The Gluon module a config's kernel names (None: a Triton kernel)."""
     if fp8:
-        return {"gluon": splitkv_gluon_fp8, "nh": splitkv_gluon_nh,
-                "nhws": splitkv_gluon_nh}.get(kernel)  # fmt: skip
+        return {"gluon": splitkv_gluon_fp8, "nh": splitkv_gluon_nh}.get(kernel)
     return {"gluon": splitkv_gluon, "ws": splitkv_gluon_ws, "nh": splitkv_gluon_nh}.get(kernel)
 
 
@@ -383,8 +381,8 @@ def splitkv_decode(
     chunked = bool(fp8 and not gluon and cfg.fp8_chunked and not drop
                    and _fp8_chunkable(kv_cache, d_v))  # fmt: skip
     if gluon:
-        # fp8_gluon / fp8_nh / fp8_nhws; 16bit_gluon / 16bit_ws / 16bit_nh
-        split = f"fp8_{cfg.kernel}" if fp8 else f"16bit_{cfg.kernel}"
+        # fp8_gluon / fp8_nh; 16bit_gluon / 16bit_ws / 16bit_nh
+        split = ("fp8_nh" if cfg.kernel == "nh" else "fp8_gluon") if fp8 else f"16bit_{cfg.kernel}"
     elif fp8:
         split = "fp8_chunked" if chunked else "fp8_reshape"
     else:

@@ -13,8 +13,8 @@ from . import splitkv_gluon
 from .merge import MERGES
 
 MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
-KERNELS = ("tl", "rp", "gluon", "ws", "nh", "nhws")
-GLUON_KERNELS = ("gluon", "ws", "nh", "nhws")
+KERNELS = ("tl", "rp", "gluon", "ws", "nh")
+GLUON_KERNELS = ("gluon", "ws", "nh")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +52,7 @@ class SplitConfig:
     # splitkv_gluon_fp8.py for an FP8 one) or "ws" (splitkv_gluon_ws.py: Hopper, 16-bit cache,
     # loader / scorer / second-half partitions, num_stages = K buffers) or "nh"
     # (splitkv_gluon_nh.py: Hopper, all heads in one 16- or 32-head block on the wgmma N
-    # dimension, 64-token tiles, 4 warps, 16-bit or FP8 cache, num_stages = ring depth) or
-    # "nhws" (the same file, FP8 cache only, warp-specialised: num_warps = the consumer's 4 +
-    # the producer's 4 or 8, num_stages = bf16 staging slots >= 2). A
+    # dimension, 64-token tiles, 4 warps, 16-bit or FP8 cache, num_stages = ring depth). A
     # launch the chosen kernel cannot serve (fused merge, no Hopper GPU, other tiles, "rp" or
     # "ws" with an FP8 cache) runs a Triton kernel on the same geometry ("tl", or for an FP8 cache the
     # per-chunk or reshape kernel by fp8_chunked); LAST_PATH["split"] says which ran.
@@ -152,12 +150,6 @@ def nh_config(h: int, num_stages: int = 2) -> SplitConfig:
     """The few-heads Gluon geometry for h <= 32 heads (one 16- or 32-head block)."""
     return SplitConfig(block_h=16 if h <= 16 else 32, block_n=64, num_warps=4,
                        num_stages=num_stages, ctas_per_sm=1, prefetch_idx=False, kernel="nh")  # fmt: skip
-
-
-def nh_ws_config(h: int, producer_warps: int = 4) -> SplitConfig:
-    """The few-heads warp-specialised FP8 geometry (two staging slots)."""
-    return SplitConfig(block_h=16 if h <= 16 else 32, block_n=64, num_warps=4 + producer_warps,
-                       num_stages=2, ctas_per_sm=1, prefetch_idx=False, kernel="nhws")  # fmt: skip
 
 
 NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,

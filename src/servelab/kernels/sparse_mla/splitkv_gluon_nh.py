@@ -37,7 +37,6 @@ if AVAILABLE:
     from triton.experimental.gluon.language.nvidia.ampere import async_copy as cp
     from triton.experimental.gluon.language.nvidia.hopper import (
         fence_async_shared,
-        mbarrier,
         warpgroup_mma,
         warpgroup_mma_init,
         warpgroup_mma_wait,
@@ -345,247 +344,14 @@ if AVAILABLE:
         _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, 0, H, BLOCK_H,
                    gl.SliceLayout(0, acc_l))  # fmt: skip
 
-    # --- FP8 cache, warp-specialised: a producer partition dequantises, the default partition
-    # (one warpgroup) runs the dots and the softmax. ---
-
-    @gluon.jit
-    def _fp8_rows_load(d8_ptr, sc_ptr, rope_ptr, idx_row, pos0, n_lim, stride_d16, stride_r8,
-                       stride_s, CW: gl.constexpr, NCH: gl.constexpr, NCP: gl.constexpr,
-                       D_ROPE: gl.constexpr, SUB: gl.constexpr, l3: gl.constexpr,
-                       lr: gl.constexpr):  # fmt: skip
-        """SUB selected rows (positions pos0...) into registers: the e4m3 part as
-        [SUB, NCP, CW] (scale-tile chunks; chunks >= NCH masked), its scales [SUB, NCP], the
-        rope [SUB, D_ROPE] and the indices (-1 past the split). Padding rows and positions
-        past the split are masked: no memory traffic."""
-        l2: gl.constexpr = gl.SliceLayout(2, l3)
-        pos = pos0 + gl.arange(0, SUB, layout=gl.SliceLayout(1, l2))
-        rid = gl.load(idx_row + pos, mask=pos < n_lim, other=-1)
-        ok = rid >= 0
-        rows = gl.where(ok, rid, 0).to(gl.int64)
-        offs_c = gl.arange(0, NCP, layout=gl.SliceLayout(0, l2))
-        offs_w = gl.arange(0, CW, layout=gl.SliceLayout(0, gl.SliceLayout(1, l3)))
-        c3 = offs_c[None, :, None]
-        x = gl.load(d8_ptr + (rows * (stride_d16 * 16))[:, None, None] + c3 * CW
-                    + offs_w[None, None, :],
-                    mask=ok[:, None, None] & (c3 < NCH), other=0.0)  # fmt: skip
-        sc = gl.load(sc_ptr + (rows * stride_s)[:, None] + offs_c[None, :],
-                     mask=ok[:, None] & (offs_c < NCH)[None, :], other=0.0)  # fmt: skip
-        pos_r = pos0 + gl.arange(0, SUB, layout=gl.SliceLayout(1, lr))
-        rid_r = gl.load(idx_row + pos_r, mask=pos_r < n_lim, other=-1)
-        rows_r = gl.where(rid_r >= 0, rid_r, 0).to(gl.int64) * (stride_r8 * 8)
-        offs_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
-        rp = gl.load(rope_ptr + rows_r[:, None] + offs_r[None, :], mask=(rid_r >= 0)[:, None],
-                     other=0.0)  # fmt: skip
-        return x, sc, rp, rid
-
-    @gluon.jit
-    def _fp8_rows_store(st_j, tail_j, idx_j, rows, h: gl.constexpr, D_FP8: gl.constexpr,
-                        NCH: gl.constexpr, NCP: gl.constexpr, CW: gl.constexpr,
-                        D_ROPE: gl.constexpr, ROPE_IN_V: gl.constexpr, SUB: gl.constexpr,
-                        DROP: gl.constexpr):  # fmt: skip
-        """Rows [h SUB, (h + 1) SUB) of a staging slot: each e4m3 chunk times its row's scale,
-        rounded once to q's dtype, then the rope (in V, or the score-only tail); and their
-        indices."""
-        x, sc, rp, rid = rows
-        dst = st_j.slice(h * SUB, SUB, dim=0)
-        if DROP != 3:
-            v = (x.to(gl.float32) * sc[:, :, None]).to(st_j.dtype)
-            dst.slice(0, NCP * CW, dim=1).store(gl.reshape(v, [SUB, NCP * CW]))
-            if ROPE_IN_V:
-                if NCP > NCH:
-                    _cta_barrier()  # the masked chunks' zeros land before the rope
-                dst.slice(D_FP8, D_ROPE, dim=1).store(rp)
-            else:
-                tail_j.slice(h * SUB, SUB, dim=0).store(rp)
-        idx_j.slice(h * SUB, SUB, dim=0).store(rid)
-
-    @gluon.jit
-    def _fp8_producer(st, st_tail, idx_ring, st_ready, st_free, d8_ptr, rope_ptr, sc_ptr,
-                      idx_row, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
-                      D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
-                      NCP: gl.constexpr, D_ROPE: gl.constexpr, ROPE_IN_V: gl.constexpr,
-                      BLOCK_N: gl.constexpr, NST: gl.constexpr, SUB: gl.constexpr,
-                      DROP: gl.constexpr):  # fmt: skip
-        """Worker: the tiles in blocks of SUB rows, each block's loads issued two blocks ahead
-        into registers (in flight while earlier blocks are dequantised and while the producer
-        waits for a free slot); once the consumer released staging slot j % NST, tile j is
-        dequantised into it block by block, its indices go to idx_ring, then st_ready."""
-        nw: gl.constexpr = gl.num_warps()
-        NQ: gl.constexpr = BLOCK_N // SUB
-        l3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [32 // (NCP * (CW // 16)), NCP, CW // 16],
-                                            [nw, 1, 1], [2, 1, 0])  # fmt: skip
-        lr: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D_ROPE // 8), D_ROPE // 8],
-                                            [nw, 1], [1, 0])  # fmt: skip
-        lim = 0 if DROP == 1 else n_lim  # (no gathers: every position masked, timing only)
-        pos0 = t_start * BLOCK_N
-        ra = _fp8_rows_load(d8_ptr, sc_ptr, rope_ptr, idx_row, pos0, lim, stride_d16, stride_r8,
-                            stride_s, CW, NCH, NCP, D_ROPE, SUB, l3, lr)  # fmt: skip
-        rb = _fp8_rows_load(d8_ptr, sc_ptr, rope_ptr, idx_row, pos0 + SUB, lim, stride_d16,
-                            stride_r8, stride_s, CW, NCH, NCP, D_ROPE, SUB, l3, lr)  # fmt: skip
-        for j in range(0, n_local):
-            slot = j % NST
-            mbarrier.wait(st_free.index(slot), ((j // NST) & 1) ^ 1, pred=j >= NST)
-            for h in gl.static_range(NQ):
-                rn = _fp8_rows_load(d8_ptr, sc_ptr, rope_ptr, idx_row,
-                                    pos0 + j * BLOCK_N + (h + 2) * SUB, lim, stride_d16,
-                                    stride_r8, stride_s, CW, NCH, NCP, D_ROPE, SUB, l3, lr)  # fmt: skip
-                _fp8_rows_store(st.index(slot), st_tail.index(slot), idx_ring.index(slot), ra,
-                                h, D_FP8, NCH, NCP, CW, D_ROPE, ROPE_IN_V, SUB, DROP)  # fmt: skip
-                ra = rb
-                rb = rn
-            fence_async_shared()  # visible to the consumer's wgmma
-            _cta_barrier()  # all of this partition's stores
-            mbarrier.arrive(st_ready.index(slot))
-
-    @gluon.jit
-    def _fp8_consumer(q_smem, qt_smem, st, st_tail, idx_ring, p_smem, st_ready, st_free, o_ptr,
-                      lse_ptr, b, sp, H, n_local, stride_ob, stride_os, stride_oh, stride_lb,
-                      stride_ls, scale_log2, D_V: gl.constexpr, D_TAIL: gl.constexpr,
-                      BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NST: gl.constexpr,
-                      DROP: gl.constexpr):  # fmt: skip
-        """Default partition (one warpgroup): per staged tile the score dot, the softmax and
-        P V (as in the one-partition kernel); a slot is released once the next tile's score
-        dot has waited for this tile's P V."""
-        dtype: gl.constexpr = q_smem.dtype
-        acc_l: gl.constexpr = gl.NVMMADistributedLayout(
-            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
-        m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
-        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
-        acc = warpgroup_mma_init(gl.zeros([D_V, BLOCK_H], gl.float32, layout=acc_l))
-        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
-        for j in range(0, n_local):
-            slot = j % NST
-            mbarrier.wait(st_ready.index(slot), (j // NST) & 1)
-            kv_j = st.index(slot)
-            s = _score_t(kv_j, st_tail.index(slot), q_smem, qt_smem, s_zero, D_TAIL, DROP)
-            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # tile j - 1's P V
-            _cta_barrier()
-            mbarrier.arrive(st_free.index((j + NST - 1) % NST), pred=j > 0)
-            valid = idx_ring.index(slot).load(gl.SliceLayout(1, acc_l)) >= 0
-            m_i, l_i, acc = _softmax_pv(s, valid, m_i, l_i, o_j, kv_j, p_smem, scale_log2,
-                                        dtype, DROP)  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        _store_out_t(o_ptr + b * stride_ob + sp * stride_os, acc, l_i, H, stride_oh, D_V,
-                     BLOCK_H, acc_l)  # fmt: skip
-        _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, 0, H, BLOCK_H,
-                   gl.SliceLayout(0, acc_l))  # fmt: skip
-
-    @gluon.jit
-    def _sparse_mla_split_nh_fp8_ws_kernel(
-        q_ptr,  # [B, H, D_qk]
-        d8_ptr,  # [T, D_FP8] e4m3
-        rope_ptr,  # [T, D_ROPE] q's dtype
-        sc_ptr,  # [T, NCH] fp32
-        idx_ptr,  # [B, topk] int32
-        o_ptr,  # final [B, H, d_v] or partial [B, S, H, d_v]
-        lse_ptr,  # final [B, H] or partial [B, S, H] fp32
-        H,
-        topk,
-        tiles_per_split,
-        stride_qb8,  # as in splitkv_gluon_fp8.py
-        stride_qh8,
-        stride_d16,
-        stride_r8,
-        stride_s,
-        stride_ib,
-        stride_ob,
-        stride_os,
-        stride_oh,
-        stride_lb,
-        stride_ls,
-        scale_log2,
-        D_V: gl.constexpr,
-        D_FP8: gl.constexpr,  # e4m3 columns = NCH x CW
-        CW: gl.constexpr,  # scale tile
-        NCH: gl.constexpr,
-        NCP: gl.constexpr,  # NCH padded to a power of two (NCP x CW = D_V or D_FP8)
-        D_ROPE: gl.constexpr,
-        ROPE_IN_V: gl.constexpr,  # V4 layout; else V3.2 (rope = score-only tail)
-        BLOCK_H: gl.constexpr,  # heads = wgmma N
-        BLOCK_N: gl.constexpr,  # 64
-        NST: gl.constexpr,  # bf16 staging slots
-        SUB: gl.constexpr,  # rows per producer block
-        DROP: gl.constexpr,  # 1 no gathers, 2 no dots, 3 no dequantisation (timing only)
-        PRODUCER_WARPS: gl.constexpr,
-        PRODUCER_REGS: gl.constexpr,  # registers per thread of the producer (setmaxnreg)
-        num_warps: gl.constexpr,  # 4: the consumer
-    ):
-        dtype: gl.constexpr = q_ptr.dtype.element_ty
-        D_TAIL: gl.constexpr = 0 if ROPE_IN_V else D_ROPE
-        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
-        lr: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D_ROPE // 8), D_ROPE // 8],
-                                            [num_warps, 1], [1, 0])  # fmt: skip
-        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype)
-        sh_r: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
-        sh_p: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype)
-        flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
-
-        b = gl.program_id(0)
-        sp = gl.program_id(2)
-        t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
-
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
-        q_row = q_ptr + b * (stride_qb8 * 8)
-        _load_q(q_smem, q_row, 0, H, stride_qh8, D_V, BLOCK_H, ld)
-        if D_TAIL > 0:
-            sh_qt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dtype)
-            qt_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], sh_qt)
-            offs_h_lr = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lr))
-            offs_r_lr = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
-            _cp_load(qt_smem, q_row + offs_h_lr[:, None] * (stride_qh8 * 8) + D_V
-                     + offs_r_lr[None, :], mask=(offs_h_lr < H)[:, None])  # fmt: skip
-        else:
-            qt_smem = q_smem
-        cp.commit_group()
-        st = gl.allocate_shared_memory(dtype, [NST, BLOCK_N, D_V], sh_kv)
-        st_tail = gl.allocate_shared_memory(dtype, [NST if D_TAIL > 0 else 1, BLOCK_N, D_ROPE],
-                                            sh_r)  # fmt: skip
-        idx_ring = gl.allocate_shared_memory(gl.int32, [NST, BLOCK_N], flat1)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], sh_p)
-        st_ready = gl.allocate_shared_memory(gl.int64, [NST, 1], mbarrier.MBarrierLayout())
-        st_free = gl.allocate_shared_memory(gl.int64, [NST, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(NST):
-            mbarrier.init(st_ready.index(i), count=1)
-            mbarrier.init(st_free.index(i), count=1)
-        cp.wait_group(0)
-        fence_async_shared()  # q, visible to wgmma
-        _cta_barrier()
-
-        gl.warp_specialize([
-            (_fp8_consumer, (q_smem, qt_smem, st, st_tail, idx_ring, p_smem, st_ready, st_free,
-                             o_ptr, lse_ptr, b, sp, H, n_local, stride_ob, stride_os,
-                             stride_oh, stride_lb, stride_ls, scale_log2, D_V, D_TAIL,
-                             BLOCK_H, BLOCK_N, NST, DROP)),
-            (_fp8_producer, (st, st_tail, idx_ring, st_ready, st_free, d8_ptr, rope_ptr,
-                             sc_ptr, idx_ptr + b * stride_ib, t_start, n_local, n_lim,
-                             stride_d16, stride_r8, stride_s, D_FP8, CW, NCH, NCP, D_ROPE,
-                             ROPE_IN_V, BLOCK_N, NST, SUB, DROP)),
-        ], [PRODUCER_WARPS], [PRODUCER_REGS])  # fmt: skip
-
 
 def _is_fp8(kv) -> bool:
     return not isinstance(kv, torch.Tensor)
 
 
-# The warp-specialised FP8 kernel ("nhws"): SplitConfig.num_warps counts the consumer's 4 warps
-# and the producer's (4 or 8); registers per producer thread (setmaxnreg): ptxas reports no
-# spills at V3.2's and V4's shapes with 16-row producer blocks (32-row blocks spilled).
-WS_PRODUCER_REGS = {4: 232, 8: 152}
-WS_SUB = 16
-
-
 def consts(cfg: SplitConfig, kv: torch.Tensor | Fp8KVCache, d_v: int, tiles_per_split: int,
            drop: str) -> dict:  # fmt: skip
     """The kernel's compile-time arguments for a launch (its compile cache key)."""
-    if cfg.kernel == "nhws":
-        nch = kv.d_fp8 // kv.tile
-        pw = cfg.num_warps - 4
-        return dict(D_V=d_v, D_FP8=kv.d_fp8, CW=kv.tile, NCH=nch,
-                    NCP=triton.next_power_of_2(nch), D_ROPE=kv.d_qk - kv.d_fp8,
-                    ROPE_IN_V=kv.d_fp8 < d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-                    NST=cfg.num_stages, SUB=WS_SUB, DROP=splitkv_gluon.DROPS[drop],
-                    PRODUCER_WARPS=pw, PRODUCER_REGS=WS_PRODUCER_REGS[pw], num_warps=4)  # fmt: skip
     common = dict(D_V=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NBUF=cfg.num_stages,
                   MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=4,
                   DROP=splitkv_gluon.DROPS[drop])  # fmt: skip
@@ -601,12 +367,7 @@ def consts(cfg: SplitConfig, kv: torch.Tensor | Fp8KVCache, d_v: int, tiles_per_
 def smem_bytes(kc: dict) -> int:
     """Shared memory the kernel asks for (q and its tail, the ring, the staging tile for FP8,
     P^T, the split's indices) plus 4 KB of scratch (the softmax's cross-warp reductions)."""
-    bn, bh = kc["BLOCK_N"], kc["BLOCK_H"]
-    if "NST" in kc:  # the warp-specialised FP8 kernel: bf16 staging slots, no FP8 ring
-        tail = 0 if kc["ROPE_IN_V"] else kc["D_ROPE"]
-        return (2 * bh * (kc["D_V"] + tail) + kc["NST"] * bn * (2 * (kc["D_V"] + tail) + 4)
-                + 2 * bn * bh + 4 * 1024)  # fmt: skip
-    nbuf = kc["NBUF"]
+    bn, bh, nbuf = kc["BLOCK_N"], kc["BLOCK_H"], kc["NBUF"]
     if "D_FP8" in kc:
         ring = bn * (kc["D_FP8"] + 2 * kc["D_ROPE"] + 4 * kc["NSC"])
         tail = 0 if kc["ROPE_IN_V"] else bh * kc["D_ROPE"]
@@ -625,13 +386,11 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor | Fp8KVCache, d_v
     what splitkv_gluon_fp8.serves asks of the layout; 16-byte rows for cp.async; the
     shared-memory budget; no earlier compile failure of this key."""
     fp8 = _is_fp8(kv)
-    ws = cfg.kernel == "nhws"
-    if drop not in splitkv_gluon.DROPS or (drop == "dequant" and not fp8) or (ws and not fp8):
+    if drop not in splitkv_gluon.DROPS or (drop == "dequant" and not fp8):
         return False
-    warps_ok = cfg.num_warps - 4 in WS_PRODUCER_REGS if ws else cfg.num_warps == 4
     if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h in (16, 32)
-            and q.shape[1] <= cfg.block_h and cfg.block_n == 64 and warps_ok
-            and cfg.num_stages >= (1 if fp8 and not ws else 2) and 128 <= d_v <= 512
+            and q.shape[1] <= cfg.block_h and cfg.block_n == 64 and cfg.num_warps == 4
+            and cfg.num_stages >= (1 if fp8 else 2) and 128 <= d_v <= 512
             and d_v & (d_v - 1) == 0 and q.element_size() == 2):  # fmt: skip
         return False
     if fp8:
@@ -640,10 +399,6 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor | Fp8KVCache, d_v
                 and (kv.d_fp8 == d_v or kv.d_fp8 + d_rope == d_v)
                 and kv.rope.dtype == q.dtype):  # fmt: skip
             return False
-        if ws:  # the producer's [rows, chunks, scale tile] blocks: NCP x CW columns, one warp
-            ncp = triton.next_power_of_2(kv.d_fp8 // kv.tile)  # row across NCP x CW / 16 lanes
-            if ncp * kv.tile != d_v or ncp * kv.tile // 16 > 32 or d_rope // 8 > 32:
-                return False
         strided = ((q.stride(0), 8), (q.stride(1), 8), (kv.data.stride(0), 16),
                    (kv.rope.stride(0), 8))  # fmt: skip
         ptrs = (q, kv.data, kv.rope)
@@ -666,13 +421,6 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
     warning) if it does not compile here (the caller then runs a Triton kernel)."""
     kc = consts(cfg, kv, d_v, tiles_per_split, drop)
     try:
-        if cfg.kernel == "nhws":
-            return _sparse_mla_split_nh_fp8_ws_kernel[grid](
-                q, kv.data, kv.rope, kv.scale, indices, o_dst, lse_dst, h, topk,
-                tiles_per_split, q.stride(0) // 8, q.stride(1) // 8, kv.data.stride(0) // 16,
-                kv.rope.stride(0) // 8, kv.scale.stride(0), indices.stride(0),
-                so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
-            )  # fmt: skip
         if _is_fp8(kv):
             return _sparse_mla_split_nh_fp8_kernel[grid](
                 q, kv.data, kv.rope, kv.scale, indices, o_dst, lse_dst, h, topk,
