@@ -123,7 +123,7 @@ def main(argv: list[str]) -> int:
                     jobs.append((shape, b, label, variant, cfg, ""))
             if str(b) not in args.drops.split(","):
                 continue
-            from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, nh_config
+            from servelab.kernels.sparse_mla.splitkv import GLUON_KERNELS, GLUON_WIDE, nh_config
 
             nh = nh_config(shape.heads, 2) if shape.heads <= 32 else None
             if args.fp8:  # where the FP8 Gluon kernel's time goes
@@ -131,10 +131,12 @@ def main(argv: list[str]) -> int:
                     jobs.append((shape, b, f"drop-{drop}", "fp8", GLUON_WIDE, drop))
                     if nh is not None:
                         jobs.append((shape, b, f"drop-nh-{drop}", "fp8", nh, drop))
-            elif default_config(b, shape.heads, shape.d_qk, dtype).kernel in ("gluon", "ws"):
+            elif (dflt := default_config(b, shape.heads, shape.d_qk, dtype)).kernel in (
+                GLUON_KERNELS
+            ):
                 for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
                     jobs.append((shape, b, f"drop-{drop}", "splitkv", None, drop))
-                    if nh is not None:
+                    if nh is not None and dflt.kernel != "nh":  # (else: the line above)
                         jobs.append((shape, b, f"drop-nh-{drop}", "splitkv", nh, drop))
     # Check (and so compile) every cell against the fp32 reference, with padding.
     checks = {}

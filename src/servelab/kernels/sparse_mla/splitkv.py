@@ -381,8 +381,7 @@ def splitkv_decode(
     chunked = bool(fp8 and not gluon and cfg.fp8_chunked and not drop
                    and _fp8_chunkable(kv_cache, d_v))  # fmt: skip
     if gluon:
-        # fp8_gluon / fp8_nh; 16bit_gluon / 16bit_ws / 16bit_nh
-        split = ("fp8_nh" if cfg.kernel == "nh" else "fp8_gluon") if fp8 else f"16bit_{cfg.kernel}"
+        split = f"{'fp8' if fp8 else '16bit'}_{cfg.kernel}"  # e.g. fp8_gluon, 16bit_ws, fp8_nh
     elif fp8:
         split = "fp8_chunked" if chunked else "fp8_reshape"
     else:

@@ -54,8 +54,8 @@ class SplitConfig:
     # (splitkv_gluon_nh.py: Hopper, all heads in one 16- or 32-head block on the wgmma N
     # dimension, 64-token tiles, 4 warps, 16-bit or FP8 cache, num_stages = ring depth). A
     # launch the chosen kernel cannot serve (fused merge, no Hopper GPU, other tiles, "rp" or
-    # "ws" with an FP8 cache) runs a Triton kernel on the same geometry ("tl", or for an FP8 cache the
-    # per-chunk or reshape kernel by fp8_chunked); LAST_PATH["split"] says which ran.
+    # "ws" with an FP8 cache) runs a Triton kernel on the same geometry ("tl", or for an FP8
+    # cache the per-chunk or reshape kernel by fp8_chunked); LAST_PATH["split"] says which ran.
     kernel: str = "tl"
 
     def __post_init__(self) -> None:
@@ -149,7 +149,8 @@ def _nh_measured_faster(b: int, h: int, fp8_tile: int | None) -> bool:
 def nh_config(h: int, num_stages: int = 2) -> SplitConfig:
     """The few-heads Gluon geometry for h <= 32 heads (one 16- or 32-head block)."""
     return SplitConfig(block_h=16 if h <= 16 else 32, block_n=64, num_warps=4,
-                       num_stages=num_stages, ctas_per_sm=1, prefetch_idx=False, kernel="nh")  # fmt: skip
+                       num_stages=num_stages, ctas_per_sm=1, prefetch_idx=False,
+                       kernel="nh")  # fmt: skip
 
 
 NARROW_RP = SplitConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, ctas_per_sm=2,

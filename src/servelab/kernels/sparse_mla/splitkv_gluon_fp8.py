@@ -278,29 +278,31 @@ def smem_bytes(kc: dict) -> int:
             + 4 * kc["MAX_T"] * bn + 8 * 1024)  # fmt: skip
 
 
-def serves(cfg: SplitConfig, q: torch.Tensor, cache: Fp8KVCache, d_v: int,
-           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
-    """Whether this kernel can run the launch: what splitkv_gluon.serves asks of the geometry
-    (Hopper, Gluon, 64-head tiles over 8 warps, d_v a power of two <= 512), 64-token tiles
-    and a scale tile of 64 or 128 columns and a power-of-two rope of 32-256 columns (the
-    16-byte gather layouts then cover the 64 rows without replicated copies), either layout
-    (e4m3 part = d_v, or e4m3 + rope = d_v = D_qk), 16-byte rows for cp.async, and the
-    shared-memory budget."""
+def layout_ok(q: torch.Tensor, cache: Fp8KVCache, d_v: int) -> bool:
+    """The FP8 layouts the Gluon FP8 kernels read: a scale tile of 64 or 128 columns and a
+    power-of-two rope of 32-256 columns (the 16-byte gather layouts then cover 64 rows without
+    replicated copies), either layout (e4m3 part = d_v, or e4m3 + rope = d_v = D_qk), the rope
+    in q's 16-bit dtype, and 16-byte rows for cp.async."""
     d_rope = cache.d_qk - cache.d_fp8
-    cw = cache.tile
-    layout_ok = cache.d_fp8 == d_v or cache.d_fp8 + d_rope == d_v
-    if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
-            and cfg.block_n == 64 and cfg.num_stages >= 1 and 32 <= d_v <= 512
-            and d_v & (d_v - 1) == 0 and cw in (64, 128)
-            and 32 <= d_rope <= 256 and d_rope & (d_rope - 1) == 0 and layout_ok
-            and q.element_size() == 2 and cache.rope.dtype == q.dtype
-            and drop in splitkv_gluon.DROPS):  # fmt: skip
+    if not (cache.tile in (64, 128) and 32 <= d_rope <= 256 and d_rope & (d_rope - 1) == 0
+            and (cache.d_fp8 == d_v or cache.d_fp8 + d_rope == d_v)
+            and q.element_size() == 2 and cache.rope.dtype == q.dtype):  # fmt: skip
         return False
     strided = ((q.stride(0), 8), (q.stride(1), 8), (cache.data.stride(0), 16),
                (cache.rope.stride(0), 8))  # fmt: skip
-    if any(s % m for s, m in strided) or any(
-        t.data_ptr() % 16 for t in (q, cache.data, cache.rope)
-    ):
+    return not (any(s % m for s, m in strided)
+                or any(t.data_ptr() % 16 for t in (q, cache.data, cache.rope)))  # fmt: skip
+
+
+def serves(cfg: SplitConfig, q: torch.Tensor, cache: Fp8KVCache, d_v: int,
+           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
+    """Whether this kernel can run the launch: what splitkv_gluon.serves asks of the geometry
+    (Hopper, Gluon, 64-head tiles over 8 warps, d_v a power of two <= 512), 64-token tiles,
+    a layout it reads (`layout_ok`), and the shared-memory budget."""
+    if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
+            and cfg.block_n == 64 and cfg.num_stages >= 1 and 32 <= d_v <= 512
+            and d_v & (d_v - 1) == 0 and layout_ok(q, cache, d_v)
+            and drop in splitkv_gluon.DROPS):  # fmt: skip
         return False
     kc = consts(cfg, cache, d_v, tiles_per_split, drop)
     return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (

@@ -22,9 +22,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import triton
 
-from . import splitkv_gluon
+from . import splitkv_gluon, splitkv_gluon_fp8
 from .splitkv_gluon import AVAILABLE, LOG2E
 
 if TYPE_CHECKING:
@@ -351,17 +350,13 @@ def _is_fp8(kv) -> bool:
 
 def consts(cfg: SplitConfig, kv: torch.Tensor | Fp8KVCache, d_v: int, tiles_per_split: int,
            drop: str) -> dict:  # fmt: skip
-    """The kernel's compile-time arguments for a launch (its compile cache key)."""
-    common = dict(D_V=d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NBUF=cfg.num_stages,
-                  MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=4,
-                  DROP=splitkv_gluon.DROPS[drop])  # fmt: skip
+    """The kernel's compile-time arguments for a launch (its compile cache key): those of the
+    64-head kernel for the same cache, on 4 warps."""
     if _is_fp8(kv):
-        nch = kv.d_fp8 // kv.tile
-        return dict(common, D_FP8=kv.d_fp8, CW=kv.tile, NCH=nch,
-                    NSC=max(triton.next_power_of_2(nch), 4), D_ROPE=kv.d_qk - kv.d_fp8,
-                    ROPE_IN_V=kv.d_fp8 < d_v)  # fmt: skip
-    d_tail = kv.shape[1] - d_v
-    return dict(common, D_TAIL=d_tail, BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16))
+        kc = splitkv_gluon_fp8.consts(cfg, kv, d_v, tiles_per_split, drop)
+    else:
+        kc = splitkv_gluon.consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
+    return dict(kc, num_warps=4)
 
 
 def smem_bytes(kc: dict) -> int:
@@ -394,20 +389,11 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor | Fp8KVCache, d_v
             and d_v & (d_v - 1) == 0 and q.element_size() == 2):  # fmt: skip
         return False
     if fp8:
-        d_rope = kv.d_qk - kv.d_fp8
-        if not (kv.tile in (64, 128) and 32 <= d_rope <= 256 and d_rope & (d_rope - 1) == 0
-                and (kv.d_fp8 == d_v or kv.d_fp8 + d_rope == d_v)
-                and kv.rope.dtype == q.dtype):  # fmt: skip
+        if not splitkv_gluon_fp8.layout_ok(q, kv, d_v):
             return False
-        strided = ((q.stride(0), 8), (q.stride(1), 8), (kv.data.stride(0), 16),
-                   (kv.rope.stride(0), 8))  # fmt: skip
-        ptrs = (q, kv.data, kv.rope)
-    else:
-        if (kv.shape[1] - d_v) % 8 or kv.element_size() != 2:
-            return False
-        strided = ((q.stride(0), 8), (q.stride(1), 8), (kv.stride(0), 8))
-        ptrs = (q, kv)
-    if any(s % m for s, m in strided) or any(t.data_ptr() % 16 for t in ptrs):
+    elif (kv.shape[1] - d_v) % 8 or kv.element_size() != 2 or any(
+        x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))
+    ) or any(t.data_ptr() % 16 for t in (q, kv)):
         return False
     kc = consts(cfg, kv, d_v, tiles_per_split, drop)
     return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
