@@ -127,12 +127,15 @@ def gluon_fp8_min_b(h: int) -> int:
     if h >= 128:
         return 1
     return 2 if h >= 32 else 8
+
+
 # The few-heads kernel (splitkv_gluon_nh.py: heads on the wgmma N dimension, for H <= 32), H200
 # 2026-11-30 (bench_sparse_mla_geometry, two calls, docs/performance.md): with a 16-bit cache
 # on the H16 slice faster than the previous defaults from B = 4 (1.06-1.14x: B = 16
-# 21.4 -> 18.8 us, B = 128 91.8 -> 86.3), not at B <= 2; at 32 heads within +-4% of ws (kept).
-# With the FP8 cache faster than the FP8 Gluon kernel from B = 2 on H16 (1.03-1.36x: B = 128
-# 140 -> 103 us) and from B = 8 at 32 heads (1.03-1.13x: B = 128 50.8 -> 44.8 us).
+# 21.4 -> 18.8 us, B = 128 91.8 -> 86.3), not at B <= 2; at 32 heads within -2%..+4% of the
+# ws / gluon defaults (kept). With the FP8 cache faster than the previous FP8 defaults from
+# B = 2 on H16 (1.03-1.36x: B = 128 140 -> 103 us) and from B = 8 at 32 heads (1.03-1.13x:
+# B = 128 50.8 -> 44.8 us).
 NH_MIN_B = 4  # 16-bit cache, H <= 16
 NH_FP8_MIN_B = {16: 2, 32: 8}  # FP8 cache: heads (at most) -> smallest batch
 
@@ -165,8 +168,8 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
 
     On Hopper with at most 32 heads, the few-heads kernel where it was measured faster
     (NH_MIN_B, NH_FP8_MIN_B). FP8 on Hopper otherwise: the Gluon FP8 kernel from
-    gluon_fp8_min_b(h). Below that, or without
-    Gluon (H200, 2026-11-29, bench --compare): the per-chunk kernel beat the reshape kernel only
+    gluon_fp8_min_b(h). Below that, or without Gluon (H200, 2026-11-29, bench --compare):
+    the per-chunk kernel beat the reshape kernel only
     with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
     34.2 ... 146 vs 156 us; V4-Flash B=2..8: 14.3 vs 16.8 ... 27.1 vs 33.6); the reshape
     kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
