@@ -46,10 +46,15 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
         out["tl"] = tl  # the Triton-only default, where the default now differs
     if default_config(b, shape.heads, shape.d_qk, torch.bfloat16).kernel != "gluon":
         out["gluon"] = GLUON_WIDE  # the one-partition Gluon kernel (the default before ws)
-    if shape.heads <= 32:  # the few-heads kernel (heads on wgmma N), its ring depths
+    if shape.heads <= 32:  # the few-heads kernel (heads on wgmma N), the ring depths that fit
+        from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_nh
+
         for nbuf in (2, 3):
             cfg = nh_config(shape.heads, nbuf)
-            if cfg != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
+            kc = splitkv_gluon.consts(cfg, shape.d_v, shape.d_qk - shape.d_v,
+                                      -(-shape.topk // cfg.block_n), "")  # fmt: skip
+            fits = splitkv_gluon_nh.smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT
+            if fits and cfg != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
                 out[f"nh-nb{nbuf}"] = cfg
     return out
 
