@@ -106,11 +106,15 @@ if AVAILABLE:
     def _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, jn, t_start, n_local, n_lim,
                       stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt,
                       D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_N: gl.constexpr,
-                      NBUF: gl.constexpr, ld: gl.constexpr, ld_t: gl.constexpr):  # fmt: skip
+                      NBUF: gl.constexpr, ld: gl.constexpr, ld_t: gl.constexpr,
+                      SKIP: gl.constexpr = False):  # fmt: skip
         """cp.async of tile jn's rows into ring slot jn % NBUF, as one commit group. Tiles
         past the split read a copied index row (row n_local - 1) and are masked off by
         position (no memory traffic; the slot is zero-filled), so the ring always advances
-        by one group per tile."""
+        by one group per tile. SKIP (the no-gathers diagnostic): an empty group."""
+        if SKIP:
+            cp.commit_group()
+            return
         row = idx_smem.index(gl.maximum(gl.minimum(jn, n_local - 1), 0))
         rid = row.load(gl.SliceLayout(1, ld))
         ok = ((t_start + jn) * BLOCK_N + offs_n_ld < n_lim) & (rid >= 0)
@@ -237,12 +241,9 @@ if AVAILABLE:
             # The previous tile's P V dot read the slot refilled below: let it finish...
             o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()  # ...in both warpgroups, before any warp refills it
-            if DROP == 1:
-                cp.commit_group()  # (an empty group keeps the wait counts)
-            else:
-                _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start,
-                              n_local, n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt,
-                              offs_t_lt, D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
+            _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start, n_local,
+                          n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt, D_V,
+                          D_TAIL, BLOCK_N, NBUF, ld, ld_t, DROP == 1)  # fmt: skip
             cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies),
             _cta_barrier()  # ...everyone's,
             fence_async_shared()  # ...visible to wgmma

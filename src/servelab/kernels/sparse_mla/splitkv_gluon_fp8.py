@@ -61,10 +61,14 @@ if AVAILABLE:
                           D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
                           NSC: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
                           NBUF: gl.constexpr, l8: gl.constexpr, lr: gl.constexpr,
-                          ls: gl.constexpr):  # fmt: skip
+                          ls: gl.constexpr, SKIP: gl.constexpr = False):  # fmt: skip
         """cp.async of tile jn's FP8 rows (e4m3 chunks, rope, scales) into ring slot
         jn % NBUF, as one commit group; tiles past the split are masked off (zero-filled, no
-        traffic), so the ring advances by one group per tile."""
+        traffic), so the ring advances by one group per tile. SKIP (the no-gathers
+        diagnostic): an empty group."""
+        if SKIP:
+            cp.commit_group()
+            return
         row = idx_smem.index(gl.maximum(gl.minimum(jn, n_local - 1), 0))
         slot = jn % NBUF
         base = (t_start + jn) * BLOCK_N
@@ -214,23 +218,17 @@ if AVAILABLE:
             _cta_barrier()  # the slot is read, the staging tile written
             fence_async_shared()  # ...and visible to wgmma
             if D_TAIL == 0:
-                if DROP == 1:
-                    cp.commit_group()
-                else:
-                    _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                      sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                      stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE,
-                                      BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
+                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
+                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
             s = _score(q_smem, qt_op, kv_st, rope_ring.index(buf), s_zero, D_TAIL, DROP)
             if D_TAIL > 0:  # the tail dot read the rope slot: refill it only now
                 _cta_barrier()
-                if DROP == 1:
-                    cp.commit_group()
-                else:
-                    _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                      sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                      stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE,
-                                      BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
+                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
+                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))

@@ -183,12 +183,9 @@ if AVAILABLE:
             # The previous tile's P V read the slot refilled below and P^T: let it finish.
             o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             _cta_barrier()
-            if DROP == 1:
-                cp.commit_group()
-            else:
-                _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start,
-                              n_local, n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt,
-                              offs_t_lt, D_V, D_TAIL, BLOCK_N, NBUF, ld, ld_t)  # fmt: skip
+            _issue_gather(kv_smem, kt_smem, idx_smem, kv_ptr, j + NBUF - 1, t_start, n_local,
+                          n_lim, stride_kvt8, offs_n_ld, offs_d_ld, offs_n_lt, offs_t_lt, D_V,
+                          D_TAIL, BLOCK_N, NBUF, ld, ld_t, DROP == 1)  # fmt: skip
             cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies),
             _cta_barrier()  # ...everyone's,
             fence_async_shared()  # ...visible to wgmma
@@ -314,23 +311,17 @@ if AVAILABLE:
             _cta_barrier()  # the slot is read, the staging tile written
             fence_async_shared()  # ...and visible to wgmma
             if D_TAIL == 0:
-                if DROP == 1:
-                    cp.commit_group()
-                else:
-                    _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                      sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                      stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE,
-                                      BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
+                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
+                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
             s = _score_t(kv_st, rope_ring.index(buf), q_smem, qt_smem, s_zero, D_TAIL, DROP)
             if D_TAIL > 0:  # the tail dot read the rope slot: refill it only now
                 _cta_barrier()
-                if DROP == 1:
-                    cp.commit_group()
-                else:
-                    _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                      sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                      stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE,
-                                      BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
+                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
+                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(1, acc_l)) >= 0)
             m_i, l_i, acc = _softmax_pv(s, valid, m_i, l_i, o_j, kv_st, p_smem, scale_log2,
