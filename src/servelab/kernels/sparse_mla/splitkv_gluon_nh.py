@@ -85,14 +85,37 @@ if AVAILABLE:
         return m_new, l_i, acc
 
     @gluon.jit
-    def _store_out_t(o_row, acc, l_i, H, stride_oh, D_V: gl.constexpr, BLOCK_H: gl.constexpr,
-                     layout: gl.constexpr):  # fmt: skip
-        """O^T / l (heads with nothing stay 0) -> the output rows of heads < H."""
+    def _start(q_ptr, idx_ptr, b, H, t_start, n_local, n_lim, stride_qb8, stride_qh8, stride_ib,
+               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+               MAX_T: gl.constexpr, ld: gl.constexpr, ix: gl.constexpr):  # fmt: skip
+        """The split's index rows into shared memory (one commit group), then q's first D_V
+        columns (the next group, left open for the caller's q tail); returns (index rows,
+        q, q's row pointer)."""
+        idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N],
+                                             gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
+        _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
+                            gl.SliceLayout(0, ix))  # fmt: skip
+        cp.commit_group()
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        q_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_H, D_V], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype))
+        q_row = q_ptr + b * (stride_qb8 * 8)
+        _load_q(q_smem, q_row, 0, H, stride_qh8, D_V, BLOCK_H, ld)
+        return idx_smem, q_smem, q_row
+
+    @gluon.jit
+    def _finish(o_row, lse_row, acc, m_i, l_i, H, stride_oh, D_V: gl.constexpr,
+                BLOCK_H: gl.constexpr, layout: gl.constexpr):  # fmt: skip
+        """After the loop: the last P V and any copies done; O^T / l (heads with nothing stay
+        0) -> the output rows of heads < H, and their lse."""
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        cp.wait_group(0)
         o = acc / gl.where(l_i > 0.0, l_i, 1.0)[None, :]
         offs_d = gl.arange(0, D_V, layout=gl.SliceLayout(1, layout))
         offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, layout))
         gl.store(o_row + offs_h[None, :] * stride_oh + offs_d[:, None],
                  o.to(o_row.dtype.element_ty), mask=(offs_h < H)[None, :])  # fmt: skip
+        _store_lse(lse_row, m_i, l_i, 0, H, BLOCK_H, gl.SliceLayout(0, layout))
 
     @gluon.jit
     def _sparse_mla_split_nh_kernel(
@@ -132,21 +155,15 @@ if AVAILABLE:
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
         sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype)
         sh_p: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype)
-        sh_ix: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
         b = gl.program_id(0)
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
-        idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], sh_ix)
-        _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
-                            gl.SliceLayout(0, ix))  # fmt: skip
-        cp.commit_group()
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
-        q_row = q_ptr + b * (stride_qb8 * 8)
-        _load_q(q_smem, q_row, 0, H, stride_qh8, D_V, BLOCK_H, ld)
+        idx_smem, q_smem, q_row = _start(q_ptr, idx_ptr, b, H, t_start, n_local, n_lim,
+                                         stride_qb8, stride_qh8, stride_ib, D_V, BLOCK_H,
+                                         BLOCK_N, MAX_T, ld, ix)  # fmt: skip
         offs_n_lt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_t))
         offs_t_lt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, ld_t))
         kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_V], sh_kv)
@@ -196,13 +213,8 @@ if AVAILABLE:
                 idx_smem.index(j).load(gl.SliceLayout(1, acc_l)) >= 0)
             m_i, l_i, acc = _softmax_pv(s, valid, m_i, l_i, o_j, kv_j, p_smem, scale_log2,
                                         dtype, DROP)  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        cp.wait_group(0)
-
-        _store_out_t(o_ptr + b * stride_ob + sp * stride_os, acc, l_i, H, stride_oh, D_V,
-                     BLOCK_H, acc_l)  # fmt: skip
-        _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, 0, H, BLOCK_H,
-                   gl.SliceLayout(0, acc_l))  # fmt: skip
+        _finish(o_ptr + b * stride_ob + sp * stride_os, lse_ptr + b * stride_lb + sp * stride_ls,
+                acc, m_i, l_i, H, stride_oh, D_V, BLOCK_H, acc_l)  # fmt: skip
 
     @gluon.jit
     def _sparse_mla_split_nh_fp8_kernel(
@@ -254,23 +266,17 @@ if AVAILABLE:
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
         sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype)
         sh_r: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
         sh_p: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype)
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
-        sh_ix: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
         b = gl.program_id(0)
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
-        idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], sh_ix)
-        _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
-                            gl.SliceLayout(0, ix))  # fmt: skip
-        cp.commit_group()
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
-        q_row = q_ptr + b * (stride_qb8 * 8)
-        _load_q(q_smem, q_row, 0, H, stride_qh8, D_V, BLOCK_H, ld)
+        idx_smem, q_smem, q_row = _start(q_ptr, idx_ptr, b, H, t_start, n_local, n_lim,
+                                         stride_qb8, stride_qh8, stride_ib, D_V, BLOCK_H,
+                                         BLOCK_N, MAX_T, ld, ix)  # fmt: skip
         if D_TAIL > 0:  # the q tail (the rope columns) beside q, the tail dot's B operand
             sh_qt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dtype)
             qt_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], sh_qt)
@@ -326,13 +332,8 @@ if AVAILABLE:
                 idx_smem.index(j).load(gl.SliceLayout(1, acc_l)) >= 0)
             m_i, l_i, acc = _softmax_pv(s, valid, m_i, l_i, o_j, kv_st, p_smem, scale_log2,
                                         dtype, DROP)  # fmt: skip
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        cp.wait_group(0)
-
-        _store_out_t(o_ptr + b * stride_ob + sp * stride_os, acc, l_i, H, stride_oh, D_V,
-                     BLOCK_H, acc_l)  # fmt: skip
-        _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, 0, H, BLOCK_H,
-                   gl.SliceLayout(0, acc_l))  # fmt: skip
+        _finish(o_ptr + b * stride_ob + sp * stride_os, lse_ptr + b * stride_lb + sp * stride_ls,
+                acc, m_i, l_i, H, stride_oh, D_V, BLOCK_H, acc_l)  # fmt: skip
 
 
 def _is_fp8(kv) -> bool:
