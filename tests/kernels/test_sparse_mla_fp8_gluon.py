@@ -23,6 +23,7 @@ from mla_check import (
     make,
     needs_hopper,
     poisoned,
+    real_shapes,
 )
 
 pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
@@ -88,12 +89,7 @@ def test_toy_layouts_splits_padding_duplicates(case):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize(
-    "shape",
-    [(4, 128, 576, 512, 2048), (8, 64, 512, 512, 640), (3, 128, 512, 512, 1152),
-     (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
-    ids=["v32_b4", "v4flash_b8", "v4pro_b3", "h16_b5", "h32_b64"],
-)  # fmt: skip
+@real_shapes
 def test_real_shapes(shape):
     """The model layouts (V3.2: 512 e4m3 in 128-column tiles + 64 rope; V4: 448 in 64-column
     tiles + 64 rope) at real head counts (H < 64 masked in the 64-head tile), with the default

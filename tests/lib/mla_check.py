@@ -55,6 +55,15 @@ needs_hopper = pytest.mark.skipif(
     not torch.cuda.is_available() or not gluon_here(), reason="the Gluon kernel needs Hopper"
 )
 
+# (B, H, D_qk, d_v, topk) of the Gluon kernels' real-shape tests: V3.2, V4-Flash and V4-Pro at
+# small B, and the TP slices (H 16 of V3.2, H 32 of V4-Flash).
+real_shapes = pytest.mark.parametrize(
+    "shape",
+    [(4, 128, 576, 512, 2048), (8, 64, 512, 512, 640), (3, 128, 512, 512, 1152),
+     (5, 16, 576, 512, 2048), (64, 32, 512, 512, 640)],
+    ids=["v32_b4", "v4flash_b8", "v4pro_b3", "h16_b5", "h32_b64"],
+)  # fmt: skip
+
 
 @pytest.fixture(scope="module", autouse=True)
 def interpreted_kernels():
