@@ -23,9 +23,16 @@ change was needed):
   raw e4m3 values (exact in 16 bits) and folds each row's scale into the [H, rows] products
   (scores, and P before the P V dot), one accumulator per chunk.
 
-``splitkv.default_config`` picks one per shape and batch from the H200 measurements (the
-per-chunk path for 16-head programs over 64-column tiles at B >= 2, else the reshape path).
-Neither reaches the bf16 kernel's speed yet (0.35-0.80x on the H200, 2026-11-29).
+On Hopper the Gluon kernels (splitkv_gluon_fp8.py for 64-head blocks, splitkv_gluon_nh.py for
+<= 32 heads) gather the three parts into a shared-memory ring and dequantise each tile once
+into an fp16 staging tile that both tensor-core dots read: e4m3 -> fp16 is exact, each value
+is multiplied by its scale rounded to fp16 (one fp16 product), q and P are fp16 too. fp16 needs
+the values in its range: |q|, |rope| and the dequantised values below 65504, and scales at or
+above 2^-14 (6.1e-5, a tile amax of 0.027) to keep fp16's full precision; a smaller scale
+still gives an absolute error below 2^-24 x 448 per value.
+
+``splitkv.default_config`` picks one per shape and batch from the H200 measurements. None
+reaches the bf16 kernel's speed yet (0.67-0.95x on the H200, 2026-11-30; docs/performance.md).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ GLUON_WS = SplitConfig(block_h=64, block_n=64, num_warps=4, num_stages=2, ctas_p
 GLUON_MIN_H = 32
 GLUON_MIN_B = 8
 GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
-# FP8 cache (splitkv_gluon_fp8.py: an FP8 ring dequantised once per tile into a bf16 staging
+# FP8 cache (splitkv_gluon_fp8.py: an FP8 ring dequantised once per tile into a 16-bit staging
 # tile), H200 2026-11-30 (bench_sparse_mla_geometry --fp8, calls 1 and 4): faster than both FP8
 # Triton kernels at every cell from B = 8 (all five shapes, B = 8, 32, 128: 1.09-2.94x), and
 # below that from B = 1 with 128 heads (V4-Pro B = 1 24.6 -> 14.0 us, V3.2 18.5 -> 16.1), from

@@ -3,17 +3,22 @@
 The bf16 Gluon kernel (splitkv_gluon.py) keeps one 64-token tile in flight per SM: q (64 KB)
 and the slot being computed fill the rest of shared memory. Here the ring holds the FP8 rows
 (e4m3 part, rope, scales: 656 or 604 bytes a row instead of 1152 or 1024), and each tile is
-dequantised once, by all threads, into one bf16 staging tile that both wgmma dots read:
+dequantised once, by all threads, into one fp16 staging tile that both wgmma dots read:
 
 - top of tile j: wait for its gather, and for tile j - 1's P V dot (which read the staging
-  tile); dequantise ring slot j into the staging tile (each e4m3 chunk times its row's scale,
-  rounded once to q's dtype; on the V4 layout the rope columns are copied in after the e4m3
+  tile); dequantise ring slot j into the staging tile (each e4m3 chunk converted to fp16,
+  exact, times its row's scale rounded to fp16; on the V4 layout the rope columns are copied in after the e4m3
   part); then the slot is free and tile j + NBUF's gather is issued into it;
 - so NBUF tiles are in flight while a tile's dots run (the bf16 ring: NBUF - 1), twice the
   rows in about 60-75% of the bytes at NBUF = 2;
 - the scores, the online softmax, the P V dot and the partials are those of splitkv_gluon.py.
 
-Values: the same as the FP8 Triton kernels' (``dequantize_kv`` rounded once to q's dtype).
+Values: the dots run in fp16 (q, the staging tile and P; fp8.py says what range that needs):
+e4m3 -> fp16 is one cvt per two values and the scale one paired fp16 multiply, a third of the
+conversion instructions of scaling in fp32 and rounding to bf16 (2-6% of the call at B >= 32
+on the H200). q
+lands by cp.async in the staging tile (as its own dtype, in flight with the first gathers)
+and is converted into its fp16 buffer before the first tile.
 V3.2 layout (e4m3 part = d_v columns, rope = the score-only tail): the tail dot reads the rope
 ring slot, so the next gather is issued after the score dot. V4 layout (e4m3 part + rope =
 d_v = D_qk): the rope is part of V and goes into the staging tile.
@@ -94,18 +99,27 @@ if AVAILABLE:
         cp.commit_group()
 
     @gluon.jit
-    def _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, slot, dtype: gl.constexpr,
-                      D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
+    def _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, slot, D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
                       D_ROPE: gl.constexpr, ROPE_IN_V: gl.constexpr, l8: gl.constexpr,
                       lr: gl.constexpr):  # fmt: skip
-        """Ring slot -> the bf16 staging tile: chunk c of the e4m3 part times each row's
-        scale c, rounded once to q's dtype; on the V4 layout the rope columns after it."""
+        """Ring slot -> the fp16 staging tile: chunk c of the e4m3 part converted to fp16
+        (exact: two values per cvt.rn.f16x2.e4m3x2) times each row's scale c rounded to fp16,
+        one fp16 multiply per value; on the V4 layout the rope columns after it."""
         for c in gl.static_range(NCH):
             x = d8_ring.index(slot * NCH + c).load(l8)
             s = sc_ring.index(slot).slice(c, 1, dim=1).load(l8)  # [BLOCK_N, 1]
-            kv_st.slice(c * CW, CW, dim=1).store((x.to(gl.float32) * s).to(dtype))
+            kv_st.slice(c * CW, CW, dim=1).store(x.to(gl.float16) * s.to(gl.float16))
         if ROPE_IN_V:
-            kv_st.slice(D_FP8, D_ROPE, dim=1).store(rope_ring.index(slot).load(lr))
+            kv_st.slice(D_FP8, D_ROPE, dim=1).store(rope_ring.index(slot).load(lr).to(gl.float16))
+
+    @gluon.jit
+    def _q_landing(kv_st, dtype: gl.constexpr, BLOCK_H: gl.constexpr):
+        """The first BLOCK_H rows of the (not yet used) fp16 staging tile, seen as q's 16-bit
+        dtype: q lands there by cp.async (in flight with the first gathers) and is converted
+        to fp16 into its own buffer before the first tile."""
+        shape: gl.constexpr = kv_st.shape
+        view = kv_st._reinterpret(dtype, shape, gl.NVMMASharedLayout.get_default_for(shape, dtype))
+        return view.slice(0, BLOCK_H, dim=0)
 
     @gluon.jit
     def _sparse_mla_split_gluon_fp8_kernel(
@@ -161,8 +175,9 @@ if AVAILABLE:
         o_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, D_V // 2, 16])
         p_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_l, k_width=2)
-        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
-        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype)
+        cdt: gl.constexpr = gl.float16  # q, the staging tile and P (the dots' operands)
+        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], cdt)
+        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], cdt)
         sh_r: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         sh_ix: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
@@ -176,11 +191,12 @@ if AVAILABLE:
         _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
                             gl.SliceLayout(0, ix))  # fmt: skip
         cp.commit_group()
-        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
+        q_smem = gl.allocate_shared_memory(cdt, [BLOCK_H, D_V], sh_q)
+        kv_st = gl.allocate_shared_memory(cdt, [BLOCK_N, D_V], sh_kv)
+        q_land = _q_landing(kv_st, dtype, BLOCK_H)
         q_row = q_ptr + b * (stride_qb8 * 8)
-        _load_q(q_smem, q_row, hb, H, stride_qh8, D_V, BLOCK_H, ld)
+        _load_q(q_land, q_row, hb, H, stride_qh8, D_V, BLOCK_H, ld)
         cp.commit_group()
-        kv_st = gl.allocate_shared_memory(dtype, [BLOCK_N, D_V], sh_kv)
         d8_ring = gl.allocate_shared_memory(d8_ptr.dtype.element_ty, [NBUF * NCH, BLOCK_N, CW],
                                             flat)  # fmt: skip
         rope_ring = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_ROPE], sh_r)
@@ -201,6 +217,9 @@ if AVAILABLE:
             _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
                               j, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
                               D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+        cp.wait_group(NBUF)  # q landed (the gathers stay in flight)
+        _cta_barrier()
+        q_smem.store(q_land.load(ld).to(cdt))  # (the loop's barriers order it before the dots)
 
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
@@ -213,7 +232,7 @@ if AVAILABLE:
             o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P V read the staging
             _cta_barrier()  # everyone's copies landed, both warpgroups done with the staging
             if DROP != 3:
-                _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, dtype, D_FP8, CW, NCH,
+                _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, D_FP8, CW, NCH,
                               D_ROPE, ROPE_IN_V, l8, lr)  # fmt: skip
             _cta_barrier()  # the slot is read, the staging tile written
             fence_async_shared()  # ...and visible to wgmma
@@ -239,7 +258,7 @@ if AVAILABLE:
             l_i = l_i * alpha + gl.sum(p, axis=1)
             m_i = m_new
             o_j = o_j * gl.convert_layout(alpha, gl.SliceLayout(1, o_l))[:, None]
-            p_op = gl.convert_layout(p.to(dtype), p_l)
+            p_op = gl.convert_layout(p.to(cdt), p_l)
             if DROP == 2:
                 acc = warpgroup_mma_init(o_j)
             else:

@@ -14,7 +14,7 @@ One warpgroup (4 warps) computes; q takes BLOCK_H x D_qk x 2 bytes of shared mem
 at 32 heads instead of 64 KB), so the ring holds more tiles in flight. Gathers, the split's
 index rows, the ring's commit groups, the partials and the merge are those of
 splitkv_gluon.py; the FP8 kernel takes the FP8 ring and the per-tile dequantisation into one
-bf16 staging tile from splitkv_gluon_fp8.py (same values).
+fp16 staging tile from splitkv_gluon_fp8.py (same values; q and P^T in fp16 too).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ if AVAILABLE:
         _split_tiles,
         _store_lse,
     )
-    from .splitkv_gluon_fp8 import _dequant_tile, _issue_gather_fp8
+    from .splitkv_gluon_fp8 import _dequant_tile, _issue_gather_fp8, _q_landing
 
     @gluon.jit
     def _score_t(kv_j, kt_j, q_smem, qt_smem, s_zero, D_TAIL: gl.constexpr, DROP: gl.constexpr):
@@ -85,23 +85,20 @@ if AVAILABLE:
         return m_new, l_i, acc
 
     @gluon.jit
-    def _start(q_ptr, idx_ptr, b, H, t_start, n_local, n_lim, stride_qb8, stride_qh8, stride_ib,
-               D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
+    def _start(q_ptr, idx_ptr, q_dst, b, H, t_start, n_local, n_lim, stride_qb8, stride_qh8,
+               stride_ib, D_V: gl.constexpr, BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr,
                MAX_T: gl.constexpr, ld: gl.constexpr, ix: gl.constexpr):  # fmt: skip
         """The split's index rows into shared memory (one commit group), then q's first D_V
-        columns (the next group, left open for the caller's q tail); returns (index rows,
-        q, q's row pointer)."""
+        columns into q_dst (the next group, left open for the caller's q tail); returns
+        (index rows, q's row pointer)."""
         idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N],
                                              gl.SwizzledSharedLayout(1, 1, 1, [0]))  # fmt: skip
         _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
                             gl.SliceLayout(0, ix))  # fmt: skip
         cp.commit_group()
-        dtype: gl.constexpr = q_ptr.dtype.element_ty
-        q_smem = gl.allocate_shared_memory(
-            dtype, [BLOCK_H, D_V], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype))
         q_row = q_ptr + b * (stride_qb8 * 8)
-        _load_q(q_smem, q_row, 0, H, stride_qh8, D_V, BLOCK_H, ld)
-        return idx_smem, q_smem, q_row
+        _load_q(q_dst, q_row, 0, H, stride_qh8, D_V, BLOCK_H, ld)
+        return idx_smem, q_row
 
     @gluon.jit
     def _finish(o_row, lse_row, acc, m_i, l_i, H, stride_oh, D_V: gl.constexpr,
@@ -161,9 +158,11 @@ if AVAILABLE:
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
-        idx_smem, q_smem, q_row = _start(q_ptr, idx_ptr, b, H, t_start, n_local, n_lim,
-                                         stride_qb8, stride_qh8, stride_ib, D_V, BLOCK_H,
-                                         BLOCK_N, MAX_T, ld, ix)  # fmt: skip
+        q_smem = gl.allocate_shared_memory(
+            dtype, [BLOCK_H, D_V], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], dtype))
+        idx_smem, q_row = _start(q_ptr, idx_ptr, q_smem, b, H, t_start, n_local, n_lim,
+                                 stride_qb8, stride_qh8, stride_ib, D_V, BLOCK_H, BLOCK_N,
+                                 MAX_T, ld, ix)  # fmt: skip
         offs_n_lt = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, ld_t))
         offs_t_lt = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, ld_t))
         kv_smem = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_V], sh_kv)
@@ -265,18 +264,23 @@ if AVAILABLE:
         ix: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
         acc_l: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
-        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], dtype)
+        cdt: gl.constexpr = gl.float16  # q, the staging tile and P^T (the dots' operands)
+        sh_kv: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_V], cdt)
         sh_r: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
-        sh_p: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype)
+        sh_p: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], cdt)
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
 
         b = gl.program_id(0)
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
-        idx_smem, q_smem, q_row = _start(q_ptr, idx_ptr, b, H, t_start, n_local, n_lim,
-                                         stride_qb8, stride_qh8, stride_ib, D_V, BLOCK_H,
-                                         BLOCK_N, MAX_T, ld, ix)  # fmt: skip
+        kv_st = gl.allocate_shared_memory(cdt, [BLOCK_N, D_V], sh_kv)
+        q_smem = gl.allocate_shared_memory(
+            cdt, [BLOCK_H, D_V], gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], cdt))
+        q_land = _q_landing(kv_st, dtype, BLOCK_H)  # q lands here, fp16 into q_smem below
+        idx_smem, q_row = _start(q_ptr, idx_ptr, q_land, b, H, t_start, n_local, n_lim,
+                                 stride_qb8, stride_qh8, stride_ib, D_V, BLOCK_H, BLOCK_N,
+                                 MAX_T, ld, ix)  # fmt: skip
         if D_TAIL > 0:  # the q tail (the rope columns) beside q, the tail dot's B operand
             sh_qt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dtype)
             qt_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], sh_qt)
@@ -287,12 +291,11 @@ if AVAILABLE:
         else:
             qt_smem = q_smem
         cp.commit_group()
-        kv_st = gl.allocate_shared_memory(dtype, [BLOCK_N, D_V], sh_kv)
         d8_ring = gl.allocate_shared_memory(d8_ptr.dtype.element_ty, [NBUF * NCH, BLOCK_N, CW],
                                             flat)  # fmt: skip
         rope_ring = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_ROPE], sh_r)
         sc_ring = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N, NSC], flat)
-        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_N, BLOCK_H], sh_p)
+        p_smem = gl.allocate_shared_memory(cdt, [BLOCK_N, BLOCK_H], sh_p)
         cp.wait_group(1)  # the indices (q may still be in flight)
         _cta_barrier()
 
@@ -300,6 +303,9 @@ if AVAILABLE:
             _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
                               j, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
                               D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+        cp.wait_group(NBUF)  # q landed (the gathers stay in flight)
+        _cta_barrier()
+        q_smem.store(q_land.load(ld).to(cdt))  # (the loop's barriers order it before the dots)
 
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
@@ -312,7 +318,7 @@ if AVAILABLE:
             o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P V read the staging
             _cta_barrier()  # everyone's copies landed, the staging tile and P^T are free
             if DROP != 3:
-                _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, dtype, D_FP8, CW, NCH,
+                _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, D_FP8, CW, NCH,
                               D_ROPE, ROPE_IN_V, l8, lr)  # fmt: skip
             _cta_barrier()  # the slot is read, the staging tile written
             fence_async_shared()  # ...and visible to wgmma
@@ -331,7 +337,7 @@ if AVAILABLE:
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(1, acc_l)) >= 0)
             m_i, l_i, acc = _softmax_pv(s, valid, m_i, l_i, o_j, kv_st, p_smem, scale_log2,
-                                        dtype, DROP)  # fmt: skip
+                                        cdt, DROP)  # fmt: skip
         _finish(o_ptr + b * stride_ob + sp * stride_os, lse_ptr + b * stride_lb + sp * stride_ls,
                 acc, m_i, l_i, H, stride_oh, D_V, BLOCK_H, acc_l)  # fmt: skip
 
