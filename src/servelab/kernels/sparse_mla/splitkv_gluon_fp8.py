@@ -99,9 +99,9 @@ if AVAILABLE:
         cp.commit_group()
 
     @gluon.jit
-    def _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, slot, D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
-                      D_ROPE: gl.constexpr, ROPE_IN_V: gl.constexpr, l8: gl.constexpr,
-                      lr: gl.constexpr):  # fmt: skip
+    def _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, slot, D_FP8: gl.constexpr,
+                      CW: gl.constexpr, NCH: gl.constexpr, D_ROPE: gl.constexpr,
+                      ROPE_IN_V: gl.constexpr, l8: gl.constexpr, lr: gl.constexpr):  # fmt: skip
         """Ring slot -> the fp16 staging tile: chunk c of the e4m3 part converted to fp16
         (exact: two values per cvt.rn.f16x2.e4m3x2) times each row's scale c rounded to fp16,
         one fp16 multiply per value; on the V4 layout the rope columns after it."""
@@ -112,13 +112,26 @@ if AVAILABLE:
         if ROPE_IN_V:
             kv_st.slice(D_FP8, D_ROPE, dim=1).store(rope_ring.index(slot).load(lr).to(gl.float16))
 
+    # A shared-memory view as another dtype: `_reinterpret` in Triton 3.6, `reinterpret` later.
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+
+        @gluon.jit
+        def _as_dtype(buf, dtype: gl.constexpr, layout: gl.constexpr):
+            return buf.reinterpret(dtype, buf.shape, layout)
+
+    else:
+
+        @gluon.jit
+        def _as_dtype(buf, dtype: gl.constexpr, layout: gl.constexpr):
+            return buf._reinterpret(dtype, buf.shape, layout)
+
     @gluon.jit
     def _q_landing(kv_st, dtype: gl.constexpr, BLOCK_H: gl.constexpr):
         """The first BLOCK_H rows of the (not yet used) fp16 staging tile, seen as q's 16-bit
         dtype: q lands there by cp.async (in flight with the first gathers) and is converted
         to fp16 into its own buffer before the first tile."""
         shape: gl.constexpr = kv_st.shape
-        view = kv_st._reinterpret(dtype, shape, gl.NVMMASharedLayout.get_default_for(shape, dtype))
+        view = _as_dtype(kv_st, dtype, gl.NVMMASharedLayout.get_default_for(shape, dtype))
         return view.slice(0, BLOCK_H, dim=0)
 
     @gluon.jit
