@@ -342,6 +342,259 @@ if AVAILABLE:
                 acc, m_i, l_i, H, stride_oh, D_V, BLOCK_H, acc_l)  # fmt: skip
 
 
+    # --- FP8 cache, register operands: no staging tile. Both dots take their A operand from
+    # registers, loaded straight from the FP8 ring and converted there: the score dot's
+    # K rows (e4m3 -> fp16, exact; the scales then applied to each scale tile's partial
+    # scores in fp32) and P V's V^T (e4m3 -> q's dtype, exact; the scales folded into P^T,
+    # one P^T per scale tile). V3.2 layout (rope = the score-only tail), 128-column tiles. ---
+
+    @gluon.jit
+    def _issue_gather_fp8r(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr, jn,
+                           t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
+                           CW: gl.constexpr, NCH: gl.constexpr, D_ROPE: gl.constexpr,
+                           BLOCK_N: gl.constexpr, NBUF: gl.constexpr, l8: gl.constexpr,
+                           lr: gl.constexpr, l1: gl.constexpr,
+                           SKIP: gl.constexpr = False):  # fmt: skip
+        """cp.async of tile jn's FP8 rows into ring slot jn % NBUF as one commit group: the
+        e4m3 chunks, the rope, and the scales transposed (one [BLOCK_N] row per scale tile);
+        tiles past the split masked off. SKIP: an empty group."""
+        if SKIP:
+            cp.commit_group()
+            return
+        row = idx_smem.index(gl.maximum(gl.minimum(jn, n_local - 1), 0))
+        slot = jn % NBUF
+        base = (t_start + jn) * BLOCK_N
+        rid = row.load(gl.SliceLayout(1, l8))
+        ok = (base + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, l8)) < n_lim) & (rid >= 0)
+        rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_d16 * 16)
+        offs_c = gl.arange(0, CW, layout=gl.SliceLayout(0, l8))
+        for c in gl.static_range(NCH):
+            _cp_load(d8_ring.index(slot * NCH + c),
+                     d8_ptr + rows[:, None] + c * CW + offs_c[None, :], mask=ok[:, None])  # fmt: skip
+        rid_r = row.load(gl.SliceLayout(1, lr))
+        ok_r = (base + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, lr)) < n_lim) & (rid_r >= 0)
+        rows_r = gl.where(ok_r, rid_r, 0).to(gl.int64) * (stride_r8 * 8)
+        offs_r = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
+        _cp_load(rope_ring.index(slot), rope_ptr + rows_r[:, None] + offs_r[None, :],
+                 mask=ok_r[:, None])  # fmt: skip
+        rid_s = row.load(l1)
+        ok_s = (base + gl.arange(0, BLOCK_N, layout=l1) < n_lim) & (rid_s >= 0)
+        rows_s = gl.where(ok_s, rid_s, 0).to(gl.int64) * stride_s
+        for c in gl.static_range(NCH):
+            _cp_load(sc_ring.index(slot * NCH + c), sc_ptr + rows_s + c, mask=ok_s)
+        cp.commit_group()
+
+    @gluon.jit
+    def _score_part(d8_ring, q_smem, k, c: gl.constexpr, s_zero, CW: gl.constexpr,
+                    a_l: gl.constexpr, DROP: gl.constexpr):  # fmt: skip
+        """Issue scale tile c's score dot: K8_c (e4m3 -> fp16 in registers) @ q_c^T."""
+        if DROP == 3:
+            a = gl.zeros([s_zero.shape[0], CW], gl.float16, layout=a_l)
+        else:
+            a = d8_ring.index(k).load(a_l).to(gl.float16)
+        return warpgroup_mma(a, q_smem.slice(c * CW, CW, dim=1).permute((1, 0)), s_zero,
+                             use_acc=False, is_async=True)  # fmt: skip
+
+    @gluon.jit
+    def _pv_part(d8_ring, p_smem, o, k, c: gl.constexpr, a_l: gl.constexpr,
+                 DROP: gl.constexpr):  # fmt: skip
+        """Issue scale tile c's P V: O^T_c += V8_c^T (e4m3 -> P's dtype in registers) P_c^T."""
+        if DROP == 2:
+            return warpgroup_mma_init(o)
+        if DROP == 3:
+            a = gl.zeros([o.shape[0], p_smem.shape[1]], p_smem.dtype, layout=a_l)
+        else:
+            a = d8_ring.index(k).permute((1, 0)).load(a_l).to(p_smem.dtype)
+        return warpgroup_mma(a, p_smem.index(c), o, is_async=True)
+
+    @gluon.jit
+    def _sparse_mla_split_nh_fp8r_kernel(
+        q_ptr,  # [B, H, D_qk]
+        d8_ptr,  # [T, D_FP8] e4m3
+        rope_ptr,  # [T, D_ROPE] q's dtype
+        sc_ptr,  # [T, NCH] fp32
+        idx_ptr,  # [B, topk] int32
+        o_ptr,  # final [B, H, d_v] or partial [B, S, H, d_v]
+        lse_ptr,  # final [B, H] or partial [B, S, H] fp32
+        H,
+        topk,
+        tiles_per_split,
+        stride_qb8,
+        stride_qh8,
+        stride_d16,
+        stride_r8,
+        stride_s,
+        stride_ib,
+        stride_ob,
+        stride_os,
+        stride_oh,
+        stride_lb,
+        stride_ls,
+        scale_log2,
+        D_V: gl.constexpr,
+        D_FP8: gl.constexpr,  # = D_V (V3.2 layout)
+        CW: gl.constexpr,  # 128
+        NCH: gl.constexpr,  # 1, 2 or 4
+        NSC: gl.constexpr,
+        D_ROPE: gl.constexpr,
+        ROPE_IN_V: gl.constexpr,  # False
+        BLOCK_H: gl.constexpr,
+        BLOCK_N: gl.constexpr,
+        NBUF: gl.constexpr,  # FP8 ring depth: NBUF - 1 tiles in flight during a tile
+        MAX_T: gl.constexpr,
+        num_warps: gl.constexpr,  # 4
+        REGOPS: gl.constexpr = 1,  # (marks this kernel's compile key)
+        DROP: gl.constexpr = 0,  # 1 no gathers, 2 no dots, 3 no e4m3 loads (zeros)
+    ):
+        dtype: gl.constexpr = q_ptr.dtype.element_ty
+        l8: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CW // 16), CW // 16],
+                                            [num_warps, 1], [1, 0])  # fmt: skip
+        lr: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D_ROPE // 8), D_ROPE // 8],
+                                            [num_warps, 1], [1, 0])  # fmt: skip
+        l1: gl.constexpr = gl.BlockedLayout([1], [32], [num_warps], [0])
+        ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
+        ix: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [num_warps, 1], [1, 0])
+        acc_l: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_H, 16])
+        a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_l, k_width=2)
+        # 128-byte e4m3 rows, 16-byte units swizzled by row: the fragment loads (two bytes of
+        # a row, or one byte of each of two rows) hit 8 different bank groups.
+        sw8: gl.constexpr = gl.SwizzledSharedLayout(16, 1, 8, [1, 0])
+        flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        sh_q: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_V], gl.float16)
+        sh_qt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_H, D_ROPE], dtype)
+        sh_r: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D_ROPE], dtype)
+        sh_p: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_H], dtype)
+
+        b = gl.program_id(0)
+        sp = gl.program_id(2)
+        t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
+
+        idx_smem = gl.allocate_shared_memory(gl.int32, [MAX_T, BLOCK_N], flat1)
+        _load_split_indices(idx_smem, idx_ptr + b * stride_ib, t_start, n_local, n_lim, BLOCK_N,
+                            gl.SliceLayout(0, ix))  # fmt: skip
+        cp.commit_group()
+        q_row = q_ptr + b * (stride_qb8 * 8)
+        qt_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_ROPE], sh_qt)
+        offs_h_lr = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lr))
+        offs_r_lr = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
+        _cp_load(qt_smem, q_row + offs_h_lr[:, None] * (stride_qh8 * 8) + D_V
+                 + offs_r_lr[None, :], mask=(offs_h_lr < H)[:, None])  # fmt: skip
+        cp.commit_group()
+        q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_H, D_V], sh_q)
+        d8_ring = gl.allocate_shared_memory(d8_ptr.dtype.element_ty, [NBUF * NCH, BLOCK_N, CW],
+                                            sw8)  # fmt: skip
+        rope_ring = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_ROPE], sh_r)
+        sc_ring = gl.allocate_shared_memory(gl.float32, [NBUF * NCH, BLOCK_N], flat1)
+        p_smem = gl.allocate_shared_memory(dtype, [NCH, BLOCK_N, BLOCK_H], sh_p)
+        cp.wait_group(1)  # the indices
+        _cta_barrier()
+        for j in gl.static_range(NBUF - 1):
+            _issue_gather_fp8r(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
+                               j, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s, CW,
+                               NCH, D_ROPE, BLOCK_N, NBUF, l8, lr, l1)  # fmt: skip
+        offs_h = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, ld))
+        offs_d = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
+        q = gl.load(q_row + offs_h[:, None] * (stride_qh8 * 8) + offs_d[None, :],
+                    mask=(offs_h < H)[:, None], other=0.0)  # fmt: skip
+        q_smem.store(q.to(gl.float16))  # (the loop's barrier and fence order it before the dots)
+
+        m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
+        l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
+        o_zero = gl.zeros([CW, BLOCK_H], gl.float32, layout=acc_l)
+        o0 = warpgroup_mma_init(o_zero)
+        o1 = warpgroup_mma_init(o_zero)
+        o2 = warpgroup_mma_init(o_zero)
+        o3 = warpgroup_mma_init(o_zero)
+        s_zero = gl.zeros([BLOCK_N, BLOCK_H], gl.float32, layout=acc_l)
+        offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
+        for j in range(0, n_local):
+            buf = j % NBUF
+            k0 = buf * NCH
+            o0 = warpgroup_mma_wait(num_outstanding=0, deps=(o0,))  # the previous P V
+            if NCH > 1:
+                o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o1,))
+            if NCH > 2:
+                o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+                o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o3,))
+            cp.wait_group(NBUF - 2)  # tile j landed (this thread's copies)
+            _cta_barrier()  # everyone's; slot (j - 1) % NBUF read by all
+            fence_async_shared()  # ...visible to wgmma
+            _issue_gather_fp8r(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
+                               j + NBUF - 1, t_start, n_local, n_lim, stride_d16, stride_r8,
+                               stride_s, CW, NCH, D_ROPE, BLOCK_N, NBUF, l8, lr, l1,
+                               DROP == 1)  # fmt: skip
+            # Scores: the rope tail (bf16 / fp16 from shared memory), then one dot per scale
+            # tile (A in registers), at most two in flight (their A registers).
+            if DROP == 2:
+                s = s_zero
+            else:
+                sl: gl.constexpr = gl.SliceLayout(1, acc_l)
+                t = warpgroup_mma(rope_ring.index(buf), qt_smem.permute((1, 0)), s_zero,
+                                  use_acc=False, is_async=True)  # fmt: skip
+                s0 = _score_part(d8_ring, q_smem, k0, 0, s_zero, CW, a_l, DROP)
+                if NCH > 1:
+                    s1 = _score_part(d8_ring, q_smem, k0 + 1, 1, s_zero, CW, a_l, DROP)
+                t = warpgroup_mma_wait(num_outstanding=2 if NCH > 1 else 1, deps=(t,))
+                s0 = warpgroup_mma_wait(num_outstanding=1 if NCH > 1 else 0, deps=(s0,))
+                s = t + s0 * sc_ring.index(k0).load(sl)[:, None]
+                if NCH > 2:
+                    s2 = _score_part(d8_ring, q_smem, k0 + 2, 2, s_zero, CW, a_l, DROP)
+                if NCH > 1:
+                    s1 = warpgroup_mma_wait(num_outstanding=1 if NCH > 2 else 0, deps=(s1,))
+                    s = s + s1 * sc_ring.index(k0 + 1).load(sl)[:, None]
+                if NCH > 2:
+                    s3 = _score_part(d8_ring, q_smem, k0 + 3, 3, s_zero, CW, a_l, DROP)
+                    s2 = warpgroup_mma_wait(num_outstanding=1, deps=(s2,))
+                    s = s + s2 * sc_ring.index(k0 + 2).load(sl)[:, None]
+                    s3 = warpgroup_mma_wait(num_outstanding=0, deps=(s3,))
+                    s = s + s3 * sc_ring.index(k0 + 3).load(sl)[:, None]
+            valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
+                idx_smem.index(j).load(gl.SliceLayout(1, acc_l)) >= 0)
+            s = gl.where(valid[:, None], s * scale_log2, -float("inf"))
+            m_new = gl.maximum(m_i, gl.max(s, axis=0))
+            m_safe = gl.where(m_new == -float("inf"), 0.0, m_new)  # all padding so far
+            alpha = gl.exp2(m_i - m_safe)
+            p = gl.exp2(s - m_safe[None, :])
+            l_i = l_i * alpha + gl.sum(p, axis=0)
+            m_i = m_new
+            # P^T of each scale tile: P^T times the rows' scales, in q's dtype.
+            for c in gl.static_range(NCH):
+                sc_c = sc_ring.index(k0 + c).load(gl.SliceLayout(1, acc_l))
+                p_smem.index(c).store((p * sc_c[:, None]).to(dtype))
+            fence_async_shared()
+            _cta_barrier()  # every warp's rows of P^T written before the dots read them
+            o0 = _pv_part(d8_ring, p_smem, o0 * alpha[None, :], k0, 0, a_l, DROP)
+            if NCH > 1:
+                o1 = _pv_part(d8_ring, p_smem, o1 * alpha[None, :], k0 + 1, 1, a_l, DROP)
+            if NCH > 2:  # at most two in flight (their A registers)
+                warpgroup_mma_wait(num_outstanding=1, deps=(o0,))
+                o2 = _pv_part(d8_ring, p_smem, o2 * alpha[None, :], k0 + 2, 2, a_l, DROP)
+                warpgroup_mma_wait(num_outstanding=1, deps=(o1,))
+                o3 = _pv_part(d8_ring, p_smem, o3 * alpha[None, :], k0 + 3, 3, a_l, DROP)
+        o0 = warpgroup_mma_wait(num_outstanding=0, deps=(o0,))
+        if NCH > 1:
+            o1 = warpgroup_mma_wait(num_outstanding=0, deps=(o1,))
+        if NCH > 2:
+            o2 = warpgroup_mma_wait(num_outstanding=0, deps=(o2,))
+            o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o3,))
+        cp.wait_group(0)
+        o_row = o_ptr + b * stride_ob + sp * stride_os
+        inv = 1.0 / gl.where(l_i > 0.0, l_i, 1.0)
+        offs_c = gl.arange(0, CW, layout=gl.SliceLayout(1, acc_l))
+        offs_hh = gl.arange(0, BLOCK_H, layout=gl.SliceLayout(0, acc_l))
+        ptrs = o_row + offs_hh[None, :] * stride_oh + offs_c[:, None]
+        hmask = (offs_hh < H)[None, :]
+        odt: gl.constexpr = o_ptr.dtype.element_ty
+        gl.store(ptrs, (o0 * inv[None, :]).to(odt), mask=hmask)
+        if NCH > 1:
+            gl.store(ptrs + CW, (o1 * inv[None, :]).to(odt), mask=hmask)
+        if NCH > 2:
+            gl.store(ptrs + 2 * CW, (o2 * inv[None, :]).to(odt), mask=hmask)
+            gl.store(ptrs + 3 * CW, (o3 * inv[None, :]).to(odt), mask=hmask)
+        _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, 0, H, BLOCK_H,
+                   gl.SliceLayout(0, acc_l))  # fmt: skip
+
 def _is_fp8(kv) -> bool:
     return not isinstance(kv, torch.Tensor)
 
@@ -352,15 +605,34 @@ def consts(cfg: SplitConfig, kv: torch.Tensor | Fp8KVCache, d_v: int, tiles_per_
     64-head kernel for the same cache, on 4 warps."""
     if _is_fp8(kv):
         kc = splitkv_gluon_fp8.consts(cfg, kv, d_v, tiles_per_split, drop)
+        if reg_operands_ok(kv, d_v):  # the register-operand kernel: the deepest ring that fits
+            for nbuf in (4, 3, 2):
+                kr = dict(kc, num_warps=4, NBUF=nbuf, REGOPS=1)
+                if smem_bytes(kr) <= splitkv_gluon.SMEM_LIMIT:
+                    return kr
     else:
         kc = splitkv_gluon.consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
     return dict(kc, num_warps=4)
+
+
+FP8_REG_OPERANDS = True
+
+
+def reg_operands_ok(kv, d_v: int) -> bool:
+    """The register-operand FP8 kernel's layouts: V3.2's (e4m3 part = d_v, rope = the
+    score-only tail), 128-column scale tiles, 1, 2 or 4 of them."""
+    return (FP8_REG_OPERANDS and kv.d_fp8 == d_v and kv.tile == 128
+            and d_v // 128 in (1, 2, 4) and kv.d_qk > d_v)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
     """Shared memory the kernel asks for (q and its tail, the ring, the staging tile for FP8,
     P^T, the split's indices) plus 4 KB of scratch (the softmax's cross-warp reductions)."""
     bn, bh, nbuf = kc["BLOCK_N"], kc["BLOCK_H"], kc["NBUF"]
+    if kc.get("REGOPS"):  # fp16 q, no staging tile, one P^T per scale tile
+        ring = bn * (kc["D_FP8"] + 2 * kc["D_ROPE"] + 4 * kc["NCH"])
+        return (2 * bh * (kc["D_V"] + kc["D_ROPE"]) + nbuf * ring + 2 * kc["NCH"] * bn * bh
+                + 4 * kc["MAX_T"] * bn + 4 * 1024)  # fmt: skip
     if "D_FP8" in kc:
         ring = bn * (kc["D_FP8"] + 2 * kc["D_ROPE"] + 4 * kc["NSC"])
         tail = 0 if kc["ROPE_IN_V"] else bh * kc["D_ROPE"]
@@ -405,6 +677,13 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
     warning) if it does not compile here (the caller then runs a Triton kernel)."""
     kc = consts(cfg, kv, d_v, tiles_per_split, drop)
     try:
+        if kc.get("REGOPS"):
+            return _sparse_mla_split_nh_fp8r_kernel[grid](
+                q, kv.data, kv.rope, kv.scale, indices, o_dst, lse_dst, h, topk,
+                tiles_per_split, q.stride(0) // 8, q.stride(1) // 8, kv.data.stride(0) // 16,
+                kv.rope.stride(0) // 8, kv.scale.stride(0), indices.stride(0),
+                so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
+            )  # fmt: skip
         if _is_fp8(kv):
             return _sparse_mla_split_nh_fp8_kernel[grid](
                 q, kv.data, kv.rope, kv.scale, indices, o_dst, lse_dst, h, topk,
