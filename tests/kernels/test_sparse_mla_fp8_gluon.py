@@ -1,6 +1,6 @@
 """The FP8 Gluon split kernel (splitkv_gluon_fp8.py): numbers against the exact result on the
-dequantised cache (mla_check's derived bounds, kv_rounded: each value is rounded once to q's
-dtype in the staging tile), its launch rules, its fallbacks, and a compile for Hopper without
+dequantised cache (mla_check's derived bounds, kv_rounded: each value's scale and product
+are rounded to fp16 in the staging tile), its launch rules, its fallbacks, and a compile for Hopper without
 a GPU. Gluon has no CPU interpreter: the numeric tests need a Hopper GPU."""
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _gluon(nbuf: int = 2):
 
 
 def _ref(q, cache, idx, d_v):
-    """The exact result on the dequantised cache and its tolerances (values rounded once)."""
+    """The exact result on the dequantised cache and its tolerances (values rounded)."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv
 
     return bounds(q, dequantize_kv(cache), idx, q.shape[-1] ** -0.5, d_v, q.dtype,
@@ -85,6 +85,32 @@ def test_toy_layouts_splits_padding_duplicates(case):
         for splits in (1, 2, 3, 5, 8):
             o, lg = _check(q, cache, idx, d_v, splits, f"{case} {dtype} s{splits}", ref)
             assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
+
+
+@pytest.mark.gpu
+@needs_hopper
+@pytest.mark.parametrize("kernel", ["gluon", "nh"])
+def test_small_scales_within_the_fp16_bound(kernel):
+    """A cache of small values (|x| ~ 4e-3: every scale below 2^-14, fp16's normal range, so
+    the fp16 staging sees subnormal scales and some subnormal products) on the 64-head and
+    the few-heads FP8 kernel: within mla_check's bound, whose absolute terms stay under a
+    quarter of the output (~0.1 here), so a kernel that flushed the values to zero fails."""
+    from servelab.kernels.sparse_mla.fp8 import quantize_kv
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, nh_config, splitkv_decode
+
+    h = 64 if kernel == "gluon" else 16
+    cfg = _gluon() if kernel == "gluon" else nh_config(h)
+    for dtype in (torch.bfloat16, torch.float16):
+        q, kv, idx = make("cuda", dtype, 4, h, 576, 300, t=900, seed=5)
+        cache = quantize_kv(kv * 4e-3, 512, 128)
+        assert bool((cache.scale < 2.0**-14).all())
+        out_ex, lse_ex, out_tol, lse_tol = _ref(q, cache, idx, 512)
+        out, lse = poisoned(4, h, 512, dtype, "cuda")
+        o, lg = splitkv_decode(q, cache, idx, 576**-0.5, 512, config=cfg, out=out, lse=lse)
+        assert LAST_PATH["split"] == f"fp8_{kernel}", LAST_PATH
+        assert float(out_tol.max()) < 0.25 * float(out_ex.abs().max())  # a bound that can fail
+        assert_close(f"{kernel} {dtype} out", o, out_ex, out_tol)
+        assert_close(f"{kernel} {dtype} lse", lg, lse_ex, lse_tol)
 
 
 @pytest.mark.gpu

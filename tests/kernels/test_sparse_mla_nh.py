@@ -43,7 +43,7 @@ def _fits(cfg, q, kv, d_v) -> bool:
 
 
 def _ref(q, kv, idx, d_v):
-    """The exact result (on the dequantised cache for FP8, values rounded once) and its
+    """The exact result (on the dequantised cache for FP8, values rounded) and its
     tolerances."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv
 

@@ -92,10 +92,15 @@ def gamma(n: int) -> float:
 def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=False):
     """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above.
 
-    kv_rounded: the kernel rounds each KV value to `dtype` once first (the FP8 path
-    dequantises to the query dtype): adds u_in sum|q||k| to Delta and u_in to the weights'
-    relative error. partial_rounded: each split's normalised partial O_s is rounded to
-    `dtype` before the merge: |sum_s w_s (O_s rounded - O_s)| <= u_in sum_s w_s |O_s| <= u_in M,
+    kv_rounded: the FP8 paths, which round each dequantised KV value before the dots: the
+    Triton kernels once to `dtype`, the Gluon kernels in fp16 twice (the scale, then the
+    product: relative 2^-10 + 2^-22) with fp16 q and P, for 16-bit q only. With u_kv the
+    larger of the two this adds u_kv sum|q||k| to Delta and u_kv to the weights' relative
+    error; fp16 subnormals (|value| < 2^-14) carry an absolute error instead, up to 2^-25 per
+    value plus 448 x 2^-25 from a subnormal scale, and P's up to 2^-25 per weight: abs_kv
+    sum|q| sm_scale more in Delta, abs_kv + topk 2^-25 max|v| more in the output.
+    partial_rounded: each split's normalised partial O_s is rounded to `dtype` before the
+    merge: |sum_s w_s (O_s rounded - O_s)| <= u_in sum_s w_s |O_s| <= u_in M,
     so u_in more relative error on M."""
     out_ex, lse_ex = sparse_mla_decode_reference(
         q, kv, idx, sm_scale, d_v, compute_dtype=torch.float64, out_dtype=torch.float64
@@ -108,8 +113,12 @@ def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=F
     d_qk, topk = q.shape[-1], idx.shape[-1]
     delta = gamma(d_qk + 8) * abs_dot.amax(dim=-1)  # [B, H]
     u_in = UNIT_ROUNDOFF[dtype]
+    gluon16 = dtype != torch.float32  # the Gluon FP8 kernels may run: fp16 scale and product
+    u_kv = max(u_in, 2.0**-10 + 2.0**-22) if gluon16 else u_in
+    abs_kv = 449 * 2.0**-25 if gluon16 else 0.0  # fp16 subnormals: product and scale
     if kv_rounded:
-        delta = delta + u_in * abs_dot.amax(dim=-1)
+        q_abs = qd.abs().sum(dim=-1) * sm_scale  # [B, H]
+        delta = delta + u_kv * abs_dot.amax(dim=-1) + abs_kv * q_abs
     scores = torch.einsum("bhd,btd->bht", qd, rows) * sm_scale
     scores = scores.masked_fill(~valid[:, None, :], float("-inf"))
     lse = lse_ex.double()
@@ -117,9 +126,12 @@ def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=F
     m = torch.einsum("bht,btd->bhd", probs, rows[..., :d_v].abs())  # sum_j p_j |v_j|
     u_p = 0.0 if dtype == torch.float32 else u_in
     g = gamma(topk + 16)
-    rel = torch.expm1(2 * delta)[..., None] + u_p + g + (u_in if kv_rounded else 0.0)
+    rel = torch.expm1(2 * delta)[..., None] + u_p + g + (u_kv if kv_rounded else 0.0)
     rel = rel + (u_in if partial_rounded else 0.0)
     out_tol = 2 * (rel * m + u_in * out_ex.abs())
+    if kv_rounded:
+        v_max = rows[..., :d_v].abs().amax(dim=(1, 2))[:, None, None]  # [B, 1, 1]
+        out_tol = out_tol + 2 * (abs_kv + (topk * 2.0**-25 * v_max if gluon16 else 0.0))
     lse_tol = 2 * (delta + g * (1 + lse.abs().nan_to_num(posinf=0.0)))
     return out_ex.cpu(), lse.cpu(), out_tol.cpu(), lse_tol.cpu()
 

@@ -27,9 +27,10 @@ On Hopper the Gluon kernels (splitkv_gluon_fp8.py for 64-head blocks, splitkv_gl
 <= 32 heads) gather the three parts into a shared-memory ring and dequantise each tile once
 into an fp16 staging tile that both tensor-core dots read: e4m3 -> fp16 is exact, each value
 is multiplied by its scale rounded to fp16 (one fp16 product), q and P are fp16 too. fp16 needs
-the values in its range: |q|, |rope| and the dequantised values below 65504, and scales at or
-above 2^-14 (6.1e-5, a tile amax of 0.027) to keep fp16's full precision; a smaller scale
-still gives an absolute error below 2^-24 x 448 per value.
+the values in its range: |q|, the dequantised values (and on the V4 layout the rope) below
+65504, or the dots see inf. Values and scales below 2^-14 (6.1e-5) are fp16 subnormals: a
+value then carries an absolute error up to 2^-25 (plus up to 448 x 2^-25 from a subnormal
+scale), not a relative one; tests/lib/mla_check.py's bound counts both.
 
 ``splitkv.default_config`` picks one per shape and batch from the H200 measurements. None
 reaches the bf16 kernel's speed yet (0.67-0.95x on the H200, 2026-11-30; docs/performance.md).

@@ -7,18 +7,18 @@ dequantised once, by all threads, into one fp16 staging tile that both wgmma dot
 
 - top of tile j: wait for its gather, and for tile j - 1's P V dot (which read the staging
   tile); dequantise ring slot j into the staging tile (each e4m3 chunk converted to fp16,
-  exact, times its row's scale rounded to fp16; on the V4 layout the rope columns are copied in after the e4m3
-  part); then the slot is free and tile j + NBUF's gather is issued into it;
+  exact, times its row's scale rounded to fp16; on the V4 layout the rope columns are
+  copied in after the e4m3 part); then the slot is free and tile j + NBUF's gather is issued
+  into it;
 - so NBUF tiles are in flight while a tile's dots run (the bf16 ring: NBUF - 1), twice the
   rows in about 60-75% of the bytes at NBUF = 2;
 - the scores, the online softmax, the P V dot and the partials are those of splitkv_gluon.py.
 
 Values: the dots run in fp16 (q, the staging tile and P; fp8.py says what range that needs):
 e4m3 -> fp16 is one cvt per two values and the scale one paired fp16 multiply, a third of the
-conversion instructions of scaling in fp32 and rounding to bf16 (2-6% of the call at B >= 32
-on the H200). q
-lands by cp.async in the staging tile (as its own dtype, in flight with the first gathers)
-and is converted into its fp16 buffer before the first tile.
+conversion instructions of scaling in fp32 and rounding to bf16 (2-7% of the call at B >= 32
+on the H200). q lands by cp.async in the staging tile (as its own dtype, in flight with the
+first gathers) and is converted into its fp16 buffer before the first tile.
 V3.2 layout (e4m3 part = d_v columns, rope = the score-only tail): the tail dot reads the rope
 ring slot, so the next gather is issued after the score dot. V4 layout (e4m3 part + rope =
 d_v = D_qk): the rope is part of V and goes into the staging tile.
@@ -131,6 +131,7 @@ if AVAILABLE:
         dtype: q lands there by cp.async (in flight with the first gathers) and is converted
         to fp16 into its own buffer before the first tile."""
         shape: gl.constexpr = kv_st.shape
+        gl.static_assert(BLOCK_H <= shape[0], "q must fit in the staging tile's rows")
         view = _as_dtype(kv_st, dtype, gl.NVMMASharedLayout.get_default_for(shape, dtype))
         return view.slice(0, BLOCK_H, dim=0)
 
@@ -247,8 +248,8 @@ if AVAILABLE:
             if DROP != 3:
                 _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, D_FP8, CW, NCH,
                               D_ROPE, ROPE_IN_V, l8, lr)  # fmt: skip
-            _cta_barrier()  # the slot is read, the staging tile written
-            fence_async_shared()  # ...and visible to wgmma
+            fence_async_shared()  # this thread's staging writes visible to wgmma,
+            _cta_barrier()  # ...everyone's; the slot is read
             if D_TAIL == 0:
                 _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
                                   sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,

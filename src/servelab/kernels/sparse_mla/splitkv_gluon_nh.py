@@ -320,8 +320,8 @@ if AVAILABLE:
             if DROP != 3:
                 _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, D_FP8, CW, NCH,
                               D_ROPE, ROPE_IN_V, l8, lr)  # fmt: skip
-            _cta_barrier()  # the slot is read, the staging tile written
-            fence_async_shared()  # ...and visible to wgmma
+            fence_async_shared()  # this thread's staging writes visible to wgmma,
+            _cta_barrier()  # ...everyone's; the slot is read
             if D_TAIL == 0:
                 _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
                                   sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
