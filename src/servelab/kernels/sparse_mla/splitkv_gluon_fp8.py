@@ -112,6 +112,60 @@ if AVAILABLE:
         if ROPE_IN_V:
             kv_st.slice(D_FP8, D_ROPE, dim=1).store(rope_ring.index(slot).load(lr).to(gl.float16))
 
+    @gluon.jit
+    def _fp8_ring_start(q_smem, q_land, d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr,
+                        rope_ptr, sc_ptr, t_start, n_local, n_lim, stride_d16, stride_r8,
+                        stride_s, D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
+                        NSC: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
+                        NBUF: gl.constexpr, l8: gl.constexpr, lr: gl.constexpr,
+                        ls: gl.constexpr, ld: gl.constexpr):  # fmt: skip
+        """After the indices: the first NBUF tiles' gathers, then q (landed in the staging
+        tile) converted into its fp16 buffer (the loop's barriers order it before the dots)."""
+        for j in gl.static_range(NBUF):
+            _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
+                              j, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
+                              D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
+        cp.wait_group(NBUF)  # q landed (the gathers stay in flight)
+        _cta_barrier()
+        q_smem.store(q_land.load(ld).to(q_smem.dtype))
+
+    @gluon.jit
+    def _fp8_stage(acc, j, kv_st, d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                   sc_ptr, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
+                   D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
+                   NSC: gl.constexpr, D_ROPE: gl.constexpr, ROPE_IN_V: gl.constexpr,
+                   BLOCK_N: gl.constexpr, NBUF: gl.constexpr, l8: gl.constexpr,
+                   lr: gl.constexpr, ls: gl.constexpr, DROP: gl.constexpr):  # fmt: skip
+        """Top of tile j: wait for its gather and for tile j - 1's P V (which read the staging
+        tile; returned, waited), dequantise ring slot j into the staging tile, and on the V4
+        layout (the slot now read) issue tile j + NBUF's gather into it."""
+        cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies)
+        o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P V read the staging
+        _cta_barrier()  # everyone's copies landed, every warp done with the staging tile
+        if DROP != 3:
+            _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, j % NBUF, D_FP8, CW, NCH, D_ROPE,
+                          ROPE_IN_V, l8, lr)  # fmt: skip
+        fence_async_shared()  # this thread's staging writes visible to wgmma,
+        _cta_barrier()  # ...everyone's; the slot is read
+        if ROPE_IN_V:
+            _fp8_refill(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr, j,
+                        t_start, n_local, n_lim, stride_d16, stride_r8, stride_s, D_FP8, CW,
+                        NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls, DROP)  # fmt: skip
+        return o_j
+
+    @gluon.jit
+    def _fp8_refill(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr, j,
+                    t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
+                    D_FP8: gl.constexpr, CW: gl.constexpr, NCH: gl.constexpr,
+                    NSC: gl.constexpr, D_ROPE: gl.constexpr, BLOCK_N: gl.constexpr,
+                    NBUF: gl.constexpr, l8: gl.constexpr, lr: gl.constexpr, ls: gl.constexpr,
+                    DROP: gl.constexpr):  # fmt: skip
+        """Tile j + NBUF's gather into tile j's ring slot (DROP == 1: an empty group)."""
+        _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
+                          j + NBUF, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
+                          D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls,
+                          DROP == 1)  # fmt: skip
+
     # A shared-memory view as another dtype: `_reinterpret` in Triton 3.6, `reinterpret` later.
     if hasattr(gl.shared_memory_descriptor, "reinterpret"):
 
@@ -227,13 +281,9 @@ if AVAILABLE:
         cp.wait_group(1)  # the indices (q may still be in flight)
         _cta_barrier()
 
-        for j in gl.static_range(NBUF):
-            _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
-                              j, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
-                              D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
-        cp.wait_group(NBUF)  # q landed (the gathers stay in flight)
-        _cta_barrier()
-        q_smem.store(q_land.load(ld).to(cdt))  # (the loop's barriers order it before the dots)
+        _fp8_ring_start(q_smem, q_land, d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                        sc_ptr, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s, D_FP8,
+                        CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls, ld)  # fmt: skip
 
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(1, s_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
@@ -242,26 +292,16 @@ if AVAILABLE:
         offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_l))
         for j in range(0, n_local):
             buf = j % NBUF
-            cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies)
-            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P V read the staging
-            _cta_barrier()  # everyone's copies landed, both warpgroups done with the staging
-            if DROP != 3:
-                _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, D_FP8, CW, NCH,
-                              D_ROPE, ROPE_IN_V, l8, lr)  # fmt: skip
-            fence_async_shared()  # this thread's staging writes visible to wgmma,
-            _cta_barrier()  # ...everyone's; the slot is read
-            if D_TAIL == 0:
-                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
-                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
+            o_j = _fp8_stage(acc, j, kv_st, d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr,
+                             rope_ptr, sc_ptr, t_start, n_local, n_lim, stride_d16, stride_r8,
+                             stride_s, D_FP8, CW, NCH, NSC, D_ROPE, ROPE_IN_V, BLOCK_N, NBUF,
+                             l8, lr, ls, DROP)  # fmt: skip
             s = _score(q_smem, qt_op, kv_st, rope_ring.index(buf), s_zero, D_TAIL, DROP)
             if D_TAIL > 0:  # the tail dot read the rope slot: refill it only now
                 _cta_barrier()
-                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
-                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
+                _fp8_refill(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr, j,
+                            t_start, n_local, n_lim, stride_d16, stride_r8, stride_s, D_FP8,
+                            CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls, DROP)  # fmt: skip
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(0, s_l)) >= 0)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))

@@ -50,7 +50,7 @@ if AVAILABLE:
         _split_tiles,
         _store_lse,
     )
-    from .splitkv_gluon_fp8 import _dequant_tile, _issue_gather_fp8, _q_landing
+    from .splitkv_gluon_fp8 import _fp8_refill, _fp8_ring_start, _fp8_stage, _q_landing
 
     @gluon.jit
     def _score_t(kv_j, kt_j, q_smem, qt_smem, s_zero, D_TAIL: gl.constexpr, DROP: gl.constexpr):
@@ -299,13 +299,9 @@ if AVAILABLE:
         cp.wait_group(1)  # the indices (q may still be in flight)
         _cta_barrier()
 
-        for j in gl.static_range(NBUF):
-            _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr,
-                              j, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s,
-                              D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls)  # fmt: skip
-        cp.wait_group(NBUF)  # q landed (the gathers stay in flight)
-        _cta_barrier()
-        q_smem.store(q_land.load(ld).to(cdt))  # (the loop's barriers order it before the dots)
+        _fp8_ring_start(q_smem, q_land, d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
+                        sc_ptr, t_start, n_local, n_lim, stride_d16, stride_r8, stride_s, D_FP8,
+                        CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls, ld)  # fmt: skip
 
         m_i = gl.full([BLOCK_H], -float("inf"), gl.float32, layout=gl.SliceLayout(0, acc_l))
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(0, acc_l))
@@ -314,26 +310,16 @@ if AVAILABLE:
         offs_n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, acc_l))
         for j in range(0, n_local):
             buf = j % NBUF
-            cp.wait_group(NBUF - 1)  # tile j landed (this thread's copies)
-            o_j = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))  # P V read the staging
-            _cta_barrier()  # everyone's copies landed, the staging tile and P^T are free
-            if DROP != 3:
-                _dequant_tile(kv_st, d8_ring, rope_ring, sc_ring, buf, D_FP8, CW, NCH,
-                              D_ROPE, ROPE_IN_V, l8, lr)  # fmt: skip
-            fence_async_shared()  # this thread's staging writes visible to wgmma,
-            _cta_barrier()  # ...everyone's; the slot is read
-            if D_TAIL == 0:
-                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
-                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
+            o_j = _fp8_stage(acc, j, kv_st, d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr,
+                             rope_ptr, sc_ptr, t_start, n_local, n_lim, stride_d16, stride_r8,
+                             stride_s, D_FP8, CW, NCH, NSC, D_ROPE, ROPE_IN_V, BLOCK_N, NBUF,
+                             l8, lr, ls, DROP)  # fmt: skip
             s = _score_t(kv_st, rope_ring.index(buf), q_smem, qt_smem, s_zero, D_TAIL, DROP)
             if D_TAIL > 0:  # the tail dot read the rope slot: refill it only now
                 _cta_barrier()
-                _issue_gather_fp8(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr,
-                                  sc_ptr, j + NBUF, t_start, n_local, n_lim, stride_d16,
-                                  stride_r8, stride_s, D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N,
-                                  NBUF, l8, lr, ls, DROP == 1)  # fmt: skip
+                _fp8_refill(d8_ring, rope_ring, sc_ring, idx_smem, d8_ptr, rope_ptr, sc_ptr, j,
+                            t_start, n_local, n_lim, stride_d16, stride_r8, stride_s, D_FP8,
+                            CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls, DROP)  # fmt: skip
             valid = ((t_start + j) * BLOCK_N + offs_n_s < n_lim) & (
                 idx_smem.index(j).load(gl.SliceLayout(1, acc_l)) >= 0)
             m_i, l_i, acc = _softmax_pv(s, valid, m_i, l_i, o_j, kv_st, p_smem, scale_log2,
