@@ -129,9 +129,9 @@ def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=F
     rel = torch.expm1(2 * delta)[..., None] + u_p + g + (u_kv if kv_rounded else 0.0)
     rel = rel + (u_in if partial_rounded else 0.0)
     out_tol = 2 * (rel * m + u_in * out_ex.abs())
-    if kv_rounded:
+    if kv_rounded and gluon16:
         v_max = rows[..., :d_v].abs().amax(dim=(1, 2))[:, None, None]  # [B, 1, 1]
-        out_tol = out_tol + 2 * (abs_kv + (topk * 2.0**-25 * v_max if gluon16 else 0.0))
+        out_tol = out_tol + 2 * (abs_kv + topk * 2.0**-25 * v_max)
     lse_tol = 2 * (delta + g * (1 + lse.abs().nan_to_num(posinf=0.0)))
     return out_ex.cpu(), lse.cpu(), out_tol.cpu(), lse_tol.cpu()
 
