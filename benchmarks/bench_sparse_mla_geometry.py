@@ -19,6 +19,7 @@ import argparse
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,6 +38,12 @@ def candidates(shape: bsm.Shape, b: int) -> dict:
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
     out = {"default": None}
+    dflt = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+    if b >= 16:  # the split's other costs at mid B: partial dtype, merge launch, split count
+        for label, kw in (("p16", dict(partial_dtype="input")), ("pdl", dict(merge="pdl")),
+                          ("p16-pdl", dict(partial_dtype="input", merge="pdl")),
+                          ("waves0.5", dict(waves=0.5)), ("waves2", dict(waves=2.0))):  # fmt: skip
+            out[label] = replace(dflt, **kw)
     if default_config(b, shape.heads, shape.d_qk, torch.bfloat16) != GLUON_WS:
         out["ws"] = GLUON_WS  # the warp-specialised Gluon kernel, where it is not the default
     for bn, nk in ((32, 4), (32, 3), (16, 8)):  # its other tile / K-ring geometries
