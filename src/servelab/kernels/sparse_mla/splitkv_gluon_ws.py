@@ -139,6 +139,9 @@ if AVAILABLE:
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
         acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+        cp.wait_group(0)  # q (this partition's copies), while the loader's first gathers fly
+        fence_async_shared()
+        _cta_barrier()
         for j in range(0, n_local):
             buf = j % NK
             mbarrier.wait(k_ready.index(buf), (j // NK) & 1)
@@ -253,7 +256,10 @@ if AVAILABLE:
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
-        # q, by the scorer's warps before the partitions start.
+        # q, issued by the scorer's warps before the partitions start; the scorer waits for it
+        # just before its first score dot, so q's load overlaps the loader's first gathers
+        # (H200, 2026-11-30: 1-2% faster at V4-Flash and H32 B = 32-128, two interleaved
+        # timings; docs/performance.md, seventh follow-up).
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
         _load_q(q_smem, q_ptr + b * (stride_qb8 * 8), hb, H, stride_qh8, D_V, BLOCK_H, ld)
         cp.commit_group()
@@ -275,8 +281,7 @@ if AVAILABLE:
         mbarrier.init(p_ready, count=1)
         mbarrier.init(p_free, count=1)
         mbarrier.init(done, count=1)
-        cp.wait_group(0)
-        fence_async_shared()  # q, visible to wgmma
+        fence_async_shared()  # the barriers' initialisation, before any partition uses them
         _cta_barrier()
 
         gl.warp_specialize([
