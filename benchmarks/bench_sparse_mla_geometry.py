@@ -34,19 +34,11 @@ MAX_REL_ERR = 1e-2
 
 def candidates(shape: bsm.Shape, b: int) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell)."""
-    from servelab.kernels.sparse_mla.splitkv import (
-        GLUON_RQ,
-        GLUON_WIDE,
-        GLUON_WS,
-        default_config,
-        nh_config,
-    )
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, GLUON_WS, default_config, nh_config
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
     out = {"default": None}
     dflt = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
-    if shape.d_qk == shape.d_v and dflt != GLUON_RQ:  # q in registers, 3 K buffers (V4 widths)
-        out["rq"] = GLUON_RQ
     if b >= 16:  # the split's other costs at mid B: partial dtype, merge launch, split count
         for label, kw in (("p16", dict(partial_dtype="input")), ("pdl", dict(merge="pdl")),
                           ("p16-pdl", dict(partial_dtype="input", merge="pdl")),
@@ -185,9 +177,8 @@ def main(argv: list[str]) -> int:
                 path=dict(LAST_PATH))  # fmt: skip
             # A Gluon candidate this launch cannot serve runs a Triton kernel on its geometry:
             # never time that under the Gluon label.
-            want = ("_ws" if label.startswith("ws") else "_rq" if label.startswith("rq")
-                    else "_nh" if "nh" in label else "gluon" if "gluon" in label
-                    else "")  # fmt: skip
+            want = ("_ws" if label.startswith("ws") else "_nh" if "nh" in label
+                    else "gluon" if "gluon" in label else "")  # fmt: skip
             if want and want not in LAST_PATH["split"]:
                 checks[(shape.name, b, label)] = dict(
                     error=f"ran {LAST_PATH['split']}, not the kernel its label names")

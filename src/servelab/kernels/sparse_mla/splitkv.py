@@ -29,19 +29,12 @@ import triton
 import triton.language as tl
 
 from . import merge as merge_mod
-from . import (
-    splitkv_gluon,
-    splitkv_gluon_fp8,
-    splitkv_gluon_nh,
-    splitkv_gluon_rq,
-    splitkv_gluon_ws,
-)
+from . import splitkv_gluon, splitkv_gluon_fp8, splitkv_gluon_nh, splitkv_gluon_ws
 from .fp8_split import MAX_CHUNKS, _sparse_mla_split_fp8_kernel
 from .merge import fused_merge_epilogue, gdc_launch_dependents
 from .reference import check_inputs
 from .splitkv_config import (  # noqa: F401 - re-exported: the launch geometry lives there
     GLUON_KERNELS,
-    GLUON_RQ,
     GLUON_WIDE,
     GLUON_WS,
     MAX_SPLITS,
@@ -273,8 +266,7 @@ def _gluon_module(kernel: str, fp8: bool):
     """The Gluon module a config's kernel names (None: a Triton kernel)."""
     if fp8:
         return {"gluon": splitkv_gluon_fp8, "nh": splitkv_gluon_nh}.get(kernel)
-    return {"gluon": splitkv_gluon, "ws": splitkv_gluon_ws, "nh": splitkv_gluon_nh,
-            "rq": splitkv_gluon_rq}.get(kernel)  # fmt: skip
+    return {"gluon": splitkv_gluon, "ws": splitkv_gluon_ws, "nh": splitkv_gluon_nh}.get(kernel)
 
 
 def splitkv_decode(

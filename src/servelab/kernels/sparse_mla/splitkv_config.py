@@ -13,8 +13,8 @@ from . import splitkv_gluon
 from .merge import MERGES
 
 MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
-KERNELS = ("tl", "rp", "gluon", "ws", "nh", "rq")
-GLUON_KERNELS = ("gluon", "ws", "nh", "rq")
+KERNELS = ("tl", "rp", "gluon", "ws", "nh")
+GLUON_KERNELS = ("gluon", "ws", "nh")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +52,7 @@ class SplitConfig:
     # splitkv_gluon_fp8.py for an FP8 one) or "ws" (splitkv_gluon_ws.py: Hopper, 16-bit cache,
     # loader / scorer / second-half partitions, num_stages = K buffers) or "nh"
     # (splitkv_gluon_nh.py: Hopper, all heads in one 16- or 32-head block on the wgmma N
-    # dimension, 64-token tiles, 4 warps, 16-bit or FP8 cache, num_stages = ring depth) or "rq"
-    # (splitkv_gluon_rq.py: Hopper, 16-bit cache without a score-only tail, q in the scorer's
-    # registers, two P V partitions, num_stages = K buffers >= 3). A
+    # dimension, 64-token tiles, 4 warps, 16-bit or FP8 cache, num_stages = ring depth). A
     # launch the chosen kernel cannot serve (fused merge, no Hopper GPU, other tiles, "rp" or
     # "ws" with an FP8 cache) runs a Triton kernel on the same geometry ("tl", or for an FP8
     # cache the per-chunk or reshape kernel by fp8_chunked); LAST_PATH["split"] says which ran.
@@ -115,8 +113,6 @@ GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas
                          prefetch_idx=False, kernel="gluon")  # fmt: skip
 GLUON_WS = SplitConfig(block_h=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,
                        prefetch_idx=False, kernel="ws")  # fmt: skip
-GLUON_RQ = SplitConfig(block_h=64, block_n=64, num_warps=4, num_stages=3, ctas_per_sm=1,
-                       prefetch_idx=False, kernel="rq")  # fmt: skip
 GLUON_MIN_H = 32
 GLUON_MIN_B = 8
 GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
