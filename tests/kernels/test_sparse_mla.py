@@ -174,6 +174,38 @@ def test_many_splits_combine_in_column_slices(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_merge_kernel_against_a_float64_merge(device):
+    """The merge kernel alone (d_v = 96: a partial column slice; 20 splits: 32-column slices):
+    random partials in fp32 and fp16, empty splits (lse -inf, O garbage that must weigh 0) and
+    one head with every split empty (out 0, lse -inf), against lse = log sum_s exp(lse_s),
+    O = sum_s exp(lse_s - lse) O_s in float64. Tolerance: fp32 weights and sums (a few ulp of
+    the largest |O_s|), then the output's rounding."""
+    from servelab.kernels.sparse_mla.merge import launch_merge
+
+    gen = torch.Generator(device="cpu").manual_seed(1)
+    b, h, d_v = 3, 20, 96
+    for s, p_dtype in ((3, torch.float32), (20, torch.float16)):
+        po = torch.randn(b, s, h, d_v, generator=gen).to(p_dtype)
+        plse = 4 * torch.randn(b, s, h, generator=gen)
+        plse[0, 1:, 2] = -math.inf  # one split left
+        plse[1, :, 7] = -math.inf  # nothing at all: out 0, lse -inf
+        plse[2, 0, :] = -math.inf  # an empty split for every head of a request
+        lse_ex = torch.logsumexp(plse.double(), dim=1)
+        w = torch.exp(plse.double() - lse_ex[:, None].nan_to_num(neginf=0.0))
+        out_ex = (w[..., None] * po.double()).sum(1)
+        out_ex[1, 7] = 0.0
+        out = torch.full((b, h, d_v), math.nan, dtype=torch.float16, device=device)
+        lse = torch.full((b, h), math.nan, dtype=torch.float32, device=device)
+        launch_merge((po.to(device), plse.to(device)), out, lse, pdl=False)
+        tol = 2**-11 * out_ex.abs() + 32 * 2**-24 * po.double().abs().amax() + 1e-7
+        err = (out.cpu().double() - out_ex).abs()
+        assert torch.all(err <= tol), (s, (err - tol).max().item())
+        fin = torch.isfinite(lse_ex)
+        assert torch.all(torch.isneginf(lse.cpu()[~fin])) and (~fin).sum() == 1
+        assert torch.allclose(lse.cpu()[fin].double(), lse_ex[fin], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_fused_and_pdl_merges_match_and_reset_counters(device):
     """merge="fused": the last split program of each (request, head block), found with an
     atomic counter, merges. Several split counts (6 > 4 tiles: empty splits), two head
