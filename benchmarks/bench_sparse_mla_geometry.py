@@ -32,14 +32,15 @@ import bench_sparse_mla as bsm  # noqa: E402
 MAX_REL_ERR = 1e-2
 
 
-def candidates(shape: bsm.Shape, b: int) -> dict:
-    """label -> SplitConfig (None = the shipped default for this cell)."""
+def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
+    """label -> SplitConfig (None = the shipped default for this cell); `split_costs` adds the
+    default with 16-bit partials, a PDL merge, and half or twice the splits at B >= 16."""
     from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, GLUON_WS, default_config, nh_config
     from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
 
     out = {"default": None}
     dflt = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
-    if b >= 16:  # the split's other costs at mid B: partial dtype, merge launch, split count
+    if split_costs and b >= 16:  # the split's other costs: partial dtype, merge, split count
         for label, kw in (("p16", dict(partial_dtype="input")), ("pdl", dict(merge="pdl")),
                           ("p16-pdl", dict(partial_dtype="input", merge="pdl")),
                           ("waves0.5", dict(waves=0.5)), ("waves2", dict(waves=2.0))):  # fmt: skip
@@ -97,6 +98,9 @@ def main(argv: list[str]) -> int:
                     "timed with its gathers or its dots dropped (diagnostics), e.g. 64,128")
     ap.add_argument("--fp8", action="store_true", help="FP8 KV kernels against the bf16 "
                     "default (--drops then also drops the FP8 Gluon kernel's dequantisation)")
+    ap.add_argument("--split-costs", action="store_true", help="at B >= 16 also time the "
+                    "default with 16-bit partials (p16), a PDL merge (pdl, p16-pdl) and half or "
+                    "twice the splits (waves0.5, waves2)")
     ap.add_argument("--wait-file", default="", help="after compiling, wait for this file")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no cell after this")
     ap.add_argument("--smoke", action="store_true", help="CPU interpreter, toy shapes")
@@ -129,7 +133,8 @@ def main(argv: list[str]) -> int:
             caches[shape.name] = bsm.fp8_cache(shape, data[shape.name])
         for b in batches:
             cands = (fp8_candidates(shape, b) if args.fp8 else
-                     {k: ("splitkv", c) for k, c in candidates(shape, b).items()})  # fmt: skip
+                     {k: ("splitkv", c)
+                      for k, c in candidates(shape, b, args.split_costs).items()})  # fmt: skip
             for label, (variant, cfg) in cands.items():
                 if not only or label in only:
                     jobs.append((shape, b, label, variant, cfg, ""))
