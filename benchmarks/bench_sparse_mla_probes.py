@@ -1,0 +1,181 @@
+"""Probes behind docs/performance.md's sparse-MLA follow-ups (CUDA only), one per subcommand:
+
+- ``profile``: per-kernel device time of the default split-KV call (the split kernel and the
+  merge), torch.profiler records of a CUDA graph of rotated calls, beside the graph's time
+  per call; ``--waves 0.5`` also times half the splits.
+- ``gather``: how fast random KV rows can be gathered at all: a Triton kernel that only loads
+  each request's rows (64- or 32-row tiles) and sums them, for several grids and warps.
+- ``stride``: the default kernel on the same rows in caches whose rows lie 1024, 1040, 1152
+  and 1280 bytes apart (is the gather bound by the row stride?), and torch.index_select.
+- ``graph-shape``: V3.2 at B = 128 timed as a graph of 1 or 24 calls over 1 or 2 input sets
+  (what L2 reuse or sustained load does to a compute-bound cell).
+
+    PYTHONPATH=src python3 benchmarks/bench_sparse_mla_probes.py profile \\
+        --shapes v4-flash,v4-pro --batches 16,32,64,128 [--waves 0.5]
+    PYTHONPATH=src python3 benchmarks/bench_sparse_mla_probes.py gather
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from dataclasses import replace
+from functools import partial
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_sparse_mla as bsm  # noqa: E402
+
+POOL = 1 << 20  # KV rows, as in the benchmarks (1.1-1.2 GB: far beyond L2)
+
+
+def _kv(shape: bsm.Shape, width: int | None = None) -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.randn(POOL, width or shape.d_qk, device="cuda").to(torch.bfloat16)
+
+
+def _graph_us(calls, reps: int = 30) -> float:
+    return bsm.summarize(bsm.time_graph(bsm.cycled(calls, bsm.MIN_GRAPH_CALLS), reps))["us"]
+
+
+def profile(args) -> None:
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
+
+    shapes = {s.name: s for s in bsm.SHAPES}
+    for name in args.shapes.split(","):
+        shape = shapes[name]
+        kv = _kv(shape)
+        scale = shape.d_qk**-0.5
+        for b in [int(x) for x in args.batches.split(",")]:
+            for waves in [None] + ([args.waves] if args.waves else []):
+                cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+                if waves:
+                    cfg = replace(cfg, waves=waves)
+                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 64), seed=1)
+                calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=cfg)
+                         for q, i in sets]  # fmt: skip
+                us = _graph_us(calls, 20)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    for c in calls:
+                        c()
+                g.replay()
+                torch.cuda.synchronize()
+                with torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:  # fmt: skip
+                    for _ in range(5):
+                        g.replay()
+                    torch.cuda.synchronize()
+                evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+                agg = collections.defaultdict(list)
+                for e in evs:
+                    kind = "merge" if "merge" in e.name else "split" if "split" in e.name else e.name
+                    agg[kind].append(e.device_time)
+                spans = sorted((e.time_range.start, e.time_range.end) for e in evs)
+                span = (spans[-1][1] - spans[0][0]) / (5 * len(calls)) if spans else float("nan")
+                parts = "  ".join(f"{k} {sum(v) / len(v):7.2f} us" for k, v in sorted(agg.items()))
+                print(f"{name:17} B={b:4} waves={waves or cfg.waves:<4} call {us:7.2f} us  "
+                      f"kernels' span/call {span:7.2f}  {parts}  {LAST_PATH}", flush=True)  # fmt: skip
+        del kv
+        torch.cuda.empty_cache()
+
+
+def gather(args) -> None:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gather_sum(kv, idx, out, topk, per_split, D: tl.constexpr, BN: tl.constexpr):
+        b = tl.program_id(0)
+        s = tl.program_id(1)
+        offs_d = tl.arange(0, D)
+        acc = tl.zeros([BN, D], tl.float32)
+        t0 = s * per_split
+        for t in tl.range(t0, t0 + per_split, BN):
+            offs = t + tl.arange(0, BN)
+            i = tl.load(idx + b * topk + offs, mask=offs < topk, other=0).to(tl.int64)
+            acc += tl.load(kv + i[:, None] * D + offs_d[None, :], mask=(offs < topk)[:, None],
+                           other=0.0).to(tl.float32)  # fmt: skip
+        tl.store(out + (b * tl.num_programs(1) + s) * D + offs_d, tl.sum(acc, 0))
+
+    shape = {s.name: s for s in bsm.SHAPES}["v4-flash"]
+    kv = _kv(shape)
+    for b in (32, 64, 128):
+        sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
+        for splits in (1, 2, 4):
+            for stages, warps in ((2, 4), (3, 4), (4, 8), (3, 8)):
+                out = torch.empty(b * splits, shape.d_v, device="cuda")
+                per = triton.cdiv(shape.topk, splits)
+                launch = gather_sum[(b, splits)]
+                calls = [partial(launch, kv, i, out, shape.topk, per, D=shape.d_qk,
+                                 BN=32 if warps == 4 else 64, num_stages=stages,
+                                 num_warps=warps) for _, i in sets]  # fmt: skip
+                us = _graph_us(calls)
+                tbs = b * shape.topk * shape.d_qk * 2 / us / 1e6
+                print(f"gather only, V4-Flash rows, B={b:4} splits={splits} stages={stages} "
+                      f"warps={warps}: {us:7.2f} us  {tbs:.2f} TB/s", flush=True)  # fmt: skip
+
+
+def stride(args) -> None:
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, splitkv_decode
+
+    shape = {s.name: s for s in bsm.SHAPES}["v4-flash"]
+    b, scale = 128, shape.d_qk**-0.5
+    for width in (512, 520, 576, 640):
+        kv = _kv(shape, width)[:, : shape.d_qk]  # the same 512 columns, rows `width` apart
+        sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
+        for drop in ("", "dots"):
+            calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=GLUON_WS,
+                             drop=drop) for q, i in sets]  # fmt: skip
+            print(f"V4-Flash B={b} rows {width * 2} B apart: ws {drop or 'full':5} "
+                  f"{_graph_us(calls):8.2f} us", flush=True)  # fmt: skip
+        idx = [i.view(-1).long() for _, i in sets]
+        out = torch.empty(idx[0].numel(), shape.d_qk, dtype=kv.dtype, device="cuda")
+        us = _graph_us([partial(torch.index_select, kv, 0, i, out=out) for i in idx])
+        print(f"V4-Flash B={b} rows {width * 2} B apart: index_select {us:8.2f} us "
+              f"{idx[0].numel() * shape.d_qk * 2 / us / 1e6:.2f} TB/s read", flush=True)  # fmt: skip
+        del kv
+        torch.cuda.empty_cache()
+
+
+def graph_shape(args) -> None:
+    shape = {s.name: s for s in bsm.SHAPES}["v3.2"]
+    kv = _kv(shape)
+    sets = bsm.make_inputs(shape, 128, kv, 2, seed=128)
+    for rnd in range(2):
+        for label, r, n in (("1 set, 1 call", 1, 1), ("1 set, 24 calls", 1, 24),
+                            ("2 sets, 24 calls", 2, 24), ("2 sets, 2 calls", 2, 2)):  # fmt: skip
+            calls = bsm.variant_calls("splitkv", shape, sets[:r], kv)
+            s = bsm.summarize(bsm.time_graph(bsm.cycled(calls, n), 40))
+            print(f"round {rnd} V3.2 B=128 graph of {label:16s} {s['us']:8.2f} us "
+                  f"(p10 {s['p10_us']:.2f}, p90 {s['p90_us']:.2f})", flush=True)  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="probe", required=True)
+    p = sub.add_parser("profile", help="split vs merge device time per call")
+    p.add_argument("--shapes", default="v4-flash,v4-pro,v3.2,v4-flash-tp2-h32")
+    p.add_argument("--batches", default="16,32,64,128")
+    p.add_argument("--waves", type=float, default=0.0, help="also time this many waves")
+    sub.add_parser("gather", help="a gather-only kernel's bandwidth (V4-Flash rows)")
+    sub.add_parser("stride", help="the default kernel at several KV row strides")
+    sub.add_parser("graph-shape", help="V3.2 B = 128 in graphs of 1 or 24 calls, 1 or 2 sets")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("these probes time CUDA kernels: run them on a machine with an NVIDIA GPU")
+    by_shape = {s.name for s in bsm.SHAPES}
+    if args.probe == "profile":
+        unknown = set(args.shapes.split(",")) - by_shape
+        if unknown:
+            ap.error(f"unknown shape(s) {sorted(unknown)}; choose from {sorted(by_shape)}")
+    {"profile": profile, "gather": gather, "stride": stride,
+     "graph-shape": graph_shape}[args.probe](args)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
