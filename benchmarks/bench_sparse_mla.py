@@ -133,10 +133,9 @@ def time_host(calls, reps: int) -> list[float]:
     return out
 
 
-def time_graph(calls, reps: int) -> list[float]:
-    """us per call for each replay of a graph holding all `calls` back to back."""
-    if DEVICE == "cpu":
-        return time_host(calls, reps)
+def capture_graph(calls) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of all `calls` back to back (compiled and warmed first, also on a side
+    stream as capture wants), replayed once."""
     for c in calls:  # compile + warm outside capture
         c()
     torch.cuda.synchronize()
@@ -152,6 +151,14 @@ def time_graph(calls, reps: int) -> list[float]:
             c()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def time_graph(calls, reps: int) -> list[float]:
+    """us per call for each replay of a graph holding all `calls` back to back."""
+    if DEVICE == "cpu":
+        return time_host(calls, reps)
+    g = capture_graph(calls)
     out = time_events(g.replay, reps, len(calls))
     del g
     return out

@@ -58,12 +58,7 @@ def profile(args) -> None:
                 calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=cfg)
                          for q, i in sets]  # fmt: skip
                 us = _graph_us(calls, 20)
-                g = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g):
-                    for c in calls:
-                        c()
-                g.replay()
-                torch.cuda.synchronize()
+                g = bsm.capture_graph(calls)
                 with torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:  # fmt: skip
                     for _ in range(5):
