@@ -45,14 +45,14 @@ def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
                           ("p16-pdl", dict(partial_dtype="input", merge="pdl")),
                           ("waves0.5", dict(waves=0.5)), ("waves2", dict(waves=2.0))):  # fmt: skip
             out[label] = replace(dflt, **kw)
-    if default_config(b, shape.heads, shape.d_qk, torch.bfloat16) != GLUON_WS:
+    if dflt != GLUON_WS:
         out["ws"] = GLUON_WS  # the warp-specialised Gluon kernel, where it is not the default
     for bn, nk in ((32, 4), (32, 3), (16, 8)):  # its other tile / K-ring geometries
         out[f"ws-bn{bn}-nk{nk}"] = C(64, bn, 4, nk, 1, prefetch_idx=False, kernel="ws")
     tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
-    if tl != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
+    if tl != dflt:
         out["tl"] = tl  # the Triton-only default, where the default now differs
-    if default_config(b, shape.heads, shape.d_qk, torch.bfloat16).kernel != "gluon":
+    if dflt.kernel != "gluon":
         out["gluon"] = GLUON_WIDE  # the one-partition Gluon kernel (the default before ws)
     if shape.heads <= 32:  # the few-heads kernel (heads on wgmma N), the ring depths that fit
         from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_nh
@@ -62,7 +62,7 @@ def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
             kc = splitkv_gluon.consts(cfg, shape.d_v, shape.d_qk - shape.d_v,
                                       -(-shape.topk // cfg.block_n), "")  # fmt: skip
             fits = splitkv_gluon_nh.smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT
-            if fits and cfg != default_config(b, shape.heads, shape.d_qk, torch.bfloat16):
+            if fits and cfg != dflt:
                 out[f"nh-nb{nbuf}"] = cfg
     return out
 
