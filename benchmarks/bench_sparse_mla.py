@@ -10,10 +10,12 @@ Full results go to OUT/bench_sparse_mla.jsonl and OUT/bench_sparse_mla.log.
 FP8 kernels against bf16 (issue 5 follow-up), compiling all cells first; --wait-file lets GPU
 tests run during that compile phase and holds the timing until they are done.
 
-Timing: R calls with R different (q, indices) sets are captured in one CUDA graph, so the
-rows a call gathers were evicted by the R-1 calls before it (R x working set >= 4 x L2), and
-each replay is timed with CUDA events; the reported time is the median over replays of
-replay time / R. Torch eager runs un-graphed (that is what "eager" costs), same rotation.
+Timing: R different (q, indices) sets (R >= 2, R x working set >= 4 x L2), and their calls
+captured in one CUDA graph in whole cycles of R until it holds >= 24 calls (so the graph's
+own launch is a small share of a call), so the rows a call gathers were evicted by the R-1
+calls before it; each replay is timed with CUDA events, and the reported time is the median
+over replays of replay time / calls in the graph (`graph_calls` in the JSONL). Torch eager
+runs un-graphed (that is what "eager" costs): R calls, same rotation.
 Roofline floor = max(bytes / 4.24e12 B/s, FLOPs / 701e12 FLOP/s), the copy bandwidth and bf16
 matmul rate measured on this H200 (CONTEXT.md).
 
@@ -66,9 +68,9 @@ BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 SMOKE_SHAPES = [Shape("toy-tail", 20, 48, 32, 70), Shape("toy", 8, 32, 32, 40)]
 DEVICE = "cuda"
 ROT_CAP = 128  # most rotated input sets per graph
-# Fewest calls per graph: a graph cycles through its R input sets until it holds this many
-# calls, so the graph's own launch (~5 us a replay on the H200) adds < 0.25 us to a call. With
-# R calls alone (R = 3 at V4-Flash B = 128) a third of that launch was charged to each call.
+# Fewest calls per graph: a graph cycles through its R input sets (whole cycles) until it
+# holds this many calls, so the graph's own launch (~5 us a replay on the H200) adds < 0.25 us
+# to a call. With R calls alone (R = 3 at V4-Flash B = 128) a third of it went to each call.
 MIN_GRAPH_CALLS = 24
 
 
@@ -118,8 +120,10 @@ def rotations(shape: Shape, b: int, cap: int) -> int:
 
 
 def cycled(calls: list, n: int) -> list:
-    """`calls` repeated in order until there are at least n (a graph's calls)."""
-    return [calls[i % len(calls)] for i in range(max(n, len(calls)))]
+    """`calls` repeated in order, whole cycles only, until there are at least n (a graph's
+    calls): every set then comes back after all R - 1 others, also across replays (a partial
+    last cycle would bring the first sets back sooner, their rows possibly still in L2)."""
+    return calls * max(1, -(-n // len(calls)))
 
 
 def time_host(calls, reps: int) -> list[float]:

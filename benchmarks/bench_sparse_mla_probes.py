@@ -54,11 +54,12 @@ def profile(args) -> None:
                 cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
                 if waves:
                     cfg = replace(cfg, waves=waves)
-                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 64), seed=1)
-                calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=cfg)
-                         for q, i in sets]  # fmt: skip
+                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=1)
+                calls = bsm.cycled([partial(splitkv_decode, q, kv, i, scale, shape.d_v,
+                                            config=cfg) for q, i in sets],
+                                   bsm.MIN_GRAPH_CALLS)  # fmt: skip
                 us = _graph_us(calls, 20)
-                g = bsm.capture_graph(calls)
+                g = bsm.capture_graph(calls)  # the same calls, profiled
                 with torch.profiler.profile(
                     activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:  # fmt: skip
                     for _ in range(5):
@@ -89,10 +90,11 @@ def gather(args) -> None:
         offs_d = tl.arange(0, D)
         acc = tl.zeros([BN, D], tl.float32)
         t0 = s * per_split
+        lim = tl.minimum(topk, t0 + per_split)  # this split's rows only
         for t in tl.range(t0, t0 + per_split, BN):
             offs = t + tl.arange(0, BN)
-            i = tl.load(idx + b * topk + offs, mask=offs < topk, other=0).to(tl.int64)
-            acc += tl.load(kv + i[:, None] * D + offs_d[None, :], mask=(offs < topk)[:, None],
+            i = tl.load(idx + b * topk + offs, mask=offs < lim, other=0).to(tl.int64)
+            acc += tl.load(kv + i[:, None] * D + offs_d[None, :], mask=(offs < lim)[:, None],
                            other=0.0).to(tl.float32)  # fmt: skip
         tl.store(out + (b * tl.num_programs(1) + s) * D + offs_d, tl.sum(acc, 0))
 
