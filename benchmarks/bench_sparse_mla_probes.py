@@ -9,6 +9,10 @@
   and 1280 bytes apart (is the gather bound by the row stride?), and torch.index_select.
 - ``graph-shape``: V3.2 at B = 128 timed as a graph of 1 or 24 calls over 1 or 2 input sets
   (what L2 reuse or sustained load does to a compute-bound cell).
+- ``merge-trace``: at small B, where the merge kernel's programs run (SM ids) and when
+  (globaltimer at entry, after the PDL wait, at the end; the last call of a replayed graph),
+  and the default call timed with other merge geometries (warps, columns per program),
+  interleaved over rounds.
 
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla_probes.py profile \\
         --shapes v4-flash,v4-pro --batches 16,32,64,128 [--waves 0.5]
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import re
+import statistics
 import sys
 from dataclasses import replace
 from functools import partial
@@ -151,6 +157,119 @@ def graph_shape(args) -> None:
                   f"(p10 {s['p10_us']:.2f}, p90 {s['p90_us']:.2f})", flush=True)  # fmt: skip
 
 
+# A merge geometry: "default", or any of wN (warps), cN (d_v columns per program), capN (the
+# default columns' cap in tile elements), e.g. "w2c256" or "cap8192" (the cap before 16K).
+MERGE_VARIANT = re.compile(r"default|(?=.)(?:w(\d+))?(?:c(\d+))?(?:cap(\d+))?")
+
+
+def _merge_overrides(label: str) -> dict:
+    m = MERGE_VARIANT.fullmatch(label)
+    if m is None:
+        raise SystemExit(f"bad merge variant {label!r}: use default or wN, cN, capN (e.g. w2c256)")
+    keys = ("num_warps", "block_dvc", "tile_elems")
+    return {k: int(v) for k, v in zip(keys, m.groups(), strict=True) if v}
+
+
+def _trace_summary(tr: torch.Tensor) -> str:
+    """One line from a merge trace [programs, 4] (SM, entry, after wait, end; ns)."""
+    sm, t_in, t_wait, t_end = (tr[:, i] for i in range(4))
+    per_sm = torch.bincount(sm.long())
+    per_sm = per_sm[per_sm > 0]
+    t0 = int(t_wait.min())  # the split kernel's results are visible from here
+
+    def us(x) -> float:
+        return float(x) / 1e3
+
+    run = (t_end - t_wait).double()
+    return (f"programs {tr.shape[0]:4}  SMs {per_sm.numel():3}  per SM max {int(per_sm.max())}  "
+            f"entered {us(t_in.min() - t0):+6.2f}..{us(t_in.max() - t0):+6.2f} us  "
+            f"waits end over {us(t_wait.max() - t0):5.2f} us  "
+            f"run median {us(run.median()):5.2f} max {us(run.max()):5.2f}  "
+            f"last end {us(t_end.max() - t0):5.2f} us after the first wait")  # fmt: skip
+
+
+def merge_trace(args) -> None:
+    from servelab.kernels.sparse_mla import merge as merge_mod
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    original = merge_mod.launch_merge
+    shapes = {s.name: s for s in bsm.SHAPES}
+    labels = args.variants.split(",")
+    variants = {label: _merge_overrides(label) for label in labels}
+    table = collections.defaultdict(list)
+    try:
+        for name in args.shapes.split(","):
+            shape = shapes[name]
+            kv = _kv(shape)
+            scale = shape.d_qk**-0.5
+            for b in [int(x) for x in args.batches.split(",")]:
+                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
+                ref_out = None
+                for rnd in range(args.rounds):
+                    for label in labels:
+                        kw = variants[label]
+                        state = {}
+
+                        def launch(partials, out, lse, pdl, _kw=kw, _state=state, **more):
+                            kw2 = dict(_kw, **more)
+                            if "trace" in _state:
+                                kw2["trace"] = _state["trace"]
+                            _state["grid"] = merge_mod.merge_grid(
+                                tuple(partials[0].shape), kw2.get("block_dvc"),
+                                kw2.get("tile_elems", merge_mod.MERGE_TILE_ELEMS))[0]  # fmt: skip
+                            return original(partials, out, lse, pdl, **kw2)
+
+                        merge_mod.launch_merge = launch
+                        calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v)
+                                 for q, i in sets]  # fmt: skip
+                        out, _ = calls[0]()
+                        if LAST_PATH["merge"] in ("single", "fused"):
+                            print(f"{name} B={b}: merge {LAST_PATH['merge']}, nothing to trace")
+                            break
+                        if ref_out is None:
+                            ref_out = out.float().clone()
+                        err = (out.float() - ref_out).abs().max().item()
+                        tol = 1e-2 * ref_out.abs().max().item()
+                        if not err <= tol:
+                            raise SystemExit(f"{name} B={b} {label}: output differs from the "
+                                             f"first variant ({labels[0]}) by {err:.3g} (> {tol:.3g})")
+                        us = _graph_us(calls, args.reps)
+                        table[(name, b, label)].append(us)
+                        line = ""
+                        if rnd == 0:
+                            grid = state["grid"]
+                            state["trace"] = torch.zeros(4 * grid[0] * grid[1] * grid[2],
+                                                         dtype=torch.int64, device="cuda")
+                            g = bsm.capture_graph(bsm.cycled(calls, bsm.MIN_GRAPH_CALLS))
+                            for _ in range(3):
+                                g.replay()
+                            torch.cuda.synchronize()
+                            line = _trace_summary(state["trace"].view(-1, 4).cpu())
+                            del g
+                        print(f"round {rnd} {name:17} B={b:3} merge {label:8} "
+                              f"{LAST_PATH['merge']:6} {us:7.2f} us  {line}", flush=True)  # fmt: skip
+                    else:
+                        continue
+                    break
+            del kv
+            torch.cuda.empty_cache()
+    finally:
+        merge_mod.launch_merge = original
+    print("\nus per call (median over rounds of each round's median); * = faster than default by > 2%")
+    print(f"{'shape':17} {'B':>3} " + " ".join(f"{lab:>9}" for lab in labels))
+    for name in args.shapes.split(","):
+        for b in [int(x) for x in args.batches.split(",")]:
+            if (name, b, labels[0]) not in table:
+                continue
+            med = {lab: statistics.median(table[(name, b, lab)]) for lab in labels}
+            base = med.get("default")
+            cells = []
+            for lab in labels:
+                star = "*" if base and med[lab] < 0.98 * base else " "
+                cells.append(f"{med[lab]:8.2f}{star}")
+            print(f"{name:17} {b:3} " + " ".join(cells), flush=True)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="probe", required=True)
@@ -161,16 +280,23 @@ def main(argv: list[str]) -> int:
     sub.add_parser("gather", help="a gather-only kernel's bandwidth (V4-Flash rows)")
     sub.add_parser("stride", help="the default kernel at several KV row strides")
     sub.add_parser("graph-shape", help="V3.2 B = 128 in graphs of 1 or 24 calls, 1 or 2 sets")
+    p = sub.add_parser("merge-trace", help="where and when the merge's programs run; merge geometries")
+    p.add_argument("--shapes", default="v4-flash,v4-flash-tp2-h32,v3.2-tp8-h16,v4-pro,v3.2")
+    p.add_argument("--batches", default="1,2,4,8")
+    p.add_argument("--variants", default="default,cap8192,w2c256,w8",
+                   help="merge geometries: default, or wN (warps) cN (columns) capN (tile cap)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("these probes time CUDA kernels: run them on a machine with an NVIDIA GPU")
     by_shape = {s.name for s in bsm.SHAPES}
-    if args.probe == "profile":
+    if args.probe in ("profile", "merge-trace"):
         unknown = set(args.shapes.split(",")) - by_shape
         if unknown:
             ap.error(f"unknown shape(s) {sorted(unknown)}; choose from {sorted(by_shape)}")
     {"profile": profile, "gather": gather, "stride": stride,
-     "graph-shape": graph_shape}[args.probe](args)  # fmt: skip
+     "graph-shape": graph_shape, "merge-trace": merge_trace}[args.probe](args)  # fmt: skip
     return 0
 
 

@@ -197,15 +197,43 @@ def test_merge_kernel_against_a_float64_merge(device):
         w = torch.exp(plse.double() - lse_ex[:, None].nan_to_num(neginf=0.0))
         out_ex = (w[..., None] * po.double()).sum(1)
         out_ex[1, 7] = 0.0
-        out = torch.full((b, h, d_v), math.nan, dtype=torch.float16, device=device)
-        lse = torch.full((b, h), math.nan, dtype=torch.float32, device=device)
-        launch_merge((po.to(device), plse.to(device)), out, lse, pdl=False)
-        tol = 2**-11 * out_ex.abs() + 2 * s * 2**-24 * po.double().abs().amax() + 1e-7
-        err = (out.cpu().double() - out_ex).abs()
-        assert torch.all(err <= tol), (s, (err - tol).max().item())
-        fin = torch.isfinite(lse_ex)
-        assert torch.all(torch.isneginf(lse.cpu()[~fin])) and (~fin).sum() == 1
-        assert torch.allclose(lse.cpu()[fin].double(), lse_ex[fin], rtol=2**-22, atol=1e-5)
+        # The default geometry, then other warps and column slices (the probes' overrides).
+        for geometry in ({}, {"num_warps": 2, "block_dvc": 32}, {"num_warps": 8}):
+            out = torch.full((b, h, d_v), math.nan, dtype=torch.float16, device=device)
+            lse = torch.full((b, h), math.nan, dtype=torch.float32, device=device)
+            launch_merge((po.to(device), plse.to(device)), out, lse, pdl=False, **geometry)
+            tol = 2**-11 * out_ex.abs() + 2 * s * 2**-24 * po.double().abs().amax() + 1e-7
+            err = (out.cpu().double() - out_ex).abs()
+            assert torch.all(err <= tol), (s, geometry, (err - tol).max().item())
+            fin = torch.isfinite(lse_ex)
+            assert torch.all(torch.isneginf(lse.cpu()[~fin])) and (~fin).sum() == 1
+            assert torch.allclose(lse.cpu()[fin].double(), lse_ex[fin], rtol=2**-22, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="globaltimer and %smid need a GPU")
+def test_merge_trace_records_every_program():
+    """launch_merge(trace=...): every program writes its SM id (below the SM count) and three
+    globaltimer stamps in order (entry <= after the wait <= end); the output is unchanged."""
+    from servelab.kernels.sparse_mla.merge import launch_merge, merge_grid
+
+    b, s, h, d_v = 2, 5, 6, 64
+    po = torch.randn(b, s, h, d_v, device="cuda")
+    plse = torch.randn(b, s, h, device="cuda")
+    outs = []
+    for trace in (None, torch.full((4 * b * h * 2,), -1, dtype=torch.int64, device="cuda")):
+        out = torch.full((b, h, d_v), math.nan, dtype=torch.float16, device="cuda")
+        lse = torch.full((b, h), math.nan, device="cuda")
+        launch_merge((po, plse), out, lse, pdl=False, block_dvc=32, trace=trace)
+        outs.append(out)
+    torch.cuda.synchronize()
+    assert merge_grid(tuple(po.shape), 32)[0] == (b, h, 2)
+    assert torch.equal(outs[0], outs[1])
+    tr = trace.view(-1, 4).cpu()
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert torch.all((tr[:, 0] >= 0) & (tr[:, 0] < n_sms))
+    assert torch.all((tr[:, 1] > 0) & (tr[:, 1] <= tr[:, 2]) & (tr[:, 2] <= tr[:, 3]))
+    with pytest.raises(ValueError, match="trace must be int64"):
+        launch_merge((po, plse), out, lse, pdl=False, trace=torch.zeros(3, device="cuda"))
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -29,6 +29,8 @@ different streams (one stream, as in a decode step or a graph, is fine).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -161,12 +163,18 @@ def _sparse_mla_merge_kernel(
     BLOCK_DVC: tl.constexpr,  # d_v columns per program (grid axis 2)
     BLOCK_S: tl.constexpr,
     PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel
+    trace_ptr=None,  # [programs, 4] int64 when TRACE: SM id, entry, after the wait, end (ns)
+    TRACE: tl.constexpr = False,
 ):
     # One shot, no loop over splits: all S partials of a column slice are loaded together, so
     # the merge costs one L2 round trip instead of S dependent ones (a split loop made the
     # merge the largest part of a B=1 call on the H200).
+    if TRACE:
+        t_entry = _globaltimer()
     if PDL:
         gdc_wait()  # the split kernel's partials are complete and visible after this
+    if TRACE:
+        t_wait = _globaltimer()
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -195,6 +203,47 @@ def _sparse_mla_merge_kernel(
     if tl.program_id(2) == 0:
         # log(0) = -inf for all-padding rows, which is the defined lse there.
         tl.store(lse_ptr + b * stride_lb + h, m_safe + tl.log(total))
+    if TRACE:
+        pid = (b * tl.num_programs(1) + h) * tl.num_programs(2) + tl.program_id(2)
+        row = trace_ptr + pid * 4
+        tl.store(row, _smid().to(tl.int64))
+        tl.store(row + 1, t_entry)
+        tl.store(row + 2, t_wait)
+        tl.store(row + 3, _globaltimer())
+
+
+@triton.jit
+def _globaltimer():
+    """The GPU's global nanosecond timer (the same clock on every SM)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+@triton.jit
+def _smid():
+    """The SM this program runs on."""
+    return tl.inline_asm_elementwise("mov.u32 $0, %smid;", "=r", [], dtype=tl.int32,
+                                     is_pure=False, pack=1)  # fmt: skip
+
+
+# Most partial elements one merge program loads ([BLOCK_S, BLOCK_DVC]). At 16K (not 8K) a
+# 32-split merge of d_v = 512 is one [32, 512] tile per head: with 4 warps Triton lays the
+# warps along the columns, so each thread sums all splits of its 4 columns in registers
+# (128 registers, no shared memory), where a [32, 256] tile reduced across warps through
+# shared memory. H200, 2026-11-30 (probes merge-trace, docs/performance.md): V4-Flash B = 1
+# 8.09 -> 7.55 us, H32 7.41 -> 6.90, V4-Pro 11.75 -> 11.29, V3.2 14.73 -> 13.63; the merge's
+# programs ran 1.5 us instead of 2.3. Tiles of <= 16 splits are [S, 512] either way.
+MERGE_TILE_ELEMS = 16384
+
+
+def merge_grid(partials_shape: tuple[int, ...], block_dvc: int | None = None,
+               tile_elems: int = MERGE_TILE_ELEMS):  # fmt: skip
+    """(grid, BLOCK_S, BLOCK_DVC) of the merge kernel for partials [B, S, H, d_v]."""
+    b, num_splits, h, d_v = partials_shape
+    block_s = max(triton.next_power_of_2(num_splits), 2)
+    if block_dvc is None:
+        block_dvc = min(max(triton.next_power_of_2(d_v), 16), max(tile_elems // block_s, 16))
+    return (b, h, triton.cdiv(d_v, block_dvc)), block_s, block_dvc
 
 
 def launch_merge(
@@ -202,14 +251,28 @@ def launch_merge(
     out: torch.Tensor,  # [B, H, d_v]
     lse: torch.Tensor,  # [B, H] fp32
     pdl: bool,
+    *,
+    num_warps: int = 4,
+    block_dvc: int | None = None,
+    tile_elems: int = MERGE_TILE_ELEMS,
+    trace: torch.Tensor | None = None,
 ):
-    """Launch the merge kernel over `partials` into out/lse; returns the compiled kernel."""
+    """Launch the merge kernel over `partials` into out/lse; returns the compiled kernel.
+
+    num_warps, block_dvc (d_v columns per program, a power of two) and tile_elems (the
+    default block_dvc's cap: BLOCK_S x BLOCK_DVC elements) override the default geometry; trace, an int64 tensor with 4 entries per program (merge_grid), receives each
+    program's SM id and globaltimer stamps at entry, after the PDL wait and at the end
+    (diagnostics: benchmarks/bench_sparse_mla_probes.py merge-trace)."""
     po, plse = partials
     b, num_splits, h, d_v = po.shape
-    block_s = max(triton.next_power_of_2(num_splits), 2)
-    block_dvc = min(max(triton.next_power_of_2(d_v), 16), max(8192 // block_s, 16))
-    grid = (b, h, triton.cdiv(d_v, block_dvc))
+    grid, block_s, block_dvc = merge_grid(tuple(po.shape), block_dvc, tile_elems)
+    if block_dvc < 16 or block_dvc & (block_dvc - 1):
+        raise ValueError(f"block_dvc must be a power of two >= 16, got {block_dvc}")
+    if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 4 * math.prod(grid)):
+        raise ValueError(f"trace must be int64 with >= {4 * math.prod(grid)} entries")
     extra = {"launch_pdl": True} if pdl else {}
+    if trace is not None:
+        extra.update(trace_ptr=trace, TRACE=True)
     return _sparse_mla_merge_kernel[grid](
         po, plse, out, lse,
         num_splits,
@@ -220,6 +283,6 @@ def launch_merge(
         BLOCK_DVC=block_dvc,
         BLOCK_S=block_s,
         PDL=pdl,
-        num_warps=4,
+        num_warps=num_warps,
         **extra,
     )  # fmt: skip
