@@ -157,17 +157,33 @@ def graph_shape(args) -> None:
                   f"(p10 {s['p10_us']:.2f}, p90 {s['p90_us']:.2f})", flush=True)  # fmt: skip
 
 
-# A merge geometry: "default", or any of wN (warps), cN (d_v columns per program), capN (the
-# default columns' cap in tile elements), e.g. "w2c256" or "cap8192" (the cap before 16K).
-MERGE_VARIANT = re.compile(r"default|(?=.)(?:w(\d+))?(?:c(\d+))?(?:cap(\d+))?")
+# A merge geometry: "default", or any of, in this order: wN (warps), cN (d_v columns per
+# program), capN (the default columns' cap in tile elements), kN (splits per unrolled step),
+# cw / cw0 (warps along the columns or not, launch_merge's column_warps; its default is cw for
+# 16-bit partials), e.g. "w2c256", "cap8192", "cw".
+# A "+rw" suffix rewrites the partials with a torch copy between the split kernel and the
+# merge (is a slow merge due to how the split kernel wrote them?); a "/p16" suffix has the
+# split write 16-bit partials (q's dtype), as --partials input does for every variant.
+MERGE_VARIANT = re.compile(
+    r"(?:default|(?=[wck])(?:w(\d+))?(?:c(\d+))?(?:cap(\d+))?(?:k(\d+))?(cw0?)?)(\+rw)?"
+)
 
 
 def _merge_overrides(label: str) -> dict:
+    label, p16 = label.removesuffix("/p16"), label.endswith("/p16")
     m = MERGE_VARIANT.fullmatch(label)
     if m is None:
-        raise SystemExit(f"bad merge variant {label!r}: use default or wN, cN, capN (e.g. w2c256)")
-    keys = ("num_warps", "block_dvc", "tile_elems")
-    return {k: int(v) for k, v in zip(keys, m.groups(), strict=True) if v}
+        raise SystemExit(f"bad merge variant {label!r}: use default or wN, cN, capN, kN, cw "
+                         "(e.g. w2c256), optionally with +rw")  # fmt: skip
+    keys = ("num_warps", "block_dvc", "tile_elems", "s_chunk")
+    out = {k: int(v) for k, v in zip(keys, m.groups()[:4], strict=True) if v}
+    if m.group(5):
+        out["column_warps"] = m.group(5) == "cw"
+    if m.group(6):
+        out["rewrite"] = True
+    if p16:
+        out["p16"] = True
+    return out
 
 
 def _trace_summary(tr: torch.Tensor) -> str:
@@ -190,7 +206,7 @@ def _trace_summary(tr: torch.Tensor) -> str:
 
 def merge_trace(args) -> None:
     from servelab.kernels.sparse_mla import merge as merge_mod
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
 
     original = merge_mod.launch_merge
     shapes = {s.name: s for s in bsm.SHAPES}
@@ -212,6 +228,9 @@ def merge_trace(args) -> None:
 
                         def launch(partials, out, lse, pdl, _kw=kw, _state=state, **more):
                             kw2 = dict(_kw, **more)
+                            kw2.pop("p16", None)
+                            if kw2.pop("rewrite", False):
+                                partials[0].copy_(partials[0].clone())
                             if "trace" in _state:
                                 kw2["trace"] = _state["trace"]
                             _state["grid"] = merge_mod.merge_grid(
@@ -220,8 +239,12 @@ def merge_trace(args) -> None:
                             return original(partials, out, lse, pdl, **kw2)
 
                         merge_mod.launch_merge = launch
-                        calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v)
-                                 for q, i in sets]  # fmt: skip
+                        cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+                        if kw.get("p16") or args.partials != "default":
+                            cfg = replace(cfg, partial_dtype="input" if kw.get("p16")
+                                          else args.partials)  # fmt: skip
+                        calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=cfg,
+                                         num_splits=args.num_splits) for q, i in sets]  # fmt: skip
                         out, _ = calls[0]()
                         if LAST_PATH["merge"] in ("single", "fused"):
                             print(f"{name} B={b}: merge {LAST_PATH['merge']}, nothing to trace")
@@ -247,7 +270,8 @@ def merge_trace(args) -> None:
                             line = _trace_summary(state["trace"].view(-1, 4).cpu())
                             del g
                         print(f"round {rnd} {name:17} B={b:3} merge {label:8} "
-                              f"{LAST_PATH['merge']:6} {us:7.2f} us  {line}", flush=True)  # fmt: skip
+                              f"{LAST_PATH['merge']:6} {LAST_PATH['partials']:8} {us:7.2f} us  "
+                              f"{line}", flush=True)  # fmt: skip
                     else:
                         continue
                     break
@@ -285,6 +309,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batches", default="1,2,4,8")
     p.add_argument("--variants", default="default,cap8192,w2c256,w8",
                    help="merge geometries: default, or wN (warps) cN (columns) capN (tile cap)")
+    p.add_argument("--partials", choices=("default", "fp32", "input"), default="default",
+                   help="the split's partial dtype (input: q's 16-bit dtype)")
+    p.add_argument("--num-splits", type=int, default=None, help="split count (default: chosen)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)

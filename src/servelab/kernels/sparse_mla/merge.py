@@ -162,6 +162,7 @@ def _sparse_mla_merge_kernel(
     D_V: tl.constexpr,
     BLOCK_DVC: tl.constexpr,  # d_v columns per program (grid axis 2)
     BLOCK_S: tl.constexpr,
+    S_CHUNK: tl.constexpr,  # splits per unrolled step (divides BLOCK_S)
     PDL: tl.constexpr,  # launched as a programmatic dependent of the split kernel
     trace_ptr=None,  # [programs, 4] int64 when TRACE: SM id, entry, after the wait, end (ns)
     TRACE: tl.constexpr = False,
@@ -184,17 +185,27 @@ def _sparse_mla_merge_kernel(
     )  # [BLOCK_S]
     m = tl.max(lse_s, axis=0)
     m_safe = tl.where(m == -float("inf"), 0.0, m)
-    w = tl.exp(lse_s - m_safe)  # [BLOCK_S], 0 for empty splits
-    total = tl.sum(w, axis=0)
-    w = w / tl.where(total > 0.0, total, 1.0)
+    total = tl.sum(tl.exp(lse_s - m_safe), axis=0)
+    denom = tl.where(total > 0.0, total, 1.0)
     offs_d = tl.program_id(2) * BLOCK_DVC + tl.arange(0, BLOCK_DVC)
     mask_d = offs_d < D_V
-    o_s = tl.load(
-        po_ptr + b * stride_pob + offs_s[:, None] * stride_pos + h * stride_poh + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )  # [BLOCK_S, BLOCK_DVC]
-    acc = tl.sum(w[:, None] * o_s, axis=0)
+    # The partials in chunks of S_CHUNK splits, unrolled (all loads independent): with the
+    # warps along the columns (launch_merge's num_warps) each thread sums its columns' splits
+    # in registers, and a chunk bounds the registers that takes.
+    acc = tl.zeros([BLOCK_DVC], dtype=tl.float32)
+    for c in tl.static_range(0, BLOCK_S, S_CHUNK):
+        offs_c = c + tl.arange(0, S_CHUNK)
+        mask_c = offs_c < num_splits
+        lse_c = tl.load(plse_ptr + b * stride_plb + offs_c * stride_pls + h, mask=mask_c,
+                        other=-float("inf"))  # fmt: skip
+        w_c = tl.exp(lse_c - m_safe) / denom  # [S_CHUNK], 0 for empty splits
+        o_c = tl.load(
+            po_ptr + b * stride_pob + offs_c[:, None] * stride_pos + h * stride_poh
+            + offs_d[None, :],
+            mask=mask_c[:, None] & mask_d[None, :],
+            other=0.0,
+        )  # [S_CHUNK, BLOCK_DVC]
+        acc += tl.sum(w_c[:, None] * o_c.to(tl.float32), axis=0)
     tl.store(
         out_ptr + b * stride_ob + h * stride_oh + offs_d,
         acc.to(out_ptr.dtype.element_ty),
@@ -246,23 +257,52 @@ def merge_grid(partials_shape: tuple[int, ...], block_dvc: int | None = None,
     return (b, h, triton.cdiv(d_v, block_dvc)), block_s, block_dvc
 
 
+# Warps and split chunks of the merge kernel: 4 warps and all splits at once, or
+# ("column warps") as many warps as there are 16-byte vectors across the program's columns /
+# 32 lanes (at most 4), so that Triton lays the warps along the columns and each thread sums
+# its columns' splits in registers, in unrolled chunks of at most 128 values per thread.
+# The default: column warps for 16-bit partials where that gives >= 2 warps (>= 512
+# columns). H200, 2026-11-30 (probes merge-trace, docs/performance.md): with 16-bit partials
+# 4 warps put 8-value vectors across [2, 2] warps and reduced through shared memory, and the
+# merge's programs ran 5-10 us against 1.3-1.6 us with column warps (V4-Flash B = 64
+# 49.2 -> 31.4 us a call, B = 16 23.8 -> 19.2); one-warp programs (128 columns, the H16
+# slice's 128 splits at B = 1) piled up to 8 on an SM and took 14.6 us a call. With fp32
+# partials the layouts are the same wherever d_v fits one program, and elsewhere column
+# warps were slower (the H16 slice at B = 1: 7.8 -> 8.8 us).
+
+
+def merge_warps_and_chunk(block_s: int, block_dvc: int, elem_size: int,
+                          column_warps: bool) -> tuple[int, int]:  # fmt: skip
+    """(num_warps, S_CHUNK) of a merge program over [BLOCK_S, BLOCK_DVC] partials."""
+    if not column_warps:
+        return 4, block_s
+    vec = 16 // elem_size  # values per 16-byte load
+    return max(1, min(4, block_dvc // (32 * vec))), min(block_s, max(128 // vec, 1))
+
+
 def launch_merge(
     partials: tuple[torch.Tensor, torch.Tensor],  # ([B, S, H, d_v], [B, S, H]) fp32
     out: torch.Tensor,  # [B, H, d_v]
     lse: torch.Tensor,  # [B, H] fp32
     pdl: bool,
     *,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     block_dvc: int | None = None,
     tile_elems: int = MERGE_TILE_ELEMS,
+    s_chunk: int | None = None,
+    column_warps: bool | None = None,
     trace: torch.Tensor | None = None,
 ):
     """Launch the merge kernel over `partials` into out/lse; returns the compiled kernel.
 
-    num_warps, block_dvc (d_v columns per program, a power of two) and tile_elems (the
-    default block_dvc's cap: BLOCK_S x BLOCK_DVC elements) override the default geometry; trace, an int64 tensor with 4 entries per program (merge_grid), receives each
-    program's SM id and globaltimer stamps at entry, after the PDL wait and at the end
-    (diagnostics: benchmarks/bench_sparse_mla_probes.py merge-trace)."""
+    num_warps, block_dvc (d_v columns per program, a power of two), tile_elems (the default
+    block_dvc's cap: BLOCK_S x BLOCK_DVC elements), s_chunk (splits per unrolled step, a power
+    of two) and column_warps (None: for 16-bit partials over >= 512 columns;
+    merge_warps_and_chunk) override the
+    default geometry; trace, an
+    int64 tensor with 4 entries per program (merge_grid), receives each program's SM id and
+    globaltimer stamps at entry, after the PDL wait and at the end (diagnostics:
+    benchmarks/bench_sparse_mla_probes.py merge-trace)."""
     po, plse = partials
     b, num_splits, h, d_v = po.shape
     grid, block_s, block_dvc = merge_grid(tuple(po.shape), block_dvc, tile_elems)
@@ -270,6 +310,13 @@ def launch_merge(
         raise ValueError(f"block_dvc must be a power of two >= 16, got {block_dvc}")
     if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 4 * math.prod(grid)):
         raise ValueError(f"trace must be int64 with >= {4 * math.prod(grid)} entries")
+    if column_warps is None:
+        column_warps = po.element_size() == 2 and block_dvc >= 512
+    warps, chunk = merge_warps_and_chunk(block_s, block_dvc, po.element_size(), column_warps)
+    num_warps = num_warps or warps
+    s_chunk = min(s_chunk or chunk, block_s)
+    if s_chunk < 1 or s_chunk & (s_chunk - 1):
+        raise ValueError(f"s_chunk must be a power of two, got {s_chunk}")
     extra = {"launch_pdl": True} if pdl else {}
     if trace is not None:
         extra.update(trace_ptr=trace, TRACE=True)
@@ -282,6 +329,7 @@ def launch_merge(
         D_V=d_v,
         BLOCK_DVC=block_dvc,
         BLOCK_S=block_s,
+        S_CHUNK=s_chunk,
         PDL=pdl,
         num_warps=num_warps,
         **extra,
