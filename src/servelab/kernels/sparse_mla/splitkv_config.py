@@ -116,6 +116,12 @@ GLUON_WS = SplitConfig(block_h=64, block_n=64, num_warps=4, num_stages=2, ctas_p
 GLUON_MIN_H = 32
 GLUON_MIN_B = 8
 GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
+# ... and from B = 1 with 128 heads on V3.2's 576-wide rows (topk 2048): after the merge's
+# 16K-element tiles (2026-11-30, bench_sparse_mla_geometry, two timings) ws ran V3.2 B = 1 in
+# 12.60-12.77 us against the tl default's 13.62-13.75, B = 2 16.83-17.02 against 18.90-19.00;
+# V4-Pro (512-wide rows, topk 1152) kept the tl default at B = 1 (11.06-11.39 against ws's
+# 12.12-12.19) and tied at B = 2, so this stays with the measured row width.
+GLUON_MIN_B_V32_D_QK = 576
 # FP8 cache (splitkv_gluon_fp8.py: an FP8 ring dequantised once per tile into a 16-bit staging
 # tile), H200 2026-11-30 (bench_sparse_mla_geometry --fp8, calls 1 and 4): faster than both FP8
 # Triton kernels at every cell from B = 8 (all five shapes, B = 8, 32, 128: 1.09-2.94x), and
@@ -136,7 +142,9 @@ def gluon_fp8_min_b(h: int) -> int:
 # ws / gluon defaults (kept). With the FP8 cache faster than the previous FP8 defaults from
 # B = 2 on H16 (1.03-1.36x: B = 128 140 -> 103 us) and from B = 8 at 32 heads (1.03-1.13x:
 # B = 128 50.8 -> 44.8 us).
-NH_MIN_B = 4  # 16-bit cache, H <= 16
+# With the merge's 16K-element tiles (2026-11-30, bench_sparse_mla_geometry) nh also won on
+# the H16 slice at B = 2: 9.38 us against the tl default's 10.67 (B = 1: 8.69 against 7.67).
+NH_MIN_B = 2  # 16-bit cache, H <= 16
 NH_FP8_MIN_B = {16: 2, 32: 8}  # FP8 cache: heads (at most) -> smallest batch
 
 
@@ -175,6 +183,8 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     kernel won on V3.2's 128-column tiles (H16: 28.7 vs 31.3 us at B=16), with 64-head tiles
     (V4-Flash B=16: 26.7 vs 38.4; 222 spilled registers) and at B=1 (11.0 vs 13.4)."""
     gluon_b = GLUON_MIN_B_WIDE if h >= GLUON_WIDE_H else GLUON_MIN_B
+    if h >= GLUON_WIDE_H and d_qk == GLUON_MIN_B_V32_D_QK:
+        gluon_b = 1
     if _nh_measured_faster(b, h, fp8_tile):
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return nh_config(h)
