@@ -18,16 +18,18 @@ import os
 import pytest
 import torch
 
-# These tests run the kernels in Triton's CPU interpreter, which Triton fixes per process when
-# it is imported (its own helpers are decorated then). Without CUDA the interpreter is on for
-# the whole suite anyway; on a GPU machine turning it on here would make every kernel module
-# imported after this one interpreted too (the sparse-MLA GPU tests then failed), so there
-# these tests run only in a process started with TRITON_INTERPRET=1.
+# These tests run the kernels in Triton's CPU interpreter. Triton decides interpreted or
+# compiled for each @triton.jit function when it is decorated (its own helpers when triton is
+# imported), so the variable must be set before any kernel module is imported, and it then
+# holds for every kernel module imported later in the process. Without CUDA the interpreter
+# is on for the whole suite anyway; on a GPU machine setting it here made the sparse-MLA
+# kernels imported after this module interpreted too (147 GPU tests failed), so there these
+# tests run only in a process started with TRITON_INTERPRET=1.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("interpreter tests: on a GPU machine run them as TRITON_INTERPRET=1 pytest "
-                f"{__name__.rpartition('.')[2]}.py", allow_module_level=True)  # fmt: skip
+    pytest.skip("interpreter tests: on a GPU machine run them as TRITON_INTERPRET=1 "
+                "python -m pytest tests/kernels/test_fp8_gemm_splitk.py", allow_module_level=True)  # fmt: skip
 
 from servelab.kernels.fp8_gemm import reference as R
 

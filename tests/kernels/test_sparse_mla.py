@@ -176,7 +176,9 @@ def test_many_splits_combine_in_column_slices(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_merge_kernel_against_a_float64_merge(device):
     """The merge kernel alone (d_v = 96; 3 and 20 splits: one column slice per head, 200
-    splits: three 32-column slices), with fp32, fp16 and bf16 partials: empty splits (lse
+    splits: two 64-column slices; and d_v = 512 with 20 bf16 splits, the shipped 16-bit
+    geometry: one [32, 512] tile, two column warps, chunks of 16), with fp32, fp16 and bf16
+    partials, in the default and other geometries: empty splits (lse
     -inf, O garbage that must weigh 0), one head with every split empty (out 0, lse -inf) and,
     at 200 splits, lse values spread over +-100 (exp overflows fp32 unless the merge subtracts
     the maximum first), against lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s in
@@ -185,9 +187,10 @@ def test_merge_kernel_against_a_float64_merge(device):
     from servelab.kernels.sparse_mla.merge import launch_merge
 
     gen = torch.Generator(device="cpu").manual_seed(1)
-    b, h, d_v = 3, 20, 96
-    for s, p_dtype, spread in ((3, torch.float32, 4), (20, torch.float16, 4),
-                               (200, torch.bfloat16, 100)):  # fmt: skip
+    b, h = 3, 20
+    for s, p_dtype, spread, d_v in ((3, torch.float32, 4, 96), (20, torch.float16, 4, 96),
+                                    (200, torch.bfloat16, 100, 96),
+                                    (20, torch.bfloat16, 4, 512)):  # fmt: skip
         po = torch.randn(b, s, h, d_v, generator=gen).to(p_dtype)
         plse = spread * torch.randn(b, s, h, generator=gen).clamp(-1, 1)
         plse[0, 1:, 2] = -math.inf  # one split left
@@ -199,7 +202,7 @@ def test_merge_kernel_against_a_float64_merge(device):
         out_ex[1, 7] = 0.0
         # The default geometry, then other warps and column slices (the probes' overrides).
         geometries = [{}]
-        if s < 200:  # the interpreter runs every program: other geometries at 3 and 20 splits
+        if d_v == 96 and s < 200:  # the interpreter runs every program: others at 3, 20 splits
             geometries += [{"column_warps": True}, {"num_warps": 2, "block_dvc": 32},
                            {"num_warps": 8}, {"s_chunk": 4, "block_dvc": 64}]  # fmt: skip
         for geometry in geometries:
@@ -212,6 +215,21 @@ def test_merge_kernel_against_a_float64_merge(device):
             fin = torch.isfinite(lse_ex)
             assert torch.all(torch.isneginf(lse.cpu()[~fin])) and (~fin).sum() == 1
             assert torch.allclose(lse.cpu()[fin].double(), lse_ex[fin], rtol=2**-22, atol=1e-5)
+
+
+def test_merge_geometry_overrides_are_checked():
+    """launch_merge's overrides are powers of two in range; a bad one is a one-line error
+    naming it (not a crash inside the grid arithmetic or the compiler)."""
+    from servelab.kernels.sparse_mla.merge import launch_merge
+
+    po, plse = torch.randn(1, 3, 2, 32), torch.randn(1, 3, 2)
+    out, lse = torch.empty(1, 2, 32), torch.empty(1, 2)
+    for kw, name in (({"num_warps": 0}, "num_warps"), ({"num_warps": 3}, "num_warps"),
+                     ({"block_dvc": 0}, "block_dvc"), ({"block_dvc": 24}, "block_dvc"),
+                     ({"tile_elems": 1000}, "tile_elems"), ({"s_chunk": 3}, "s_chunk"),
+                     ({"s_chunk": 8}, "s_chunk")):  # fmt: skip
+        with pytest.raises(ValueError, match=name):
+            launch_merge((po, plse), out, lse, pdl=False, **kw)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="globaltimer and %smid need a GPU")

@@ -201,7 +201,8 @@ def test_default_config_takes_gluon_where_it_was_measured_faster():
     """H200 tables (docs/performance.md): the warp-specialised Gluon kernel with a 16-bit cache
     from B = 8 (B = 4 with 128 heads, B = 1 with 128 heads on 576-wide rows) for 32-128
     heads, except the one-partition Gluon kernel at B = 8-15 with 32-64 heads; the few-heads
-    kernel from B = 2 with <= 16 heads; the tl kernels below; never Gluon on a device without
+    kernel from B = 4 with <= 16 heads (B = 2 on 576-wide rows); the tl kernels below; never
+    Gluon on a device without
     it. (The FP8 cache's rule: test_sparse_mla_fp8_gluon.py.)"""
     from servelab.kernels.sparse_mla.splitkv import default_config
 
@@ -210,12 +211,12 @@ def test_default_config_takes_gluon_where_it_was_measured_faster():
                        (16, 64, "ws"), (8, 32, "gluon"), (8, 128, "ws"), (4, 128, "ws"),
                        (4, 64, "tl"), (4, 32, "tl"),
                        (2, 128, "tl"), (64, 16, "nh"), (8, 16, "nh"), (4, 16, "nh"),
-                       (4, 8, "nh"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "nh"),
+                       (4, 8, "nh"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "tl"),
                        (1, 128, "tl")]:  # fmt: skip
         assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
         assert default_config(b, h, 512, bf16, gluon=False).kernel in ("tl", "rp")
     for b, h, want in [(1, 128, "ws"), (2, 128, "ws"), (1, 16, "rp"), (2, 16, "nh"),
-                       (1, 64, "tl")]:  # V3.2's 576-wide rows  # fmt: skip
+                       (2, 8, "nh"), (1, 64, "tl")]:  # V3.2's 576-wide rows  # fmt: skip
         assert default_config(b, h, 576, bf16, gluon=True).kernel == want, (b, h)
 
 

@@ -93,7 +93,10 @@ def test_ray_backend_runs_units_as_tasks(tmp_path):
     assert sorted(entries) == [1, 3]
 
 
-def test_verify_times_tuned_against_default_and_checks_files(tmp_path):
+def test_verify_times_tuned_against_default_and_checks_files(tmp_path, monkeypatch):
+    # verify(device="cpu") sets TRITON_INTERPRET for the process (the CLI's way); set it
+    # through monkeypatch first so that it is restored after this test.
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     tuned = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 1,
              "num_warps": 4, "num_stages": 2}
     formats.merge_write_config(tmp_path / formats.config_file_name("sglang", 128, 256, DEV),

@@ -1,6 +1,7 @@
 """Merging split-KV partials: a second kernel, or folded into the split kernel.
 
-Each split s of a (request, head block) leaves a normalised partial O_s [BLOCK_H, d_v] (fp32)
+Each split s of a (request, head block) leaves a normalised partial O_s [BLOCK_H, d_v] (fp32,
+or q's 16-bit dtype with SplitConfig.partial_dtype="input")
 and lse_s [BLOCK_H]; the merge is lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s
 (an empty split has lse_s = -inf and weighs exp(-inf) = 0; all splits empty -> O = 0,
 lse = -inf).
@@ -146,7 +147,7 @@ def fused_merge_epilogue(
 
 @triton.jit
 def _sparse_mla_merge_kernel(
-    po_ptr,  # [B, S, H, d_v] fp32, each split normalised
+    po_ptr,  # [B, S, H, d_v] fp32 or 16-bit, each split normalised
     plse_ptr,  # [B, S, H] fp32
     out_ptr,  # [B, H, d_v]
     lse_ptr,  # [B, H] fp32
@@ -167,8 +168,9 @@ def _sparse_mla_merge_kernel(
     trace_ptr=None,  # [programs, 4] int64 when TRACE: SM id, entry, after the wait, end (ns)
     TRACE: tl.constexpr = False,
 ):
-    # One shot, no loop over splits: all S partials of a column slice are loaded together, so
-    # the merge costs one L2 round trip instead of S dependent ones (a split loop made the
+    # One shot, no dependent loop over splits: all S partials of a column slice are loaded
+    # together (unrolled chunks, independent loads), so the merge costs one L2 round trip
+    # instead of S dependent ones (a split loop made the
     # merge the largest part of a B=1 call on the H200).
     if TRACE:
         t_entry = _globaltimer()
@@ -264,7 +266,7 @@ def merge_grid(partials_shape: tuple[int, ...], block_dvc: int | None = None,
 # The default: column warps for 16-bit partials where that gives >= 2 warps (>= 512
 # columns). H200, 2026-11-30 (probes merge-trace, docs/performance.md): with 16-bit partials
 # 4 warps put 8-value vectors across [2, 2] warps and reduced through shared memory, and the
-# merge's programs ran 5-10 us against 1.3-1.6 us with column warps (V4-Flash B = 64
+# merge's programs ran 3.3-9.6 us against 1.0-1.6 us with column warps (V4-Flash B = 64
 # 49.2 -> 31.4 us a call, B = 16 23.8 -> 19.2); one-warp programs (128 columns, the H16
 # slice's 128 splits at B = 1) piled up to 8 on an SM and took 14.6 us a call. With fp32
 # partials the layouts are the same wherever d_v fits one program, and elsewhere column
@@ -281,7 +283,7 @@ def merge_warps_and_chunk(block_s: int, block_dvc: int, elem_size: int,
 
 
 def launch_merge(
-    partials: tuple[torch.Tensor, torch.Tensor],  # ([B, S, H, d_v], [B, S, H]) fp32
+    partials: tuple[torch.Tensor, torch.Tensor],  # ([B, S, H, d_v] fp32/16-bit, [B, S, H] fp32)
     out: torch.Tensor,  # [B, H, d_v]
     lse: torch.Tensor,  # [B, H] fp32
     pdl: bool,
@@ -295,28 +297,32 @@ def launch_merge(
 ):
     """Launch the merge kernel over `partials` into out/lse; returns the compiled kernel.
 
-    num_warps, block_dvc (d_v columns per program, a power of two), tile_elems (the default
-    block_dvc's cap: BLOCK_S x BLOCK_DVC elements), s_chunk (splits per unrolled step, a power
-    of two) and column_warps (None: for 16-bit partials over >= 512 columns;
-    merge_warps_and_chunk) override the
-    default geometry; trace, an
-    int64 tensor with 4 entries per program (merge_grid), receives each program's SM id and
-    globaltimer stamps at entry, after the PDL wait and at the end (diagnostics:
-    benchmarks/bench_sparse_mla_probes.py merge-trace)."""
+    These override the default geometry (diagnostics and probes):
+    - num_warps: warps per program (a power of two, 1-32);
+    - block_dvc: d_v columns per program (a power of two >= 16);
+    - tile_elems: the default block_dvc's cap, BLOCK_S x BLOCK_DVC elements (a power of two);
+    - s_chunk: splits per unrolled step (a power of two, at most BLOCK_S);
+    - column_warps: see merge_warps_and_chunk (None: for 16-bit partials over >= 512 columns).
+    trace, an int64 tensor with 4 entries per program (merge_grid), receives each program's
+    SM id and globaltimer stamps at entry, after the PDL wait and at the end; row
+    (b * H + h) * slices + slice, which is not the order the hardware launches them in
+    (benchmarks/bench_sparse_mla_probes.py merge-trace)."""
     po, plse = partials
     b, num_splits, h, d_v = po.shape
+    for name, v, lo, hi in (("num_warps", num_warps, 1, 32), ("block_dvc", block_dvc, 16, None),
+                            ("tile_elems", tile_elems, 16, None), ("s_chunk", s_chunk, 1, None)):  # fmt: skip
+        if v is not None and (v < lo or (hi is not None and v > hi) or v & (v - 1)):
+            raise ValueError(f"{name} must be a power of two in [{lo}, {hi or 'inf'}], got {v}")
     grid, block_s, block_dvc = merge_grid(tuple(po.shape), block_dvc, tile_elems)
-    if block_dvc < 16 or block_dvc & (block_dvc - 1):
-        raise ValueError(f"block_dvc must be a power of two >= 16, got {block_dvc}")
+    if s_chunk is not None and s_chunk > block_s:
+        raise ValueError(f"s_chunk must be at most BLOCK_S = {block_s}, got {s_chunk}")
     if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 4 * math.prod(grid)):
         raise ValueError(f"trace must be int64 with >= {4 * math.prod(grid)} entries")
     if column_warps is None:
         column_warps = po.element_size() == 2 and block_dvc >= 512
     warps, chunk = merge_warps_and_chunk(block_s, block_dvc, po.element_size(), column_warps)
     num_warps = num_warps or warps
-    s_chunk = min(s_chunk or chunk, block_s)
-    if s_chunk < 1 or s_chunk & (s_chunk - 1):
-        raise ValueError(f"s_chunk must be a power of two, got {s_chunk}")
+    s_chunk = s_chunk or chunk
     extra = {"launch_pdl": True} if pdl else {}
     if trace is not None:
         extra.update(trace_ptr=trace, TRACE=True)

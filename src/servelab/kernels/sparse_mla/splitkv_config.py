@@ -138,20 +138,23 @@ def gluon_fp8_min_b(h: int) -> int:
 # The few-heads kernel (splitkv_gluon_nh.py: heads on the wgmma N dimension, for H <= 32), H200
 # 2026-11-30 (bench_sparse_mla_geometry, two calls, docs/performance.md): with a 16-bit cache
 # on the H16 slice faster than the previous defaults from B = 4 (1.06-1.14x: B = 16
-# 21.4 -> 18.8 us, B = 128 91.8 -> 86.3), not at B <= 2; at 32 heads within -2%..+4% of the
-# ws / gluon defaults (kept). With the FP8 cache faster than the previous FP8 defaults from
-# B = 2 on H16 (1.03-1.36x: B = 128 140 -> 103 us) and from B = 8 at 32 heads (1.03-1.13x:
-# B = 128 50.8 -> 44.8 us).
+# 21.4 -> 18.8 us, B = 128 91.8 -> 86.3), not at B <= 2 (before the merge's 16K tiles); at
+# 32 heads within -2%..+4% of the ws / gluon defaults (kept). With the FP8 cache faster than
+# the previous FP8 defaults from B = 2 on H16 (1.03-1.36x: B = 128 140 -> 103 us) and from
+# B = 8 at 32 heads (1.03-1.13x: B = 128 50.8 -> 44.8 us).
 # With the merge's 16K-element tiles (2026-11-30, bench_sparse_mla_geometry) nh also won on
-# the H16 slice at B = 2: 9.38 us against the tl default's 10.67 (B = 1: 8.69 against 7.67).
-NH_MIN_B = 2  # 16-bit cache, H <= 16
+# the H16 slice (V3.2's 576-wide rows) at B = 2: 9.38 us against the tl default's 10.67
+# (B = 1: 8.69 against 7.67); other row widths were not timed at B = 2, so they keep B = 4.
+# Fewer than 16 heads run the same 16-head tiles and grids in both kernels (masked heads).
+NH_MIN_B = 4  # 16-bit cache, H <= 16
+NH_MIN_B_V32 = 2  # ... on V3.2's rows (d_qk = GLUON_MIN_B_V32_D_QK)
 NH_FP8_MIN_B = {16: 2, 32: 8}  # FP8 cache: heads (at most) -> smallest batch
 
 
-def _nh_measured_faster(b: int, h: int, fp8_tile: int | None) -> bool:
+def _nh_measured_faster(b: int, h: int, d_qk: int, fp8_tile: int | None) -> bool:
     """Whether the few-heads kernel is the Hopper default for this batch and head count."""
     if fp8_tile is None:
-        return h <= 16 and b >= NH_MIN_B
+        return h <= 16 and b >= (NH_MIN_B_V32 if d_qk == GLUON_MIN_B_V32_D_QK else NH_MIN_B)
     if fp8_tile not in (64, 128) or h > 32:
         return False
     return b >= NH_FP8_MIN_B[16 if h <= 16 else 32]
@@ -175,7 +178,7 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
 
     On Hopper with at most 32 heads, the few-heads kernel where it was measured faster
-    (NH_MIN_B, NH_FP8_MIN_B). FP8 on Hopper otherwise: the Gluon FP8 kernel from
+    (NH_MIN_B, NH_MIN_B_V32, NH_FP8_MIN_B). FP8 on Hopper otherwise: the Gluon FP8 kernel from
     gluon_fp8_min_b(h). Below that, or without Gluon (H200, 2026-11-29, bench --compare):
     the per-chunk kernel beat the reshape kernel only
     with 16-head tiles on the V4 layout (64-column tiles) at B >= 2 (H32 B=16..128: 28.0 vs
@@ -185,7 +188,7 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
     gluon_b = GLUON_MIN_B_WIDE if h >= GLUON_WIDE_H else GLUON_MIN_B
     if h >= GLUON_WIDE_H and d_qk == GLUON_MIN_B_V32_D_QK:
         gluon_b = 1
-    if _nh_measured_faster(b, h, fp8_tile):
+    if _nh_measured_faster(b, h, d_qk, fp8_tile):
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
             return nh_config(h)
     if fp8_tile is None and b >= gluon_b:
