@@ -172,10 +172,11 @@ MERGE_VARIANT = re.compile(
 def _merge_overrides(label: str) -> dict:
     label, p16 = label.removesuffix("/p16"), label.endswith("/p16")
     m = MERGE_VARIANT.fullmatch(label)
-    if m is None or any(v is not None and int(v) == 0 for v in m.groups()[:4]):
+    sizes = [int(v) for v in m.groups()[:4] if v is not None] if m else []
+    if m is None or any(v < 1 or v & (v - 1) for v in sizes):
         raise SystemExit(f"bad merge variant {label!r}: use default or, in this order, wN, cN, "
                          "capN, kN, cw or cw0 (e.g. w2c256, cap8192cw), then optionally +rw "
-                         "and /p16; N > 0")  # fmt: skip
+                         "and /p16; N a power of two")  # fmt: skip
     keys = ("num_warps", "block_dvc", "tile_elems", "s_chunk")
     out = {k: int(v) for k, v in zip(keys, m.groups()[:4], strict=True) if v}
     if m.group(5):
@@ -223,7 +224,8 @@ def merge_trace(args) -> None:
             for b in [int(x) for x in args.batches.split(",")]:
                 sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
                 q0, i0 = sets[0]
-                ref_out, ref_lse = sparse_mla_decode_reference(q0, kv, i0, scale, shape.d_v)
+                ref_out, ref_lse = sparse_mla_decode_reference(q0, kv, i0, scale, shape.d_v,
+                                                               out_dtype=torch.float32)
                 for rnd in range(args.rounds):
                     for label in labels:
                         kw = variants[label]

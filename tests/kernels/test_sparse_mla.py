@@ -227,7 +227,7 @@ def test_merge_geometry_overrides_are_checked():
     for kw, name in (({"num_warps": 0}, "num_warps"), ({"num_warps": 3}, "num_warps"),
                      ({"block_dvc": 0}, "block_dvc"), ({"block_dvc": 24}, "block_dvc"),
                      ({"tile_elems": 1000}, "tile_elems"), ({"s_chunk": 3}, "s_chunk"),
-                     ({"s_chunk": 8}, "s_chunk")):  # fmt: skip
+                     ({"s_chunk": 0}, "s_chunk")):  # fmt: skip
         with pytest.raises(ValueError, match=name):
             launch_merge((po, plse), out, lse, pdl=False, **kw)
 

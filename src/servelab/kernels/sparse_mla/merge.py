@@ -301,7 +301,7 @@ def launch_merge(
     - num_warps: warps per program (a power of two, 1-32);
     - block_dvc: d_v columns per program (a power of two >= 16);
     - tile_elems: the default block_dvc's cap, BLOCK_S x BLOCK_DVC elements (a power of two);
-    - s_chunk: splits per unrolled step (a power of two, at most BLOCK_S);
+    - s_chunk: splits per unrolled step (a power of two; more than BLOCK_S means one step);
     - column_warps: see merge_warps_and_chunk (None: for 16-bit partials over >= 512 columns).
     trace, an int64 tensor with 4 entries per program (merge_grid), receives each program's
     SM id and globaltimer stamps at entry, after the PDL wait and at the end; row
@@ -314,15 +314,13 @@ def launch_merge(
         if v is not None and (v < lo or (hi is not None and v > hi) or v & (v - 1)):
             raise ValueError(f"{name} must be a power of two in [{lo}, {hi or 'inf'}], got {v}")
     grid, block_s, block_dvc = merge_grid(tuple(po.shape), block_dvc, tile_elems)
-    if s_chunk is not None and s_chunk > block_s:
-        raise ValueError(f"s_chunk must be at most BLOCK_S = {block_s}, got {s_chunk}")
     if trace is not None and (trace.dtype != torch.int64 or trace.numel() < 4 * math.prod(grid)):
         raise ValueError(f"trace must be int64 with >= {4 * math.prod(grid)} entries")
     if column_warps is None:
         column_warps = po.element_size() == 2 and block_dvc >= 512
     warps, chunk = merge_warps_and_chunk(block_s, block_dvc, po.element_size(), column_warps)
     num_warps = num_warps or warps
-    s_chunk = s_chunk or chunk
+    s_chunk = min(s_chunk or chunk, block_s)  # one chunk when asked for more than BLOCK_S
     extra = {"launch_pdl": True} if pdl else {}
     if trace is not None:
         extra.update(trace_ptr=trace, TRACE=True)

@@ -43,8 +43,10 @@ class SplitConfig:
     # 1.4-1.8x slower than the reshape kernel with 64-head tiles (registers spill).
     fp8_chunked: bool = True
     # Partial O of each split: fp32, or rounded to q's dtype ("input": half the partial bytes,
-    # one extra rounding of u per partial). Timed on the H200: faster only for the 64-split
-    # H16 slice at B <= 2 (9.37 -> 8.30 us), slower elsewhere; so not a default.
+    # one extra rounding of u per partial). Timed on the H200 (2026-11-30, after the merge's
+    # column warps for 16-bit partials; docs/performance.md, eighth follow-up): slower at 17 of
+    # 20 cells at B <= 8 (3 within 2%) and at every mid-B cell timed, faster at three by
+    # 2.7-5.8%; so not a default.
     partial_dtype: str = "fp32"
     # Split kernel: "tl" (splitkv.py), "rp" (splitkv_rp.py: the next tile's gather issued into
     # registers before this tile's dots, num_stages unused), "gluon" (Hopper, 64-head tiles,
@@ -175,7 +177,9 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
                    fp8_tile: int | None = None, *, gluon: bool | None = None) -> SplitConfig:  # fmt: skip
     """Config by batch and head count; ``fp8_tile`` (the FP8 cache's scale tile, None for a
     16-bit cache) picks the FP8 kernel. ``gluon``: whether the Gluon kernel may be chosen
-    (None: if the current device can run it). d_qk and dtype are kept for per-shape tables.
+    (None: if the current device can run it). d_qk picks the rules measured on V3.2's
+    576-wide rows (ws from B = 1 at 128 heads, nh from B = 2 at <= 16 heads); dtype is kept
+    for per-shape tables.
 
     On Hopper with at most 32 heads, the few-heads kernel where it was measured faster
     (NH_MIN_B, NH_MIN_B_V32, NH_FP8_MIN_B). FP8 on Hopper otherwise: the Gluon FP8 kernel from
