@@ -13,25 +13,17 @@ rounding (2^-8 relative for bf16, none for fp32 out).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
-import torch
+from interpreter import interpreter_or_skip
 
-# These tests run the kernels in Triton's CPU interpreter. Triton decides interpreted or
-# compiled for each @triton.jit function when it is decorated (its own helpers when triton is
-# imported), so the variable must be set before any kernel module is imported, and it then
-# holds for every kernel module imported later in the process. Without CUDA the interpreter
-# is on for the whole suite anyway; on a GPU machine setting it here made the sparse-MLA
-# kernels imported after this module interpreted too (147 GPU tests failed), so there these
-# tests run only in a process started with TRITON_INTERPRET=1.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-elif os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-    pytest.skip("interpreter tests: on a GPU machine run them as TRITON_INTERPRET=1 "
-                "python -m pytest tests/kernels/test_fp8_gemm_splitk.py", allow_module_level=True)  # fmt: skip
+# The kernels run in Triton's CPU interpreter (tests/lib/interpreter.py says why a GPU machine
+# skips these unless the process was started with TRITON_INTERPRET=1).
+interpreter_or_skip("tests/kernels/test_fp8_gemm_splitk.py")
 
-from servelab.kernels.fp8_gemm import reference as R
+import torch  # noqa: E402
+
+from servelab.kernels.fp8_gemm import reference as R  # noqa: E402
 
 K_ = pytest.importorskip("servelab.kernels.fp8_gemm.kernel")
 

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from interpreter import interpreter_or_skip
 
 from servelab import jobs
 from servelab.errors import UserError
@@ -93,20 +94,10 @@ def test_ray_backend_runs_units_as_tasks(tmp_path):
     assert sorted(entries) == [1, 3]
 
 
-def _skip_on_a_gpu_machine_unless_interpreting():
-    """verify(device="cpu") and Problem(..., "cpu") run the fp8 GEMM kernel in Triton's
-    interpreter: the kernel module they import is then interpreted for the rest of the process
-    (Triton decides when a function is decorated), and one imported compiled before would not
-    run on CPU tensors. On a GPU machine they run only under TRITON_INTERPRET=1."""
-    import torch
-
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        pytest.skip("interpreter test: on a GPU machine run it as TRITON_INTERPRET=1 python -m "
-                    "pytest tests/tune/test_tune_job.py")  # fmt: skip
-
-
 def test_verify_times_tuned_against_default_and_checks_files(tmp_path, monkeypatch):
-    _skip_on_a_gpu_machine_unless_interpreting()
+    # verify(device="cpu") / Problem(..., "cpu") interpret the fp8 GEMM kernel module, which
+    # then stays interpreted for the process (tests/lib/interpreter.py).
+    interpreter_or_skip("tests/tune/test_tune_job.py", module_level=False)
     # verify(device="cpu") sets TRITON_INTERPRET for the process (the CLI's way); set it
     # through monkeypatch first so that the variable is restored after this test.
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -153,7 +144,9 @@ def test_a_worker_crash_costs_one_unit_retry_not_the_job(tmp_path, monkeypatch):
 
 
 def test_a_failing_config_is_noted_not_fatal(monkeypatch):
-    _skip_on_a_gpu_machine_unless_interpreting()
+    # verify(device="cpu") / Problem(..., "cpu") interpret the fp8 GEMM kernel module, which
+    # then stays interpreted for the process (tests/lib/interpreter.py).
+    interpreter_or_skip("tests/tune/test_tune_job.py", module_level=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from servelab.tune.space import Config
     from servelab.tune.timing import Problem
