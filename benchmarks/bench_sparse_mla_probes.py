@@ -13,6 +13,10 @@
   (globaltimer at entry, after the PDL wait, at the end; the last call of a replayed graph),
   and the default call timed with other merge geometries (warps, columns per program),
   interleaved over rounds.
+- ``split-trace``: inside the ws split kernel (mid and large B), when each program's phases
+  happen (globaltimer stamps: entry, q, the first indices, each tile's landing, score dot,
+  P V, the stores; splitkv_gluon_ws.TRACE_LAYOUT), summarised as medians over programs, with
+  the call's time; ``--drops gather,dots`` traces the diagnostics too.
 
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla_probes.py profile \\
         --shapes v4-flash,v4-pro --batches 16,32,64,128 [--waves 0.5]
@@ -300,6 +304,183 @@ def merge_trace(args) -> None:
             print(f"{name:17} {b:3} " + " ".join(cells), flush=True)
 
 
+def _split_trace_summary(tr: torch.Tensor, n_local: torch.Tensor) -> dict:
+    """Phase times of one traced ws launch, us: the medians over programs (max for the spans).
+    tr: [programs, TRACE_COLS] (-1 where unstamped); n_local: tiles per program."""
+    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_LAYOUT as L
+    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_TILES
+
+    tr = tr.double()
+    tr[tr < 0] = float("nan")  # unstamped (a split past the last tile, tiles past the trace)
+    entry = tr[:, L["entry"]]
+    t0 = entry.nan_to_num(float("inf")).min()
+
+    def col(name, j=0):
+        return tr[:, L[name] + j]
+
+    def med(x) -> float:
+        x = x[~torch.isnan(x)]
+        return float(x.median()) / 1e3 if x.numel() else float("nan")
+
+    end = torch.maximum(col("scorer_stored"), col("second_stored"))
+    out = {
+        "span": float(end.nan_to_num(float("-inf")).max() - t0) / 1e3,  # -> last store issued
+        "entry_spread": float(entry.nan_to_num(float("-inf")).max() - t0) / 1e3,
+        "idx0": med(col("idx0") - entry),
+        "q": med(col("q") - entry),
+        "ready0": med(col("ready", 0) - entry),
+        "loop": med(col("scorer_end") - col("ready", 0)),
+        "store": med(col("scorer_stored") - col("scorer_end")),
+        "second_store": med(col("second_stored") - col("second_end")),
+        "program": med(end - entry),
+    }
+    # Per-tile steps of the scorer, over tiles 1.. of each program (stamped tiles only).
+    qk, soft_pv, wait, land = [], [], [], []
+    nt = int(min(int(n_local.max()), TRACE_TILES))
+    for j in range(nt):
+        has = n_local > j
+        ready, scored, pv1 = col("ready", j), col("scored", j), col("pv1", j)
+        qk.append(torch.where(has, scored - ready, float("nan")))
+        soft_pv.append(torch.where(has, pv1 - scored, float("nan")))
+        if j > 0:
+            wait.append(torch.where(has, ready - col("pv1", j - 1), float("nan")))
+            land.append(torch.where(has, col("landed", j) - col("landed", j - 1), float("nan")))
+    cat = lambda xs: torch.cat(xs) if xs else torch.tensor([float("nan")])  # noqa: E731
+    out.update(qk=med(cat(qk)), softmax_pv=med(cat(soft_pv)), wait=med(cat(wait)),
+               land_gap=med(cat(land)))  # fmt: skip
+    return out
+
+
+SPLIT_TRACE_COLS = ("span", "program", "entry_spread", "idx0", "q", "ready0", "loop",
+                    "land_gap", "qk", "softmax_pv", "wait", "store", "second_store")  # fmt: skip
+
+
+# split-trace variants: label -> the ws module switches (splitkv_gluon_ws) they set.
+WS_VARIANTS = {
+    "default": {},
+    "direct": {"STAGED_STORES": False},  # O stored from the accumulator's layout
+    "qearly": {"Q_AFTER_INDICES": False},  # q's copies issued at entry
+    "before": {"STAGED_STORES": False, "Q_AFTER_INDICES": False},  # both, as before
+}
+
+
+def split_trace(args) -> None:
+    from servelab.kernels.sparse_mla import splitkv_gluon_ws as ws
+    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+    from servelab.kernels.sparse_mla.splitkv import (
+        GLUON_WS,
+        LAST_PATH,
+        choose_num_splits,
+        default_config,
+        splitkv_decode,
+    )
+
+    shapes = {s.name: s for s in bsm.SHAPES}
+    drops = [""] + [d for d in args.drops.split(",") if d]
+    labels = args.variants.split(",")
+    unknown = {lab for lab in labels if lab.removesuffix("/p16") not in WS_VARIANTS}
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {sorted(unknown)}; choose from {sorted(WS_VARIANTS)}"
+                         " (each optionally with /p16)")  # fmt: skip
+    saved = {k: getattr(ws, k) for v in WS_VARIANTS.values() for k in v}
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows, times = [], collections.defaultdict(list)
+    try:
+        for name in args.shapes.split(","):
+            shape = shapes[name]
+            kv = _kv(shape)
+            scale = shape.d_qk**-0.5
+            for b in [int(x) for x in args.batches.split(",")]:
+                cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+                if cfg.kernel != "ws":
+                    cfg = GLUON_WS
+                if args.partials != "default":
+                    cfg = replace(cfg, partial_dtype=args.partials)
+                ns = args.num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, n_sms)
+                n_hblk = -(-shape.heads // cfg.block_h)
+                n_tiles = -(-shape.topk // cfg.block_n)
+                tps = -(-n_tiles // min(ns, n_tiles))
+                n_local = torch.tensor([max(min(tps, n_tiles - s * tps), 0) for s in range(ns)])
+                n_local = n_local.repeat(b * n_hblk)  # rows (b * n_hblk + hb) * ns + s
+                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
+                q0, i0 = sets[0]
+                ref_out, ref_lse = sparse_mla_decode_reference(q0, kv, i0, scale, shape.d_v,
+                                                               out_dtype=torch.float32)  # fmt: skip
+                for rnd in range(args.rounds):
+                    for label in labels:
+                        switches = WS_VARIANTS[label.removesuffix("/p16")]
+                        for k, v in saved.items():
+                            setattr(ws, k, switches.get(k, v))
+                        vcfg = cfg
+                        if label.endswith("/p16"):
+                            vcfg = replace(cfg, partial_dtype="input")
+                        for drop in drops if rnd == 0 else [""]:
+                            calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v,
+                                             config=vcfg, num_splits=ns, drop=drop)
+                                     for q, i in sets]  # fmt: skip
+                            out, lse = calls[0]()
+                            if LAST_PATH["split"] != "16bit_ws":
+                                raise SystemExit(f"{name} B={b}: ran {LAST_PATH['split']}, not ws")
+                            if not drop:  # checked like the geometry bench
+                                rel = ((out.float() - ref_out).norm() / ref_out.norm()).item()
+                                lse_err = (lse - ref_lse).abs().max().item()
+                                if not (rel <= 1e-2 and lse_err <= 1e-3):
+                                    raise SystemExit(
+                                        f"{name} B={b} {label}: out relative error {rel:.3g} "
+                                        f"(> 1e-2) or lse error {lse_err:.3g} (> 1e-3) against "
+                                        "the fp32 reference")  # fmt: skip
+                            us = _graph_us(calls, args.reps)
+                            if not drop:
+                                times[(name, b, label)].append(us)
+                            if rnd > 0:
+                                continue
+                            trace = torch.full((b * n_hblk * ns * ws.TRACE_COLS,), -1,
+                                               dtype=torch.int64, device="cuda")  # fmt: skip
+                            traced = [partial(c, trace=trace) for c in calls]
+                            g = bsm.capture_graph(bsm.cycled(traced, bsm.MIN_GRAPH_CALLS))
+                            for _ in range(3):
+                                g.replay()
+                            torch.cuda.synchronize()
+                            del g
+                            tr = trace.view(-1, ws.TRACE_COLS).cpu()
+                            tag = f"{label}{'_' + drop if drop else ''}"
+                            fname = tag.replace("/", "-")
+                            if args.out:
+                                args.out.mkdir(parents=True, exist_ok=True)
+                                torch.save({"trace": tr, "n_local": n_local, "shape": name, "b": b,
+                                            "splits": ns, "drop": drop, "variant": label, "us": us},
+                                           args.out / f"split_trace_{name}_b{b}_{fname}.pt")  # fmt: skip
+                            summ = _split_trace_summary(tr, n_local)
+                            rows.append((name, b, ns, tag, us, summ))
+                            print(f"{name:17} B={b:3} splits {ns:3} {tag:12} "
+                                  f"{LAST_PATH['split']}/{LAST_PATH['merge']}/{LAST_PATH['partials']} "
+                                  f"{us:7.2f} us  "
+                                  + " ".join(f"{k} {v:.2f}" for k, v in summ.items()), flush=True)  # fmt: skip
+            del kv
+            torch.cuda.empty_cache()
+    finally:
+        for k, v in saved.items():
+            setattr(ws, k, v)
+    print("\nws split kernel phases, us (round 0; medians over programs; span = first entry to "
+          "the last store issued; call = the whole call's graph time)")  # fmt: skip
+    print(f"{'shape':17} {'B':>3} {'S':>3} {'variant':12} {'call':>7} "
+          + " ".join(f"{c:>12}" for c in SPLIT_TRACE_COLS))
+    for name, b, ns, tag, us, summ in rows:
+        print(f"{name:17} {b:3} {ns:3} {tag:12} {us:7.2f} "
+              + " ".join(f"{summ[c]:12.2f}" for c in SPLIT_TRACE_COLS), flush=True)
+    print(f"\nus per call, median over {args.rounds} interleaved rounds; "
+          "* = faster than the first variant by > 2%")
+    print(f"{'shape':17} {'B':>3} " + " ".join(f"{lab:>9}" for lab in labels))
+    for name in args.shapes.split(","):
+        for b in [int(x) for x in args.batches.split(",")]:
+            if (name, b, labels[0]) not in times:
+                continue
+            med = {lab: statistics.median(times[(name, b, lab)]) for lab in labels}
+            cells = [f"{med[lab]:8.2f}{'*' if med[lab] < 0.98 * med[labels[0]] else ' '}"
+                     for lab in labels]  # fmt: skip
+            print(f"{name:17} {b:3} " + " ".join(cells), flush=True)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="probe", required=True)
@@ -324,16 +505,30 @@ def main(argv: list[str]) -> int:
     p.add_argument("--num-splits", type=int, default=None, help="split count (default: chosen)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=30)
+    p = sub.add_parser("split-trace", help="phase times inside the ws split kernel's programs")
+    p.add_argument("--shapes", default="v4-flash,v4-flash-tp2-h32,v4-pro,v3.2")
+    p.add_argument("--batches", default="16,32,64,128")
+    p.add_argument("--drops", default="", help="also trace with these diagnostics (gather,dots)")
+    p.add_argument("--variants", default="default",
+                   help=f"kernel variants, timed interleaved, the first the baseline: "
+                        f"{', '.join(WS_VARIANTS)}; /p16 after one: 16-bit partials")  # fmt: skip
+    p.add_argument("--partials", choices=("default", "fp32", "input"), default="default",
+                   help="the split's partial dtype (input: q's 16-bit dtype)")
+    p.add_argument("--num-splits", type=int, default=None, help="split count (default: chosen)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=30)
+    p.add_argument("--out", type=Path, default=None, help="save each raw trace here (.pt)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("these probes time CUDA kernels: run them on a machine with an NVIDIA GPU")
     by_shape = {s.name for s in bsm.SHAPES}
-    if args.probe in ("profile", "merge-trace"):
+    if args.probe in ("profile", "merge-trace", "split-trace"):
         unknown = set(args.shapes.split(",")) - by_shape
         if unknown:
             ap.error(f"unknown shape(s) {sorted(unknown)}; choose from {sorted(by_shape)}")
     {"profile": profile, "gather": gather, "stride": stride,
-     "graph-shape": graph_shape, "merge-trace": merge_trace}[args.probe](args)  # fmt: skip
+     "graph-shape": graph_shape, "merge-trace": merge_trace,
+     "split-trace": split_trace}[args.probe](args)  # fmt: skip
     return 0
 
 

@@ -199,21 +199,22 @@ def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch
 
 def test_default_config_takes_gluon_where_it_was_measured_faster():
     """H200 tables (docs/performance.md): the warp-specialised Gluon kernel with a 16-bit cache
-    from B = 8 (B = 4 with 128 heads, B = 1 with 128 heads on 576-wide rows) for 32-128
-    heads, except the one-partition Gluon kernel at B = 8-15 with 32-64 heads; the few-heads
-    kernel from B = 4 with <= 16 heads (B = 2 on 576-wide rows); the tl kernels below; never
-    Gluon on a device without
-    it. (The FP8 cache's rule: test_sparse_mla_fp8_gluon.py.)"""
+    and 16-bit partials from B = 8 (B = 2 with 128 heads, B = 1 with 128 heads on 576-wide
+    rows) for 17-128 heads; the few-heads kernel from B = 4 with <= 16 heads (B = 2 on
+    576-wide rows); the tl kernels below; never Gluon on a device without it. (The FP8
+    cache's rule: test_sparse_mla_fp8_gluon.py.)"""
     from servelab.kernels.sparse_mla.splitkv import default_config
 
     bf16 = torch.bfloat16
-    for b, h, want in [(32, 64, "ws"), (128, 128, "ws"), (64, 32, "ws"), (8, 64, "gluon"),
-                       (16, 64, "ws"), (8, 32, "gluon"), (8, 128, "ws"), (4, 128, "ws"),
-                       (4, 64, "tl"), (4, 32, "tl"),
-                       (2, 128, "tl"), (64, 16, "nh"), (8, 16, "nh"), (4, 16, "nh"),
+    for b, h, want in [(32, 64, "ws"), (128, 128, "ws"), (64, 32, "ws"), (8, 64, "ws"),
+                       (16, 64, "ws"), (8, 32, "ws"), (8, 20, "ws"), (8, 128, "ws"),
+                       (4, 128, "ws"), (2, 128, "ws"), (7, 64, "tl"), (4, 64, "tl"),
+                       (4, 32, "tl"), (64, 16, "nh"), (8, 16, "nh"), (4, 16, "nh"),
                        (4, 8, "nh"), (1, 64, "tl"), (1, 16, "rp"), (2, 16, "tl"),
                        (1, 128, "tl")]:  # fmt: skip
-        assert default_config(b, h, 512, bf16, gluon=True).kernel == want, (b, h)
+        cfg = default_config(b, h, 512, bf16, gluon=True)
+        assert cfg.kernel == want, (b, h)
+        assert cfg.partial_dtype == ("input" if want == "ws" else "fp32"), (b, h, cfg)
         assert default_config(b, h, 512, bf16, gluon=False).kernel in ("tl", "rp")
     for b, h, want in [(1, 128, "ws"), (2, 128, "ws"), (1, 16, "rp"), (2, 16, "nh"),
                        (2, 8, "nh"), (1, 64, "tl")]:  # V3.2's 576-wide rows  # fmt: skip

@@ -105,6 +105,52 @@ def test_replayed_inside_a_cuda_graph():
     assert path["split"] == "16bit_ws", path
 
 
+@pytest.mark.gpu
+@needs_hopper
+def test_phase_trace():
+    """The trace (splitkv_gluon_ws.TRACE_LAYOUT) leaves the results as they are, and every
+    program's stamps are on one clock in the kernel's order: entry <= first indices / q <= each
+    tile's k_ready seen <= its scores <= its P V, tiles in order, the end after the last tile,
+    the stores after the end; SM ids in range; tiles past TRACE_TILES not stamped."""
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_COLS, TRACE_LAYOUT, TRACE_TILES
+
+    L = TRACE_LAYOUT
+    b, h, d_qk, d_v, topk, splits = 3, 64, 576, 512, 2048, 1  # 32 tiles: 16 past the trace
+    q, kv, idx = make("cuda", torch.bfloat16, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=5)
+    scale = d_qk**-0.5
+    ref = splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits)
+    tr = torch.full((b * splits * TRACE_COLS,), -1, dtype=torch.int64, device="cuda")
+    got = splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits, trace=tr)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
+    tr = tr.view(-1, TRACE_COLS).cpu()
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n_local = 32
+    unused = [c for c in range(TRACE_COLS) if c not in L.values()
+              and not any(L[k] <= c < L[k] + TRACE_TILES for k in ("landed", "ready", "scored",
+                                                                  "pv1", "p_ready", "pv2"))]  # fmt: skip
+    assert unused and torch.all(tr[:, unused] == -1)
+    for row in tr:
+        assert 0 <= row[L["sm"]] < n_sms
+        e = row[L["entry"]]
+        assert e > 0 and row[L["q"]] >= e and row[L["idx0"]] >= e
+        prev = e
+        for j in range(min(n_local, TRACE_TILES)):
+            steps = [row[L["landed"] + j], row[L["ready"] + j], row[L["scored"] + j],
+                     row[L["pv1"] + j]]  # fmt: skip
+            assert all(x >= prev for x in steps[1:]) and steps == sorted(steps), (j, steps)
+            assert row[L["p_ready"] + j] >= row[L["scored"] + j]
+            assert row[L["pv2"] + j] >= row[L["p_ready"] + j]
+            prev = steps[-1]
+        assert row[L["scorer_end"]] >= prev and row[L["scorer_stored"]] >= row[L["scorer_end"]]
+        assert row[L["second_end"]] >= row[L["pv2"] + TRACE_TILES - 1]
+        assert row[L["second_stored"]] >= row[L["second_end"]]
+        assert row[L["loader_end"]] >= row[L["landed"] + TRACE_TILES - 1]
+    with pytest.raises(ValueError, match="contiguous int64"):
+        splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits,
+                       trace=torch.zeros(8, dtype=torch.int64, device="cuda"))  # fmt: skip
+
+
 _COMPILE = """
 import json, sys
 import triton
@@ -114,11 +160,15 @@ if not splitkv_gluon.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
 from servelab.kernels.sparse_mla import splitkv_gluon_ws as m
-d_tail, bn, nk = map(int, sys.argv[1:4])
+d_tail, bn, nk, trace = map(int, sys.argv[1:5])
 k = m._sparse_mla_split_gluon_ws_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NK=nk,
-          DROP=0, SECOND_REGS=168, LOADER_REGS=88, num_warps=4)
-ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32")
+          DROP=0, SECOND_REGS=168, LOADER_REGS=88, num_warps=4, TRACE=bool(trace), STAGED=True,
+          Q_LATE=True)
+ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32",
+            trace_ptr="*i64")
+if not trace:
+    ce["trace_ptr"] = None
 sig = {n: "constexpr" if n in ce else ptrs.get(n, "fp32" if n == "scale_log2" else "i32")
        for n in k.arg_names}
 d_qk = 512 + d_tail
@@ -132,23 +182,30 @@ c = triton.compile(GluonASTSource(k, sig, ce, attrs), target=GPUTarget("cuda", 9
 ptx = c.asm["ptx"]
 print(json.dumps({"shared": c.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
                   "mbarrier_wait": ptx.count("mbarrier.try_wait"),
-                  "setmaxnreg": ptx.count("setmaxnreg"), "smem_est": m.smem_bytes(ce)}))
+                  "setmaxnreg": ptx.count("setmaxnreg"), "smem_est": m.smem_bytes(ce),
+                  "globaltimer": ptx.count("%globaltimer"), "smid": ptx.count("%smid")}))
 """
 
 
-@pytest.mark.parametrize("d_tail, bn, nk", [(0, 64, 2), (64, 64, 2), (0, 32, 4)],
-                         ids=["v4", "v32", "v4_bn32_lagged"])  # fmt: skip
-def test_compiles_for_hopper(d_tail, bn, nk):
-    """Without a GPU: compile for sm_90a in a fresh process (the default geometry, and a
-    4-buffer ring whose loader lags by two tiles): wgmma, mbarrier waits and the partitions'
-    register moves (setmaxnreg) must be there, and shared memory must fit 227 KB within the
-    launcher's estimate (which decides serves())."""
+@pytest.mark.parametrize("d_tail, bn, nk, trace", [(0, 64, 2, 0), (64, 64, 2, 0), (0, 32, 4, 0),
+                                                   (64, 64, 2, 1)],
+                         ids=["v4", "v32", "v4_bn32_lagged", "v32_traced"])  # fmt: skip
+def test_compiles_for_hopper(d_tail, bn, nk, trace):
+    """Without a GPU: compile for sm_90a in a fresh process (the default geometry, a 4-buffer
+    ring whose loader lags by two tiles, and the phase trace): wgmma, mbarrier waits and the
+    partitions' register moves (setmaxnreg) must be there, shared memory must fit 227 KB
+    within the launcher's estimate (which decides serves()), and the timer is read only when
+    traced (all three partitions stamp: more than one read)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", _COMPILE, str(d_tail), str(bn), str(nk)],
-                       env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    r = subprocess.run([sys.executable, "-c", _COMPILE, str(d_tail), str(bn), str(nk),
+                        str(trace)], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 0, r.stderr[-2000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     if "skip" in got:
         pytest.skip(got["skip"])
     assert got["wgmma"] > 0 and got["mbarrier_wait"] > 0 and got["setmaxnreg"] > 0, got
     assert 2 * (64 + nk * bn) * 512 < got["shared"] <= min(got["smem_est"], 227 * 1024), got
+    if trace:
+        assert got["globaltimer"] >= 10 and got["smid"] == 1, got
+    else:
+        assert got["globaltimer"] == 0 and got["smid"] == 0, got

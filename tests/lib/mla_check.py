@@ -89,7 +89,7 @@ def gamma(n: int) -> float:
     return n * U32 / (1 - n * U32)
 
 
-def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=False):
+def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=None):
     """(exact out, exact lse, out tolerance, lse tolerance) in float64, derivation above.
 
     kv_rounded: the FP8 paths, which round each dequantised KV value before the dots: the
@@ -101,7 +101,10 @@ def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=F
     sum|q| sm_scale more in Delta, abs_kv + topk 2^-25 max|v| more in the output.
     partial_rounded: each split's normalised partial O_s is rounded to `dtype` before the
     merge: |sum_s w_s (O_s rounded - O_s)| <= u_in sum_s w_s |O_s| <= u_in M,
-    so u_in more relative error on M."""
+    so u_in more relative error on M. None (the default): for 16-bit q, since the ws kernel
+    (the default from B = 16 on Hopper) keeps 16-bit partials."""
+    if partial_rounded is None:
+        partial_rounded = dtype != torch.float32
     out_ex, lse_ex = sparse_mla_decode_reference(
         q, kv, idx, sm_scale, d_v, compute_dtype=torch.float64, out_dtype=torch.float64
     )

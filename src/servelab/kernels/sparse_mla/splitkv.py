@@ -284,6 +284,8 @@ def splitkv_decode(
     drop: str = "",  # diagnostics only (wrong results): "qk"/"pv" skips that dot; Gluon
     # kernels: "gather" skips the loop's gathers, "dots" both dots, "dequant" (FP8) the
     # dequantisation into the staging tile
+    trace: torch.Tensor | None = None,  # diagnostics: the ws kernel's phase stamps
+    # (splitkv_gluon_ws.TRACE_LAYOUT); a launch that does not run that kernel raises
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the split kernel (and the merge kernel when num_splits > 1 and the config's
     merge is not "fused"); returns (out, lse)."""
@@ -367,10 +369,15 @@ def splitkv_decode(
     rp = not fp8 and not drop and not fused and cfg.kernel == "rp"
     if gluon and merge == "pdl":  # the Gluon kernel does not trigger dependents
         merge = "kernel"
+    if trace is not None and not (gluon and cfg.kernel == "ws" and not fp8):
+        raise ValueError("trace is a diagnostic of the ws Gluon kernel, which this launch does "
+                         "not run (config, device or shape)")  # fmt: skip
     if gluon:
         compiled = gmod.launch(
             cfg, grid, q, kv_cache, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-            sm_scale, d_v, drop)  # fmt: skip
+            sm_scale, d_v, drop, **({"trace": trace} if trace is not None else {}))  # fmt: skip
+        if compiled is None and trace is not None:
+            raise RuntimeError("the ws Gluon kernel did not compile here, so it cannot be traced")
         if compiled is None and config is None:  # the default again: the tl kernel's geometry
             return splitkv_decode(q, kv_cache, indices, sm_scale, d_v, num_splits=asked_splits,
                                   out=out, lse=lse, drop=drop,

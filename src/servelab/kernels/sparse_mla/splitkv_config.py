@@ -43,10 +43,11 @@ class SplitConfig:
     # 1.4-1.8x slower than the reshape kernel with 64-head tiles (registers spill).
     fp8_chunked: bool = True
     # Partial O of each split: fp32, or rounded to q's dtype ("input": half the partial bytes,
-    # one extra rounding of u per partial). Timed on the H200 (2026-11-30, after the merge's
-    # column warps for 16-bit partials; docs/performance.md, eighth follow-up): slower at 17 of
-    # 20 cells at B <= 8 (3 within 2%) and at every mid-B cell timed, faster at three by
-    # 2.7-5.8%; so not a default.
+    # one extra rounding of u per partial). With the Triton and one-partition Gluon kernels,
+    # timed on the H200 (2026-11-30, after the merge's column warps for 16-bit partials;
+    # docs/performance.md, eighth follow-up): slower at 17 of 20 cells at B <= 8 (3 within 2%)
+    # and at every mid-B cell timed, faster at three by 2.7-5.8%; so not their default. The
+    # ws kernel stages its 16-bit stores and defaults to "input" (GLUON_WS).
     partial_dtype: str = "fp32"
     # Split kernel: "tl" (splitkv.py), "rp" (splitkv_rp.py: the next tile's gather issued into
     # registers before this tile's dots, num_stages unused), "gluon" (Hopper, 64-head tiles,
@@ -104,20 +105,30 @@ PDL_MAX_B = 8
 # faster than GLUON_WIDE at every cell from B = 32 (1.01-1.34x: V4-Flash B = 128 48.1 -> 40.8-41.7
 # us, V3.2 B = 64 110 -> 86-96, V4-Pro B = 128 137-139 -> 108-113) and within 1% or faster at
 # B = 8; on the H16 slice (64-head tile, 75% padding) it also beats the tl kernel from B = 8
-# (17.5 -> 15.2 us at B = 8; 93.1 -> 92.4 at B = 128). So it is the 16-bit default from B = 8
-# (B = 4 with 128 heads) for every head count, except B < 16 with 32-64 heads, where
-# GLUON_WIDE stayed 1-2% faster in both calls that timed it (V4-Flash B = 8: 13.89 vs 14.14,
-# 14.18 vs 14.46 us).
-WS_MIN_B = 16
+# (17.5 -> 15.2 us at B = 8; 93.1 -> 92.4 at B = 128). GLUON_WIDE stayed 1-2% faster at
+# B = 8-15 with 32-64 heads until ws's staged 16-bit partials (ninth follow-up, below:
+# V4-Flash B = 8 14.14 -> 12.17 us, H32 11.37 -> 11.23), so ws is now the 16-bit default from
+# B = 8 (B = 2 with 128 heads) for every head count; GLUON_WIDE serves the FP8 cache.
 # NARROW_RP: the register-prefetch kernel with 16-token tiles (more splits),
 # faster only at B = 1 on the H16 slice (9.3 -> 7.9 us, five machines).
 GLUON_WIDE = SplitConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, ctas_per_sm=1,
                          prefetch_idx=False, kernel="gluon")  # fmt: skip
+# Its partials are 16-bit (q's dtype) since it stores O through a free K buffer in whole row
+# segments (splitkv_gluon_ws.STAGED_STORES): H200, 2026-11-30 (probes split-trace, three
+# interleaved rounds, docs/performance.md ninth follow-up) V4-Flash B = 16 17.13 -> 13.35 us,
+# B = 32 21.30 -> 17.93, B = 64 29.59 -> 25.65; V4-Pro B = 16 24.91 -> 20.99, B = 32 36.17 ->
+# 31.46; V3.2 B = 16 34.86 -> 29.10, B = 32 53.00 -> 47.62; H32 B = 32 16.19 -> 15.29
+# (B = 16: 12.67 -> 12.76, within noise). With fp32 partials the staged stores were not
+# faster (they stay direct).
 GLUON_WS = SplitConfig(block_h=64, block_n=64, num_warps=4, num_stages=2, ctas_per_sm=1,
-                       prefetch_idx=False, kernel="ws")  # fmt: skip
-GLUON_MIN_H = 32
+                       prefetch_idx=False, kernel="ws", partial_dtype="input")  # fmt: skip
 GLUON_MIN_B = 8
-GLUON_MIN_B_WIDE, GLUON_WIDE_H = 4, 128  # from B = 4 with at least 128 heads
+# From B = 2 with at least 128 heads: V4-Pro B = 2 13.64 -> 12.27 us with ws's 16-bit
+# partials (H200, 2026-11-30, bench_sparse_mla_geometry --only default,ws; B = 1 stays with
+# the tl kernel: 11.39 against 11.93). At 32-64 heads ws lost at B <= 2 (V4-Flash 9.35 vs
+# 10.54 us at B = 2; ws's 64-token tiles allow 10 splits, the tl default's 20) and was within
+# 2% at B = 4 (V4-Flash 11.02 vs 11.28, H32 10.47 vs 9.24: slower), so it starts at B = 8.
+GLUON_MIN_B_WIDE, GLUON_WIDE_H = 2, 128
 # ... and from B = 1 with 128 heads on V3.2's 576-wide rows (topk 2048): after the merge's
 # 16K-element tiles (2026-11-30, bench_sparse_mla_geometry, two timings) ws ran V3.2 B = 1 in
 # 12.60-12.77 us against the tl default's 13.62-13.75, B = 2 16.83-17.02 against 18.90-19.00;
@@ -197,8 +208,6 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
             return nh_config(h)
     if fp8_tile is None and b >= gluon_b:
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
-            if b < WS_MIN_B and GLUON_MIN_H <= h < GLUON_WIDE_H:
-                return GLUON_WIDE
             return GLUON_WS
     if fp8_tile in (64, 128) and b >= gluon_fp8_min_b(h):
         if splitkv_gluon.gluon_device() if gluon is None else gluon:

@@ -31,6 +31,30 @@ from .splitkv_gluon import AVAILABLE, LOG2E
 if TYPE_CHECKING:
     from .splitkv_config import SplitConfig
 
+# The phase trace (launch(trace=...), benchmarks/bench_sparse_mla_probes.py split-trace): per
+# program one row of TRACE_COLS int64, column -> what. Globaltimer stamps (ns) but "sm"; the
+# per-tile columns hold the first TRACE_TILES tiles (later tiles are not stamped); unstamped
+# entries keep what the caller put there.
+TRACE_TILES = 16
+TRACE_LAYOUT = {
+    "sm": 0,  # %smid
+    "entry": 1,  # kernel entry (before q's copies are issued)
+    "q": 2,  # scorer: q landed
+    "idx0": 3,  # loader: the first tile's indices in registers
+    "scorer_end": 4,  # scorer: after its last P V
+    "scorer_stored": 5,  # scorer: its half of O and lse stores issued
+    "second_end": 6,  # second half: the scorer's `done` seen
+    "second_stored": 7,  # second half: its stores issued
+    "loader_end": 8,
+    "landed": 16,  # + j: loader: tile j's copies landed (k_ready)
+    "ready": 32,  # + j: scorer: k_ready of tile j seen
+    "scored": 48,  # + j: scorer: S of tile j in registers
+    "pv1": 64,  # + j: scorer: its P V of tile j done
+    "p_ready": 80,  # + j: second half: P of tile j seen
+    "pv2": 96,  # + j: second half: its P V of tile j done
+}
+TRACE_COLS = 112
+
 if AVAILABLE:
     from triton.experimental import gluon
     from triton.experimental.gluon import language as gl
@@ -51,6 +75,24 @@ if AVAILABLE:
         _store_out,
     )
 
+    T_SM = gl.constexpr(TRACE_LAYOUT["sm"])
+    T_ENTRY = gl.constexpr(TRACE_LAYOUT["entry"])
+    T_Q = gl.constexpr(TRACE_LAYOUT["q"])
+    T_IDX0 = gl.constexpr(TRACE_LAYOUT["idx0"])
+    T_SCORER_END = gl.constexpr(TRACE_LAYOUT["scorer_end"])
+    T_SCORER_STORED = gl.constexpr(TRACE_LAYOUT["scorer_stored"])
+    T_SECOND_END = gl.constexpr(TRACE_LAYOUT["second_end"])
+    T_SECOND_STORED = gl.constexpr(TRACE_LAYOUT["second_stored"])
+    T_LOADER_END = gl.constexpr(TRACE_LAYOUT["loader_end"])
+    T_LANDED = gl.constexpr(TRACE_LAYOUT["landed"])
+    T_READY = gl.constexpr(TRACE_LAYOUT["ready"])
+    T_SCORED = gl.constexpr(TRACE_LAYOUT["scored"])
+    T_PV1 = gl.constexpr(TRACE_LAYOUT["pv1"])
+    T_P_READY = gl.constexpr(TRACE_LAYOUT["p_ready"])
+    T_PV2 = gl.constexpr(TRACE_LAYOUT["pv2"])
+    T_TILES = gl.constexpr(TRACE_TILES)
+    T_COLS = gl.constexpr(TRACE_COLS)
+
     @gluon.jit
     def _tile_idx(idx_row, t, n_lim, BLOCK_N: gl.constexpr, layout: gl.constexpr):
         """Tile t's indices in `layout` (-1 past the split, like padding)."""
@@ -58,10 +100,66 @@ if AVAILABLE:
         return gl.load(idx_row + pos, mask=pos < n_lim, other=-1)
 
     @gluon.jit
-    def _loader(kbuf, ktail, idx_ring, k_ready, k_free, kv_ptr, idx_row, t_start, n_local,
+    def _now():
+        """The GPU's global nanosecond timer (the same clock on every SM)."""
+        return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64,
+                                         is_pure=False, pack=1)  # fmt: skip
+
+    @gluon.jit
+    def _stamp(tr, col, TRACE: gl.constexpr, ok=True):
+        """TRACE: the timer into column `col` of this program's trace row (if ok)."""
+        if TRACE:
+            gl.store(tr + col, _now(), mask=ok)
+
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton >= 3.7's name
+
+        @gluon.jit
+        def _view_as(buf, dtype: gl.constexpr, R: gl.constexpr, C: gl.constexpr,
+                     layout: gl.constexpr):  # fmt: skip
+            """`buf`'s bytes as an [R, C] `dtype` tile in `layout`."""
+            return buf.reinterpret(dtype, [R, C], layout)
+
+    else:
+
+        @gluon.jit
+        def _view_as(buf, dtype: gl.constexpr, R: gl.constexpr, C: gl.constexpr,
+                     layout: gl.constexpr):  # fmt: skip
+            """`buf`'s bytes as an [R, C] `dtype` tile in `layout`."""
+            return buf._reinterpret(dtype, [R, C], layout)
+
+    @gluon.jit
+    def _store_half(o_row, acc, l_o, kbuf, buf, hb, H, stride_oh, COL0: gl.constexpr,
+                    D: gl.constexpr, BLOCK_H: gl.constexpr, layout: gl.constexpr,
+                    STAGED: gl.constexpr):  # fmt: skip
+        """acc / l (rows with nothing stay 0) -> columns [COL0, COL0 + D) of this head block's
+        output rows. STAGED: through K buffer `buf` (free by then; its bytes reinterpreted),
+        so that each warp stores whole row segments, 16 bytes a thread; from the
+        accumulator's layout each thread stores 4 bytes (16-bit O) in eight rows at once,
+        half a 32-byte sector per row."""
+        if STAGED:
+            odt: gl.constexpr = o_row.dtype.element_ty
+            vec: gl.constexpr = 128 // odt.primitive_bitwidth  # 16 bytes
+            tpw_c: gl.constexpr = min(32, D // vec)
+            nw: gl.constexpr = gl.num_warps()
+            st: gl.constexpr = gl.BlockedLayout([1, vec], [32 // tpw_c, tpw_c], [nw, 1], [1, 0])
+            stage = _view_as(kbuf.index(buf), odt, BLOCK_H, D,
+                             gl.SwizzledSharedLayout(vec, 1, 8, [1, 0]))  # fmt: skip
+            o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+            stage.store(o.to(odt))
+            _cta_barrier()  # this partition's rows written, before its threads read others'
+            v = stage.load(st)
+            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st))
+            offs_d = COL0 + gl.arange(0, D, layout=gl.SliceLayout(0, st))
+            gl.store(o_row + offs_h[:, None] * stride_oh + offs_d[None, :], v,
+                     mask=(offs_h < H)[:, None])  # fmt: skip
+        else:
+            _store_out(o_row, acc, l_o, hb, H, stride_oh, COL0, D, BLOCK_H, layout)
+
+    @gluon.jit
+    def _loader(kbuf, ktail, idx_ring, k_ready, k_free, idx_bar, kv_ptr, idx_row, t_start, n_local,
                 n_lim, stride_kvt8, D_V: gl.constexpr, D_TAIL: gl.constexpr,
                 BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
-                DROP: gl.constexpr):  # fmt: skip
+                DROP: gl.constexpr, tr, TRACE: gl.constexpr):  # fmt: skip
         """Worker: tile j's rows -> K buffer j % NK by cp.async, once both consumers released
         the buffer's previous tile, and its indices -> idx_ring (the scorer's mask). With
         LAG = NK - 2, tile j's k_ready is signalled after tile j + LAG is issued (cp.async
@@ -84,6 +182,8 @@ if AVAILABLE:
             buf = j % NK
             mbarrier.wait(k_free.index(buf), (j // NK + 1) & 1, pred=j >= NK)
             idx_ring.index(buf).store(rid_x)
+            _stamp(tr, T_IDX0, TRACE, j == 0)  # (the first tile's indices are in registers)
+            mbarrier.arrive(idx_bar, pred=j == 0)  # the scorer may issue q's copies now
             ok = (rid >= 0) & (DROP != 1)  # (DROP 1: no gathers, timing only)
             rows = gl.where(ok, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
             _cp_load(kbuf.index(buf), kv_ptr + rows[:, None] + offs_d[None, :], mask=ok[:, None])
@@ -102,21 +202,25 @@ if AVAILABLE:
                 cp.wait_group(LAG)
                 fence_async_shared()  # ... visible to the consumers' wgmma, ...
                 _cta_barrier()  # ... for all of this partition's threads
+                _stamp(tr, T_LANDED + j - LAG, TRACE, j - LAG < T_TILES)
                 mbarrier.arrive(k_ready.index((j - LAG) % NK))
         if LAG > 0:
             cp.wait_group(0)
             fence_async_shared()
             _cta_barrier()
             for jr in range(gl.maximum(n_local - LAG, 0), n_local):
+                _stamp(tr, T_LANDED + jr, TRACE, jr < T_TILES)
                 mbarrier.arrive(k_ready.index(jr % NK))
+        _stamp(tr, T_LOADER_END, TRACE)
 
     @gluon.jit
     def _scorer(q_smem, kbuf, ktail, idx_ring, s_p, s_alpha, l_smem, k_ready, k_free, p_ready,
-                p_free, done, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b, hb, sp, H,
+                p_free, done, idx_bar, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b, hb, sp, H,
                 t_start, n_local, n_lim, stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
                 scale_log2, D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_T: gl.constexpr,
                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
-                DROP: gl.constexpr):  # fmt: skip
+                DROP: gl.constexpr, tr, TRACE: gl.constexpr,
+                STAGED: gl.constexpr, Q_LATE: gl.constexpr):  # fmt: skip
         """Default partition: scores, softmax, P for the second half, P V for d_v[:D_V/2].
         (Leaving tile j's P V in flight under tile j + 1's score dot, releasing its K buffer
         after that, was measured: 1.18-1.30x slower at B = 32-128, H200 2026-11-30.)"""
@@ -139,12 +243,19 @@ if AVAILABLE:
         l_i = gl.zeros([BLOCK_H], gl.float32, layout=gl.SliceLayout(1, s_l))
         acc = gl.zeros([BLOCK_H, D_V // 2], gl.float32, layout=o_l)
         s_zero = gl.zeros([BLOCK_H, BLOCK_N], gl.float32, layout=s_l)
+        if Q_LATE:  # q's copies behind the loader's first index load, beside its first gathers
+            mbarrier.wait(idx_bar, 0, pred=n_local > 0)
+            ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [nw, 1], [1, 0])
+            _load_q(q_smem, q_ptr + b * (stride_qb8 * 8), hb, H, stride_qh8, D_V, BLOCK_H, ld)
+            cp.commit_group()
         cp.wait_group(0)  # q (this partition's copies), while the loader's first gathers fly
         fence_async_shared()
         _cta_barrier()
+        _stamp(tr, T_Q, TRACE)
         for j in range(0, n_local):
             buf = j % NK
             mbarrier.wait(k_ready.index(buf), (j // NK) & 1)
+            _stamp(tr, T_READY + j, TRACE, j < T_TILES)
             kj = kbuf.index(buf)
             if DROP == 2:  # (no dots, timing only)
                 s = s_zero
@@ -154,6 +265,7 @@ if AVAILABLE:
                 if D_TAIL > 0:
                     s = warpgroup_mma(qt_op, ktail.index(buf).permute((1, 0)), s, is_async=True)
                 s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            _stamp(tr, T_SCORED + j, TRACE, j < T_TILES)
             valid = idx_ring.index(buf).load(gl.SliceLayout(0, s_l)) >= 0  # (-1 past the split)
             s = gl.where(valid[None, :], s * scale_log2, -float("inf"))
             m_new = gl.maximum(m_i, gl.max(s, axis=1))
@@ -175,21 +287,29 @@ if AVAILABLE:
                 acc = warpgroup_mma(gl.convert_layout(pb, p_l), kj.slice(0, D_V // 2, dim=1),
                                     acc, is_async=True)  # fmt: skip
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _stamp(tr, T_PV1 + j, TRACE, j < T_TILES)
             _cta_barrier()
             mbarrier.arrive(k_free.index(buf))
+        _stamp(tr, T_SCORER_END, TRACE)
         l_smem.store(l_i)
         _cta_barrier()
         mbarrier.arrive(done)
-        _store_out(o_ptr + b * stride_ob + sp * stride_os, acc,
-                   gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), hb, H, stride_oh, 0, D_V // 2,
-                   BLOCK_H, o_l)  # fmt: skip
+        # The buffer of tile n_local - 2, which the second half released before this
+        # partition's last P V (p_free); the last tile's stays with the second half. (A split
+        # past the last tile, n_local <= 0, used none: buffers 0 and NK - 1.)
+        _store_half(o_ptr + b * stride_ob + sp * stride_os, acc,
+                    gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), kbuf,
+                    gl.maximum(n_local, 0) % NK, hb, H, stride_oh, 0, D_V // 2, BLOCK_H, o_l,
+                    STAGED)  # fmt: skip
         _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, hb, H, BLOCK_H,
                    gl.SliceLayout(1, s_l))  # fmt: skip
+        _stamp(tr, T_SCORER_STORED, TRACE)
 
     @gluon.jit
     def _second_half(kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b, hb, sp,
                      H, n_local, stride_ob, stride_os, stride_oh, D_V: gl.constexpr,
-                     BLOCK_H: gl.constexpr, NK: gl.constexpr, DROP: gl.constexpr):  # fmt: skip
+                     BLOCK_H: gl.constexpr, NK: gl.constexpr, DROP: gl.constexpr, tr,
+                     TRACE: gl.constexpr, STAGED: gl.constexpr):  # fmt: skip
         """Worker: P V for d_v[D_V/2:], P from shared memory."""
         nw: gl.constexpr = gl.num_warps()
         o_l: gl.constexpr = gl.NVMMADistributedLayout(
@@ -198,19 +318,25 @@ if AVAILABLE:
         for j in range(0, n_local):
             buf = j % NK
             mbarrier.wait(p_ready, j & 1)
+            _stamp(tr, T_P_READY + j, TRACE, j < T_TILES)
             alpha = s_alpha.load(gl.SliceLayout(1, o_l))
             acc = acc * alpha[:, None]
             if DROP != 2:
                 acc = warpgroup_mma(s_p, kbuf.index(buf).slice(D_V // 2, D_V // 2, dim=1), acc,
                                     is_async=True)  # fmt: skip
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _stamp(tr, T_PV2 + j, TRACE, j < T_TILES)
             _cta_barrier()
             mbarrier.arrive(p_free)
             mbarrier.arrive(k_free.index(buf))
         mbarrier.wait(done, 0)
-        _store_out(o_ptr + b * stride_ob + sp * stride_os, acc,
-                   l_smem.load(gl.SliceLayout(1, o_l)), hb, H, stride_oh, D_V // 2, D_V // 2,
-                   BLOCK_H, o_l)  # fmt: skip
+        _stamp(tr, T_SECOND_END, TRACE)
+        # The last tile's buffer: the scorer's last P V read it before `done`.
+        _store_half(o_ptr + b * stride_ob + sp * stride_os, acc,
+                    l_smem.load(gl.SliceLayout(1, o_l)), kbuf,
+                    (gl.maximum(n_local, 0) + NK - 1) % NK, hb, H, stride_oh, D_V // 2, D_V // 2,
+                    BLOCK_H, o_l, STAGED)  # fmt: skip
+        _stamp(tr, T_SECOND_STORED, TRACE)
 
     @gluon.jit
     def _sparse_mla_split_gluon_ws_kernel(
@@ -242,6 +368,10 @@ if AVAILABLE:
         SECOND_REGS: gl.constexpr,  # registers per thread of the two workers
         LOADER_REGS: gl.constexpr,
         num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
+        STAGED: gl.constexpr,  # O stored through a free K buffer (where one holds it)
+        Q_LATE: gl.constexpr,  # q's copies issued once the first tile's indices are in
+        trace_ptr=None,  # [programs, TRACE_COLS] int64 when TRACE (TRACE_LAYOUT)
+        TRACE: gl.constexpr = False,
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         ld: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [num_warps, 1], [1, 0])
@@ -255,6 +385,18 @@ if AVAILABLE:
         hb = gl.program_id(1)
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
+        # Staged for 16-bit O only (the output at one split, 16-bit partials): fp32 partials
+        # store whole 32-byte sectors from the accumulator's layout, and staging them was
+        # slower at B = 16-64 (H200, ninth follow-up).
+        STAGE: gl.constexpr = STAGED and o_ptr.dtype.element_ty.primitive_bitwidth == 16 and (
+            BLOCK_N * D_V >= BLOCK_H * (D_V // 2))
+        tr = lse_ptr  # (unused without TRACE: the partitions take a pointer either way)
+        if TRACE:
+            tr = trace_ptr + ((b * gl.num_programs(1) + hb) * gl.num_programs(2) + sp) * T_COLS
+            gl.store(tr + T_SM, gl.inline_asm_elementwise(
+                "mov.u32 $0, %smid;", "=r", [], dtype=gl.int32, is_pure=False, pack=1
+            ).to(gl.int64))  # fmt: skip
+            _stamp(tr, T_ENTRY, TRACE)
 
         # q, issued by the scorer's warps before the partitions start; the scorer waits for it
         # just before its first score dot, so q's load overlaps the loader's first gathers
@@ -262,8 +404,9 @@ if AVAILABLE:
         # to 4% at H32, within the spread of repeated timings; docs/performance.md, seventh
         # follow-up).
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
-        _load_q(q_smem, q_ptr + b * (stride_qb8 * 8), hb, H, stride_qh8, D_V, BLOCK_H, ld)
-        cp.commit_group()
+        if not Q_LATE:
+            _load_q(q_smem, q_ptr + b * (stride_qb8 * 8), hb, H, stride_qh8, D_V, BLOCK_H, ld)
+            cp.commit_group()
         kbuf = gl.allocate_shared_memory(dtype, [NK, BLOCK_N, D_V], sh_kv)
         ktail = gl.allocate_shared_memory(dtype, [NK if D_TAIL > 0 else 1, BLOCK_N, BLOCK_T],
                                           sh_kt)  # fmt: skip
@@ -276,6 +419,8 @@ if AVAILABLE:
         p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        idx_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(idx_bar, count=1)  # the loader, once its first indices are in
         for i in gl.static_range(NK):
             mbarrier.init(k_ready.index(i), count=1)  # the loader
             mbarrier.init(k_free.index(i), count=2)  # the scorer and the second half
@@ -287,20 +432,32 @@ if AVAILABLE:
 
         gl.warp_specialize([
             (_scorer, (q_smem, kbuf, ktail, idx_ring, s_p, s_alpha, l_smem, k_ready, k_free,
-                       p_ready, p_free, done, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b,
+                       p_ready, p_free, done, idx_bar, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b,
                        hb, sp, H, t_start, n_local, n_lim, stride_ob, stride_os, stride_oh,
                        stride_lb, stride_ls, scale_log2, D_V, D_TAIL, BLOCK_T, BLOCK_H, BLOCK_N,
-                       NK, DROP)),
+                       NK, DROP, tr, TRACE, STAGE, Q_LATE)),
             (_second_half, (kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b,
                             hb, sp, H, n_local, stride_ob, stride_os, stride_oh, D_V, BLOCK_H,
-                            NK, DROP)),
-            (_loader, (kbuf, ktail, idx_ring, k_ready, k_free, kv_ptr, idx_ptr + b * stride_ib,
+                            NK, DROP, tr, TRACE, STAGE)),
+            (_loader, (kbuf, ktail, idx_ring, k_ready, k_free, idx_bar, kv_ptr, idx_ptr + b * stride_ib,
                        t_start, n_local, n_lim, stride_kvt8, D_V, D_TAIL,
-                       BLOCK_T, BLOCK_N, NK, DROP)),
+                       BLOCK_T, BLOCK_N, NK, DROP, tr, TRACE)),
         ], [4, 4], [SECOND_REGS, LOADER_REGS])  # fmt: skip
 
 
 DROPS = ("", "gather", "dots")  # the diagnostics this kernel implements
+
+
+# O (partials or the output) stored through a K buffer freed by the end of the loop, 16 bytes
+# a thread in whole row segments, where one buffer holds a partition's half (64-token tiles);
+# False: straight from the accumulator's layout (the kernel before 2026-11-30's ninth
+# follow-up; docs/performance.md). A module switch so that a probe can time both.
+STAGED_STORES = True
+# q's copies issued by the scorer once the loader has its first tile's indices, so that the
+# index load does not queue behind q's 64 KB (the phase trace: the indices came ~0.25 us
+# after q, 1.3-2.8 us after entry); False: q issued first, at entry (the kernel before the
+# ninth follow-up). A module switch like STAGED_STORES.
+Q_AFTER_INDICES = True
 
 
 def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
@@ -312,7 +469,7 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
                 DROP=splitkv_gluon.DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
-                num_warps=4)  # fmt: skip
+                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, num_warps=4)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -348,15 +505,23 @@ def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
 
 
 def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-           sm_scale, d_v, drop):  # fmt: skip
+           sm_scale, d_v, drop, trace=None):  # fmt: skip
     """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
-    compile here (the caller then runs a Triton kernel)."""
+    compile here (the caller then runs a Triton kernel). trace: an int64 tensor of
+    >= programs x TRACE_COLS entries receives the phase stamps (TRACE_LAYOUT; row
+    (b * head blocks + hb) * splits + split)."""
     kc = consts(cfg, d_v, kv.shape[1] - d_v, drop)
+    extra = {}
+    if trace is not None:
+        n = grid[0] * grid[1] * grid[2] * TRACE_COLS
+        if trace.dtype != torch.int64 or trace.numel() < n or not trace.is_contiguous():
+            raise ValueError(f"trace must be a contiguous int64 tensor of >= {n} entries")
+        extra = dict(trace_ptr=trace, TRACE=True)
     try:
         return _sparse_mla_split_gluon_ws_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
             q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc, **extra,
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
         return splitkv_gluon.compile_failed(e, kc, q, "warp-specialised Gluon split kernel")
