@@ -94,9 +94,10 @@ if AVAILABLE:
     T_COLS = gl.constexpr(TRACE_COLS)
 
     @gluon.jit
-    def _tile_idx(idx_row, t, n_lim, BLOCK_N: gl.constexpr, layout: gl.constexpr):
-        """Tile t's indices in `layout` (-1 past the split, like padding)."""
-        pos = t * BLOCK_N + gl.arange(0, BLOCK_N, layout=layout)
+    def _tile_idx(idx_row, p0, n_lim, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+        """The indices of the tile at token position p0 in `layout` (-1 past the split, like
+        padding)."""
+        pos = p0 + gl.arange(0, BLOCK_N, layout=layout)
         return gl.load(idx_row + pos, mask=pos < n_lim, other=-1)
 
     @gluon.jit
@@ -156,7 +157,7 @@ if AVAILABLE:
             _store_out(o_row, acc, l_o, hb, H, stride_oh, COL0, D, BLOCK_H, layout)
 
     @gluon.jit
-    def _loader(kbuf, ktail, idx_ring, k_ready, k_free, idx_bar, kv_ptr, idx_row, t_start, n_local,
+    def _loader(kbuf, ktail, idx_ring, k_ready, k_free, idx_bar, kv_ptr, idx_row, p_start, n_local,
                 n_lim, stride_kvt8, D_V: gl.constexpr, D_TAIL: gl.constexpr,
                 BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
                 DROP: gl.constexpr, tr, TRACE: gl.constexpr):  # fmt: skip
@@ -175,9 +176,9 @@ if AVAILABLE:
         ix: gl.constexpr = gl.BlockedLayout([1], [32], [nw], [0])
         offs_d = gl.arange(0, D_V, layout=gl.SliceLayout(0, ld))
         offs_t = gl.arange(0, BLOCK_T, layout=gl.SliceLayout(0, ld_t))
-        rid = _tile_idx(idx_row, t_start, n_lim, BLOCK_N, gl.SliceLayout(1, ld))
-        rid_t = _tile_idx(idx_row, t_start, n_lim, BLOCK_N, gl.SliceLayout(1, ld_t))
-        rid_x = _tile_idx(idx_row, t_start, n_lim, BLOCK_N, ix)
+        rid = _tile_idx(idx_row, p_start, n_lim, BLOCK_N, gl.SliceLayout(1, ld))
+        rid_t = _tile_idx(idx_row, p_start, n_lim, BLOCK_N, gl.SliceLayout(1, ld_t))
+        rid_x = _tile_idx(idx_row, p_start, n_lim, BLOCK_N, ix)
         for j in range(0, n_local):
             buf = j % NK
             mbarrier.wait(k_free.index(buf), (j // NK + 1) & 1, pred=j >= NK)
@@ -193,10 +194,11 @@ if AVAILABLE:
                 _cp_load(ktail.index(buf), kv_ptr + rows_t[:, None] + D_V + offs_t[None, :],
                          mask=ok_t[:, None] & (offs_t < D_TAIL)[None, :])  # fmt: skip
             cp.commit_group()
-            rid = _tile_idx(idx_row, t_start + j + 1, n_lim, BLOCK_N, gl.SliceLayout(1, ld))
-            rid_x = _tile_idx(idx_row, t_start + j + 1, n_lim, BLOCK_N, ix)
+            p_next = p_start + (j + 1) * BLOCK_N
+            rid = _tile_idx(idx_row, p_next, n_lim, BLOCK_N, gl.SliceLayout(1, ld))
+            rid_x = _tile_idx(idx_row, p_next, n_lim, BLOCK_N, ix)
             if D_TAIL > 0:
-                rid_t = _tile_idx(idx_row, t_start + j + 1, n_lim, BLOCK_N,
+                rid_t = _tile_idx(idx_row, p_next, n_lim, BLOCK_N,
                                   gl.SliceLayout(1, ld_t))  # fmt: skip
             if j >= LAG:  # tile j - LAG landed (this thread's copies), ...
                 cp.wait_group(LAG)
@@ -216,7 +218,7 @@ if AVAILABLE:
     @gluon.jit
     def _scorer(q_smem, kbuf, ktail, idx_ring, s_p, s_alpha, l_smem, k_ready, k_free, p_ready,
                 p_free, done, idx_bar, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b, hb, sp, H,
-                t_start, n_local, n_lim, stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
+                p_start, n_local, n_lim, stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
                 scale_log2, D_V: gl.constexpr, D_TAIL: gl.constexpr, BLOCK_T: gl.constexpr,
                 BLOCK_H: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
                 DROP: gl.constexpr, tr, TRACE: gl.constexpr,
@@ -370,6 +372,7 @@ if AVAILABLE:
         num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
         STAGED: gl.constexpr,  # O stored through a free K buffer (where one holds it)
         Q_LATE: gl.constexpr,  # q's copies issued once the first tile's indices are in
+        TOKEN_SPLITS: gl.constexpr,  # splits of tiles_per_split tokens (not tiles)
         trace_ptr=None,  # [programs, TRACE_COLS] int64 when TRACE (TRACE_LAYOUT)
         TRACE: gl.constexpr = False,
     ):
@@ -384,7 +387,13 @@ if AVAILABLE:
         b = gl.program_id(0)
         hb = gl.program_id(1)
         sp = gl.program_id(2)
-        t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
+        if TOKEN_SPLITS:  # tiles_per_split holds tokens per split; the last tile may be partial
+            p_start = sp * tiles_per_split
+            n_lim = gl.minimum(p_start + tiles_per_split, topk)
+            n_local = (n_lim - p_start + BLOCK_N - 1) // BLOCK_N  # <= 0 past the last token
+        else:
+            t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
+            p_start = t_start * BLOCK_N
         # Staged for 16-bit O only (the output at one split, 16-bit partials): fp32 partials
         # store whole 32-byte sectors from the accumulator's layout, and staging them was
         # slower at B = 16-64 (H200, ninth follow-up).
@@ -433,14 +442,14 @@ if AVAILABLE:
         gl.warp_specialize([
             (_scorer, (q_smem, kbuf, ktail, idx_ring, s_p, s_alpha, l_smem, k_ready, k_free,
                        p_ready, p_free, done, idx_bar, q_ptr, stride_qb8, stride_qh8, o_ptr, lse_ptr, b,
-                       hb, sp, H, t_start, n_local, n_lim, stride_ob, stride_os, stride_oh,
+                       hb, sp, H, p_start, n_local, n_lim, stride_ob, stride_os, stride_oh,
                        stride_lb, stride_ls, scale_log2, D_V, D_TAIL, BLOCK_T, BLOCK_H, BLOCK_N,
                        NK, DROP, tr, TRACE, STAGE, Q_LATE)),
             (_second_half, (kbuf, s_p, s_alpha, l_smem, k_free, p_ready, p_free, done, o_ptr, b,
                             hb, sp, H, n_local, stride_ob, stride_os, stride_oh, D_V, BLOCK_H,
                             NK, DROP, tr, TRACE, STAGE)),
             (_loader, (kbuf, ktail, idx_ring, k_ready, k_free, idx_bar, kv_ptr, idx_ptr + b * stride_ib,
-                       t_start, n_local, n_lim, stride_kvt8, D_V, D_TAIL,
+                       p_start, n_local, n_lim, stride_kvt8, D_V, D_TAIL,
                        BLOCK_T, BLOCK_N, NK, DROP, tr, TRACE)),
         ], [4, 4], [SECOND_REGS, LOADER_REGS])  # fmt: skip
 
@@ -458,6 +467,10 @@ STAGED_STORES = True
 # after q, 1.3-2.8 us after entry); False: q issued first, at entry (the kernel before the
 # ninth follow-up). A module switch like STAGED_STORES.
 Q_AFTER_INDICES = True
+# Splits of equal token counts, ceil(topk / splits), the last tile of each possibly partial
+# (its masked rows are not read), instead of equal whole-tile counts (V4-Flash B = 32: 4
+# splits of 3, 3, 3 and 1 tiles -> 4 of 160 tokens). A module switch like STAGED_STORES.
+TOKEN_SPLITS = False
 
 
 def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
@@ -469,7 +482,8 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
                 DROP=splitkv_gluon.DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
-                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, num_warps=4)  # fmt: skip
+                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, TOKEN_SPLITS=TOKEN_SPLITS,
+                num_warps=4)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -511,6 +525,8 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
     >= programs x TRACE_COLS entries receives the phase stamps (TRACE_LAYOUT; row
     (b * head blocks + hb) * splits + split)."""
     kc = consts(cfg, d_v, kv.shape[1] - d_v, drop)
+    if kc["TOKEN_SPLITS"]:
+        tiles_per_split = triton.cdiv(topk, grid[2])  # tokens per split
     extra = {}
     if trace is not None:
         n = grid[0] * grid[1] * grid[2] * TRACE_COLS
