@@ -96,6 +96,48 @@ if AVAILABLE:
         gl.store(o_row + offs_h[:, None] * stride_oh + offs_d[None, :],
                  o.to(o_row.dtype.element_ty), mask=(offs_h < H)[:, None])  # fmt: skip
 
+    # A shared-memory view as another dtype and shape: `_reinterpret` in Triton 3.6 (the H200
+    # machine), `reinterpret` later.
+    if hasattr(gl.shared_memory_descriptor, "reinterpret"):
+
+        @gluon.jit
+        def _view_as(buf, dtype: gl.constexpr, R: gl.constexpr, C: gl.constexpr,
+                     layout: gl.constexpr):  # fmt: skip
+            """`buf`'s bytes as an [R, C] `dtype` tile in `layout`."""
+            return buf.reinterpret(dtype, [R, C], layout)
+
+    else:
+
+        @gluon.jit
+        def _view_as(buf, dtype: gl.constexpr, R: gl.constexpr, C: gl.constexpr,
+                     layout: gl.constexpr):  # fmt: skip
+            """`buf`'s bytes as an [R, C] `dtype` tile in `layout`."""
+            return buf._reinterpret(dtype, [R, C], layout)
+
+    @gluon.jit
+    def _store_staged(o_row, o, buf, hb, H, stride_oh, COL0: gl.constexpr, D: gl.constexpr,
+                      BLOCK_H: gl.constexpr):  # fmt: skip
+        """o [BLOCK_H, D] (any layout) -> columns [COL0, COL0 + D) of this head block's output
+        rows (heads < H), through the free shared buffer `buf` (>= BLOCK_H x D elements of o's
+        dtype, its bytes reinterpreted, 16-byte chunks swizzled by row): each thread then
+        stores 16 contiguous bytes and each warp whole row segments. From a wgmma
+        accumulator's layout each thread stores 2 elements in each of eight rows at once: for
+        16-bit O half a 32-byte sector per row. The caller's threads must be done with `buf`
+        (and call this from all of them: a barrier separates the write from the read)."""
+        odt: gl.constexpr = o.dtype
+        vec: gl.constexpr = 128 // odt.primitive_bitwidth  # 16 bytes
+        tpw_c: gl.constexpr = min(32, D // vec)
+        st: gl.constexpr = gl.BlockedLayout([1, vec], [32 // tpw_c, tpw_c], [gl.num_warps(), 1],
+                                            [1, 0])  # fmt: skip
+        stage = _view_as(buf, odt, BLOCK_H, D, gl.SwizzledSharedLayout(vec, 1, 8, [1, 0]))
+        stage.store(o)
+        _cta_barrier()  # every thread's rows written before any thread reads others'
+        v = stage.load(st)
+        offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st))
+        offs_d = COL0 + gl.arange(0, D, layout=gl.SliceLayout(0, st))
+        gl.store(o_row + offs_h[:, None] * stride_oh + offs_d[None, :], v,
+                 mask=(offs_h < H)[:, None])  # fmt: skip
+
     @gluon.jit
     def _store_lse(lse_row, m_i, l_i, hb, H, BLOCK_H: gl.constexpr, layout: gl.constexpr):
         """Natural-log lse = (m + log2 l) ln 2 of this head block (-inf when l == 0)."""

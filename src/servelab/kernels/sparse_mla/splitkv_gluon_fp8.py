@@ -58,6 +58,8 @@ if AVAILABLE:
         _split_tiles,
         _store_lse,
         _store_out,
+        _store_staged,
+        _view_as,
     )
 
     @gluon.jit
@@ -166,19 +168,6 @@ if AVAILABLE:
                           D_FP8, CW, NCH, NSC, D_ROPE, BLOCK_N, NBUF, l8, lr, ls,
                           DROP == 1)  # fmt: skip
 
-    # A shared-memory view as another dtype: `_reinterpret` in Triton 3.6, `reinterpret` later.
-    if hasattr(gl.shared_memory_descriptor, "reinterpret"):
-
-        @gluon.jit
-        def _as_dtype(buf, dtype: gl.constexpr, layout: gl.constexpr):
-            return buf.reinterpret(dtype, buf.shape, layout)
-
-    else:
-
-        @gluon.jit
-        def _as_dtype(buf, dtype: gl.constexpr, layout: gl.constexpr):
-            return buf._reinterpret(dtype, buf.shape, layout)
-
     @gluon.jit
     def _q_landing(kv_st, dtype: gl.constexpr, BLOCK_H: gl.constexpr):
         """The first BLOCK_H rows of the (not yet used) fp16 staging tile, seen as q's 16-bit
@@ -186,7 +175,8 @@ if AVAILABLE:
         to fp16 into its own buffer before the first tile."""
         shape: gl.constexpr = kv_st.shape
         gl.static_assert(BLOCK_H <= shape[0], "q must fit in the staging tile's rows")
-        view = _as_dtype(kv_st, dtype, gl.NVMMASharedLayout.get_default_for(shape, dtype))
+        view = _view_as(kv_st, dtype, shape[0], shape[1],
+                        gl.NVMMASharedLayout.get_default_for(shape, dtype))  # fmt: skip
         return view.slice(0, BLOCK_H, dim=0)
 
     @gluon.jit
@@ -227,6 +217,7 @@ if AVAILABLE:
         num_warps: gl.constexpr,
         DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop,
         # 2 no dots, 3 no dequantisation
+        STAGED: gl.constexpr = False,  # 16-bit O stored through the staging tile
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         D_TAIL: gl.constexpr = 0 if ROPE_IN_V else D_ROPE
@@ -320,13 +311,27 @@ if AVAILABLE:
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         cp.wait_group(0)
 
-        _store_out(o_ptr + b * stride_ob + sp * stride_os, acc,
-                   gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), hb, H, stride_oh, 0, D_V,
-                   BLOCK_H, o_l)  # fmt: skip
+        o_row = o_ptr + b * stride_ob + sp * stride_os
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_l))
+        odt: gl.constexpr = o_ptr.dtype.element_ty
+        if STAGED and odt.primitive_bitwidth == 16 and BLOCK_N >= BLOCK_H:
+            # 16-bit O (the output at one split, or 16-bit partials) through the staging tile,
+            # once both warpgroups' last P V has read it (splitkv_gluon._store_staged).
+            _cta_barrier()
+            o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+            _store_staged(o_row, o.to(odt), kv_st, hb, H, stride_oh, 0, D_V, BLOCK_H)
+        else:
+            _store_out(o_row, acc, l_o, hb, H, stride_oh, 0, D_V, BLOCK_H, o_l)
         _store_lse(lse_ptr + b * stride_lb + sp * stride_ls, m_i, l_i, hb, H, BLOCK_H,
                    gl.SliceLayout(1, s_l))  # fmt: skip
 
 
+
+
+# 16-bit O (the output at one split, 16-bit partials) stored through the staging tile in whole
+# row segments (splitkv_gluon._store_staged), as the ws kernel does; False: from the
+# accumulator's layout. A module switch so that a probe can time both (ninth follow-up).
+STAGED_STORES = True
 
 
 def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
@@ -337,7 +342,7 @@ def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
                 NSC=max(triton.next_power_of_2(nch), 4), D_ROPE=cache.d_qk - cache.d_fp8,
                 ROPE_IN_V=cache.d_fp8 < d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 NBUF=cfg.num_stages, MAX_T=triton.next_power_of_2(tiles_per_split),
-                num_warps=8, DROP=splitkv_gluon.DROPS[drop])  # fmt: skip
+                num_warps=8, DROP=splitkv_gluon.DROPS[drop], STAGED=STAGED_STORES)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:

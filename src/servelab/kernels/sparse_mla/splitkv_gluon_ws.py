@@ -73,6 +73,7 @@ if AVAILABLE:
         _split_tiles,
         _store_lse,
         _store_out,
+        _store_staged,
     )
 
     T_SM = gl.constexpr(TRACE_LAYOUT["sm"])
@@ -112,47 +113,17 @@ if AVAILABLE:
         if TRACE:
             gl.store(tr + col, _now(), mask=ok)
 
-    if hasattr(gl.shared_memory_descriptor, "reinterpret"):  # Triton >= 3.7's name
-
-        @gluon.jit
-        def _view_as(buf, dtype: gl.constexpr, R: gl.constexpr, C: gl.constexpr,
-                     layout: gl.constexpr):  # fmt: skip
-            """`buf`'s bytes as an [R, C] `dtype` tile in `layout`."""
-            return buf.reinterpret(dtype, [R, C], layout)
-
-    else:
-
-        @gluon.jit
-        def _view_as(buf, dtype: gl.constexpr, R: gl.constexpr, C: gl.constexpr,
-                     layout: gl.constexpr):  # fmt: skip
-            """`buf`'s bytes as an [R, C] `dtype` tile in `layout`."""
-            return buf._reinterpret(dtype, [R, C], layout)
-
     @gluon.jit
     def _store_half(o_row, acc, l_o, kbuf, buf, hb, H, stride_oh, COL0: gl.constexpr,
                     D: gl.constexpr, BLOCK_H: gl.constexpr, layout: gl.constexpr,
                     STAGED: gl.constexpr):  # fmt: skip
         """acc / l (rows with nothing stay 0) -> columns [COL0, COL0 + D) of this head block's
-        output rows. STAGED: through K buffer `buf` (free by then; its bytes reinterpreted),
-        so that each warp stores whole row segments, 16 bytes a thread; from the
-        accumulator's layout each thread stores 4 bytes (16-bit O) in eight rows at once,
-        half a 32-byte sector per row."""
+        output rows; STAGED: through K buffer `buf` (free by then), splitkv_gluon's
+        _store_staged."""
         if STAGED:
-            odt: gl.constexpr = o_row.dtype.element_ty
-            vec: gl.constexpr = 128 // odt.primitive_bitwidth  # 16 bytes
-            tpw_c: gl.constexpr = min(32, D // vec)
-            nw: gl.constexpr = gl.num_warps()
-            st: gl.constexpr = gl.BlockedLayout([1, vec], [32 // tpw_c, tpw_c], [nw, 1], [1, 0])
-            stage = _view_as(kbuf.index(buf), odt, BLOCK_H, D,
-                             gl.SwizzledSharedLayout(vec, 1, 8, [1, 0]))  # fmt: skip
             o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
-            stage.store(o.to(odt))
-            _cta_barrier()  # this partition's rows written, before its threads read others'
-            v = stage.load(st)
-            offs_h = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, st))
-            offs_d = COL0 + gl.arange(0, D, layout=gl.SliceLayout(0, st))
-            gl.store(o_row + offs_h[:, None] * stride_oh + offs_d[None, :], v,
-                     mask=(offs_h < H)[:, None])  # fmt: skip
+            _store_staged(o_row, o.to(o_row.dtype.element_ty), kbuf.index(buf), hb, H,
+                          stride_oh, COL0, D, BLOCK_H)  # fmt: skip
         else:
             _store_out(o_row, acc, l_o, hb, H, stride_oh, COL0, D, BLOCK_H, layout)
 
