@@ -361,16 +361,13 @@ WS_VARIANTS = {
     "direct": {"STAGED_STORES": False},  # O stored from the accumulator's layout
     "qearly": {"Q_AFTER_INDICES": False},  # q's copies issued at entry
     "before": {"STAGED_STORES": False, "Q_AFTER_INDICES": False},  # both, as before
-    "tok": {"TOKEN_SPLITS": True},  # splits of equal token counts
 }
-# ... and suffixes on a label (config changes): /p16 16-bit partials, /f32 fp32 partials,
-# /pdl the merge launched as a programmatic dependent.
-WS_SUFFIXES = {"/p16": {"partial_dtype": "input"}, "/f32": {"partial_dtype": "fp32"},
-               "/pdl": {"merge": "pdl"}}  # fmt: skip
+# ... and suffixes on a label (config changes): /p16 16-bit partials, /f32 fp32 partials.
+WS_SUFFIXES = {"/p16": {"partial_dtype": "input"}, "/f32": {"partial_dtype": "fp32"}}
 
 
 def _ws_variant(label: str) -> tuple[dict, dict]:
-    """(module switches, config changes) of a split-trace variant label, e.g. tok/p16/pdl."""
+    """(module switches, config changes) of a split-trace variant label, e.g. direct/p16."""
     base, *sufs = label.split("/")
     if base not in WS_VARIANTS or any("/" + x not in WS_SUFFIXES for x in sufs):
         raise SystemExit(f"unknown variant {label!r}: one of {sorted(WS_VARIANTS)}, then any "
@@ -414,12 +411,8 @@ def split_trace(args) -> None:
                 n_hblk = -(-shape.heads // cfg.block_h)
                 n_tiles = -(-shape.topk // cfg.block_n)
                 tps = -(-n_tiles // min(ns, n_tiles))
-                tok = -(-shape.topk // ns)  # tokens per split (TOKEN_SPLITS)
-                tiles_by_mode = {
-                    False: [max(min(tps, n_tiles - s * tps), 0) for s in range(ns)],
-                    True: [-(-max(min(tok, shape.topk - s * tok), 0) // cfg.block_n)
-                           for s in range(ns)],
-                }  # fmt: skip
+                n_local = torch.tensor([max(min(tps, n_tiles - s * tps), 0) for s in range(ns)])
+                n_local = n_local.repeat(b * n_hblk)  # rows (b * n_hblk + hb) * ns + s
                 sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
                 q0, i0 = sets[0]
                 ref_out, ref_lse = sparse_mla_decode_reference(q0, kv, i0, scale, shape.d_v,
@@ -430,8 +423,6 @@ def split_trace(args) -> None:
                         for k, v in saved.items():
                             setattr(ws, k, switches.get(k, v))
                         vcfg = replace(cfg, **changes)
-                        n_local = torch.tensor(tiles_by_mode[bool(ws.TOKEN_SPLITS)])
-                        n_local = n_local.repeat(b * n_hblk)  # rows (b * n_hblk + hb) * ns + s
                         for drop in drops if rnd == 0 else [""]:
                             calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v,
                                              config=vcfg, num_splits=ns, drop=drop)
@@ -530,7 +521,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--variants", default="default",
                    help=f"kernel variants, timed interleaved, the first the baseline: "
                         f"{', '.join(WS_VARIANTS)}, each optionally followed by "
-                        f"{', '.join(WS_SUFFIXES)} (16-bit or fp32 partials, a PDL merge)")  # fmt: skip
+                        f"{', '.join(WS_SUFFIXES)} (16-bit or fp32 partials)")  # fmt: skip
     p.add_argument("--partials", choices=("default", "fp32", "input"), default="default",
                    help="the split's partial dtype (input: q's 16-bit dtype)")
     p.add_argument("--num-splits", type=int, default=None, help="split count (default: chosen)")

@@ -71,8 +71,8 @@ TOY = {"v32_like": (192, 128, 128, 64), "v4_like": (128, 128, 64, 64),
 def test_toy_layouts_splits_padding_duplicates(case):
     """topk = 300 (4 full tiles and a 44-token tail), 20% padding, duplicated rows, one
     all-padding request (out 0, lse -inf), split counts 1-8 (a split of one tile, trailing
-    tiles past the split, programs past the last tile at 8), both 16-bit dtypes; outputs
-    NaN-poisoned before each call."""
+    tiles past the split, programs past the last tile at 8), both 16-bit dtypes, fp32 and
+    16-bit partials; outputs NaN-poisoned before each call."""
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
     d_qk, d_v, d_fp8, tile = TOY[case]
@@ -82,9 +82,12 @@ def test_toy_layouts_splits_padding_duplicates(case):
         idx[1] = -1
         cache = quantize_kv(kv, d_fp8, tile)
         ref = _ref(q, cache, idx, d_v)
-        for splits in (1, 2, 3, 5, 8):
-            o, lg = _check(q, cache, idx, d_v, splits, f"{case} {dtype} s{splits}", ref)
-            assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
+        for partials in ("fp32", "input"):  # 16-bit partials: stored through the staging tile
+            cfg = dataclasses.replace(_gluon(), partial_dtype=partials)
+            for splits in (1, 2, 3, 5, 8):
+                tag = f"{case} {dtype} {partials} s{splits}"
+                o, lg = _check(q, cache, idx, d_v, splits, tag, ref, cfg)
+                assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
 @pytest.mark.gpu
@@ -341,7 +344,8 @@ def test_serves_only_the_layouts_it_was_written_for(monkeypatch):
 
 def test_default_config_takes_gluon_fp8_where_it_was_measured_faster():
     """The FP8 default (H200 tables, docs/performance.md): the Gluon FP8 kernel from B = 1 with
-    128 heads and B = 2 with 64 (and 32 heads at B = 2-7); the few-heads kernel from B = 8 at
+    128 heads and B = 2 with 64 (and 32 heads at B = 2-7), with 16-bit partials from B = 8;
+    the few-heads kernel from B = 8 at
     32 heads and B = 2 at 16 or fewer; never Gluon where it cannot run or for other scale
     tiles."""
     from servelab.kernels.sparse_mla.splitkv import default_config
@@ -352,7 +356,10 @@ def test_default_config_takes_gluon_fp8_where_it_was_measured_faster():
                        (32, 32, "nh"), (8, 16, "nh"), (64, 16, "nh"), (2, 16, "nh"),
                        (4, 8, "nh")]:  # fmt: skip
         for tile in (64, 128):
-            assert default_config(b, h, 512, bf16, fp8_tile=tile, gluon=True).kernel == want
+            cfg = default_config(b, h, 512, bf16, fp8_tile=tile, gluon=True)
+            assert cfg.kernel == want
+            p16 = want == "gluon" and b >= 8  # 16-bit partials, measured from B = 8
+            assert cfg.partial_dtype == ("input" if p16 else "fp32"), (b, h, cfg)
             assert default_config(b, h, 512, bf16, fp8_tile=tile, gluon=False).kernel == "tl"
         assert default_config(b, h, 512, bf16, fp8_tile=16, gluon=True).kernel == "tl"
     for b, h in [(1, 64), (1, 32), (1, 16)]:

@@ -74,30 +74,6 @@ def test_toy_shapes_splits_padding_duplicates(d_qk, d_v):
 
 @pytest.mark.gpu
 @needs_hopper
-def test_token_splits(monkeypatch):
-    """splitkv_gluon_ws.TOKEN_SPLITS: splits of ceil(topk / S) tokens, so a split's last tile
-    is partial and (at S = 8, topk = 300: 38 tokens a split) splits start mid-tile; with
-    fp32 and 16-bit partials, against the exact result; outputs NaN-poisoned."""
-    from servelab.kernels.sparse_mla import splitkv_gluon_ws
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS
-
-    monkeypatch.setattr(splitkv_gluon_ws, "TOKEN_SPLITS", True)
-    for d_qk, d_v in ((192, 128), (512, 512)):
-        q, kv, idx = make("cuda", torch.bfloat16, 4, 20, d_qk, 300, t=900, seed=9)
-        idx[1] = -1
-        ref = bounds(q, kv, idx, d_qk**-0.5, d_v, torch.bfloat16)
-        for partials in ("input", "fp32"):
-            for bn, nk in WS_GEOMETRIES[:2]:
-                cfg = dataclasses.replace(GLUON_WS, block_n=bn, num_stages=nk,
-                                          partial_dtype=partials)  # fmt: skip
-                for splits in (1, 2, 3, 8):
-                    tag = f"tokens {d_qk} {partials} bn{bn} s{splits}"
-                    o, lg = _check(q, kv, idx, d_v, splits, tag, cfg, ref)
-                    assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
-
-
-@pytest.mark.gpu
-@needs_hopper
 @real_shapes
 def test_real_shapes(shape):
     from servelab.kernels.sparse_mla.splitkv import GLUON_WS
@@ -188,7 +164,7 @@ d_tail, bn, nk, trace = map(int, sys.argv[1:5])
 k = m._sparse_mla_split_gluon_ws_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NK=nk,
           DROP=0, SECOND_REGS=168, LOADER_REGS=88, num_warps=4, TRACE=bool(trace), STAGED=True,
-          Q_LATE=True, TOKEN_SPLITS=bool(trace))
+          Q_LATE=True)
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32",
             trace_ptr="*i64")
 if not trace:

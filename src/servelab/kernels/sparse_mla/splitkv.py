@@ -367,10 +367,9 @@ def splitkv_decode(
         raise ValueError(f"drop={drop!r} is a diagnostic of the Gluon kernel, which this launch "
                          "does not run (config, device or shape)")  # fmt: skip
     rp = not fp8 and not drop and not fused and cfg.kernel == "rp"
-    if gluon and merge == "pdl" and cfg.merge == "auto":
-        # The Gluon kernels do not trigger dependents early, so "auto" keeps two plain
-        # launches; an explicit "pdl" launches the merge as a programmatic dependent, whose
-        # programs start as the split's programs exit (griddepcontrol.wait keeps it correct).
+    if gluon and merge == "pdl":
+        # The Gluon kernels do not trigger dependents. (A PDL merge after the ws kernel, its
+        # programs starting as the split's exit, was no faster: H200, ninth follow-up.)
         merge = "kernel"
     if trace is not None and not (gluon and cfg.kernel == "ws" and not fp8):
         raise ValueError("trace is a diagnostic of the ws Gluon kernel, which this launch does "

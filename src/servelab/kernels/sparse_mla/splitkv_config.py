@@ -141,6 +141,15 @@ GLUON_MIN_B_V32_D_QK = 576
 # below that from B = 1 with 128 heads (V4-Pro B = 1 24.6 -> 14.0 us, V3.2 18.5 -> 16.1), from
 # B = 2 with 32-64 heads (V4-Flash B = 2 13.9 -> 12.9, B = 4 19.3 -> 13.2); slower at B = 1
 # with 32-64 heads (10.6 vs 12.3) and at B <= 4 on the H16 slice (75% padding).
+# The FP8 Gluon kernel with 16-bit partials (stored through its staging tile since the ninth
+# follow-up), H200 2026-11-30 (bench_sparse_mla_geometry --fp8, fp8-p16 against fp8 in one
+# call): V4-Flash B = 8 15.36 -> 13.91 us, B = 32 25.15 -> 23.06, B = 64 35.06 -> 32.80; V4-Pro
+# B = 8 24.51 -> 22.49, B = 32 48.95 -> 48.39; V3.2 B = 8 30.64 -> 26.48, B = 32 75.82 ->
+# 71.62. Not timed below B = 8, so fp32 partials stay there.
+FP8_P16_MIN_B = 8
+GLUON_FP8_P16 = replace(GLUON_WIDE, partial_dtype="input")
+
+
 def gluon_fp8_min_b(h: int) -> int:
     """Smallest batch from which the FP8 default is the Gluon FP8 kernel, by head count."""
     if h >= 128:
@@ -211,7 +220,7 @@ def default_config(b: int, h: int, d_qk: int, dtype: torch.dtype,
             return GLUON_WS
     if fp8_tile in (64, 128) and b >= gluon_fp8_min_b(h):
         if splitkv_gluon.gluon_device() if gluon is None else gluon:
-            return GLUON_WIDE
+            return GLUON_FP8_P16 if b >= FP8_P16_MIN_B else GLUON_WIDE
     if h >= 64:
         cfg = WIDE if b * h >= 1024 else NARROW
     elif h <= 16 and b == 1 and fp8_tile is None:

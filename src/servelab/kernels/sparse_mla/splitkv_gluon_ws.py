@@ -343,7 +343,6 @@ if AVAILABLE:
         num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
         STAGED: gl.constexpr,  # O stored through a free K buffer (where one holds it)
         Q_LATE: gl.constexpr,  # q's copies issued once the first tile's indices are in
-        TOKEN_SPLITS: gl.constexpr,  # splits of tiles_per_split tokens (not tiles)
         trace_ptr=None,  # [programs, TRACE_COLS] int64 when TRACE (TRACE_LAYOUT)
         TRACE: gl.constexpr = False,
     ):
@@ -358,13 +357,8 @@ if AVAILABLE:
         b = gl.program_id(0)
         hb = gl.program_id(1)
         sp = gl.program_id(2)
-        if TOKEN_SPLITS:  # tiles_per_split holds tokens per split; the last tile may be partial
-            p_start = sp * tiles_per_split
-            n_lim = gl.minimum(p_start + tiles_per_split, topk)
-            n_local = (n_lim - p_start + BLOCK_N - 1) // BLOCK_N  # <= 0 past the last token
-        else:
-            t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
-            p_start = t_start * BLOCK_N
+        t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
+        p_start = t_start * BLOCK_N  # the split's first token
         # Staged for 16-bit O only (the output at one split, 16-bit partials): fp32 partials
         # store whole 32-byte sectors from the accumulator's layout, and staging them was
         # slower at B = 16-64 (H200, ninth follow-up).
@@ -438,10 +432,6 @@ STAGED_STORES = True
 # after q, 1.3-2.8 us after entry); False: q issued first, at entry (the kernel before the
 # ninth follow-up). A module switch like STAGED_STORES.
 Q_AFTER_INDICES = True
-# Splits of equal token counts, ceil(topk / splits), the last tile of each possibly partial
-# (its masked rows are not read), instead of equal whole-tile counts (V4-Flash B = 32: 4
-# splits of 3, 3, 3 and 1 tiles -> 4 of 160 tokens). A module switch like STAGED_STORES.
-TOKEN_SPLITS = False
 
 
 def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
@@ -453,8 +443,7 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
                 DROP=splitkv_gluon.DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
-                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, TOKEN_SPLITS=TOKEN_SPLITS,
-                num_warps=4)  # fmt: skip
+                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, num_warps=4)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -496,8 +485,6 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
     >= programs x TRACE_COLS entries receives the phase stamps (TRACE_LAYOUT; row
     (b * head blocks + hb) * splits + split)."""
     kc = consts(cfg, d_v, kv.shape[1] - d_v, drop)
-    if kc["TOKEN_SPLITS"]:
-        tiles_per_split = triton.cdiv(topk, grid[2])  # tokens per split
     extra = {}
     if trace is not None:
         n = grid[0] * grid[1] * grid[2] * TRACE_COLS
