@@ -305,15 +305,20 @@ def merge_trace(args) -> None:
 
 
 def _split_trace_summary(tr: torch.Tensor, n_local: torch.Tensor) -> dict:
-    """Phase times of one traced ws launch, us: the medians over programs (max for the spans).
-    tr: [programs, TRACE_COLS] (-1 where unstamped); n_local: tiles per program."""
+    """Phase times of one traced ws launch, us: the medians over programs, and over their tiles
+    for the per-tile steps (torch's median: the lower middle value); "span" and
+    "entry_spread" from the first entry to the last store / the last entry.
+    tr: [programs, TRACE_COLS] int64 (-1 where unstamped); n_local: tiles per program."""
     from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_LAYOUT as L
     from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_TILES
 
-    tr = tr.double()
-    tr[tr < 0] = float("nan")  # unstamped (a split past the last tile, tiles past the trace)
+    # Stamps are ~1.8e18 ns: relative to the first entry before leaving int64 (a float64 of
+    # the absolute time rounds to 256 ns).
+    stamped = tr >= 0  # unstamped: -1 (a split past the last tile, tiles past the trace)
+    t0 = int(tr[:, L["entry"]][stamped[:, L["entry"]]].min())
+    tr = torch.where(stamped, tr - t0, 0).double()
+    tr[~stamped] = float("nan")
     entry = tr[:, L["entry"]]
-    t0 = entry.nan_to_num(float("inf")).min()
 
     def col(name, j=0):
         return tr[:, L[name] + j]
@@ -324,8 +329,8 @@ def _split_trace_summary(tr: torch.Tensor, n_local: torch.Tensor) -> dict:
 
     end = torch.maximum(col("scorer_stored"), col("second_stored"))
     out = {
-        "span": float(end.nan_to_num(float("-inf")).max() - t0) / 1e3,  # -> last store issued
-        "entry_spread": float(entry.nan_to_num(float("-inf")).max() - t0) / 1e3,
+        "span": float(end.nan_to_num(float("-inf")).max()) / 1e3,  # -> last store issued
+        "entry_spread": float(entry.nan_to_num(float("-inf")).max()) / 1e3,
         "idx0": med(col("idx0") - entry),
         "q": med(col("q") - entry),
         "ready0": med(col("ready", 0) - entry),
@@ -334,7 +339,8 @@ def _split_trace_summary(tr: torch.Tensor, n_local: torch.Tensor) -> dict:
         "second_store": med(col("second_stored") - col("second_end")),
         "program": med(end - entry),
     }
-    # Per-tile steps of the scorer, over tiles 1.. of each program (stamped tiles only).
+    # Per-tile steps of the scorer over each program's stamped tiles (waits and landing gaps
+    # from its second tile on).
     qk, soft_pv, wait, land = [], [], [], []
     nt = int(min(int(n_local.max()), TRACE_TILES))
     for j in range(nt):

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -149,6 +150,46 @@ def test_phase_trace():
     with pytest.raises(ValueError, match="contiguous int64"):
         splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits,
                        trace=torch.zeros(8, dtype=torch.int64, device="cuda"))  # fmt: skip
+
+
+def test_split_trace_summary_on_absolute_timestamps():
+    """benchmarks/bench_sparse_mla_probes.py's summary of a trace, on hand-made stamps at the
+    globaltimer's real magnitude (~1.8e18 ns, 32 ns steps): the phases come out to the
+    nanosecond (a float64 of the absolute time would round them to 256 ns), unstamped (-1)
+    entries are skipped, and a program with fewer tiles counts only its own."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import bench_sparse_mla_probes as probes
+    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_COLS, TRACE_LAYOUT
+
+    L = TRACE_LAYOUT
+    base = 1_764_000_000_000_000_032
+    tr = torch.full((2, TRACE_COLS), -1, dtype=torch.int64)
+    n_local = torch.tensor([3, 1])
+    for p, (entry, n) in enumerate(((0, 3), (96, 1))):
+        row = tr[p]
+        row[L["sm"]] = p
+        for name, t in (("entry", 0), ("idx0", 800), ("q", 1504), ("scorer_end", 0),
+                        ("second_end", 0)):  # fmt: skip
+            row[L[name]] = base + entry + t
+        for j in range(n):
+            t = base + entry + 2016 + 2304 * j
+            row[L["landed"] + j], row[L["ready"] + j] = t, t + 32
+            row[L["scored"] + j], row[L["pv1"] + j] = t + 32 + 768, t + 32 + 768 + 1024
+        row[L["scorer_end"]] = row[L["pv1"] + n - 1]
+        row[L["scorer_stored"]] = row[L["scorer_end"]] + 1792
+        row[L["second_end"]] = row[L["scorer_end"]] + 64
+        row[L["second_stored"]] = row[L["second_end"]] + 2048
+    got = probes._split_trace_summary(tr, n_local)
+    end0 = 2016 + 2304 * 2 + 32 + 1792 + 64 + 2048  # program 0: its second half stores last
+    end1 = 2016 + 32 + 1792 + 64 + 2048
+    # Medians of two programs are the lower value: program 1 (one tile) for loop and program.
+    # Medians of two programs are the lower value: program 1's (one tile) for loop and program.
+    want = dict(idx0=0.8, q=1.504, ready0=2.048, qk=0.768, softmax_pv=1.024,
+                wait=(2304 - 1792) / 1e3, land_gap=2.304, entry_spread=0.096,
+                span=end0 / 1e3, program=end1 / 1e3, loop=1.792, store=1.792,
+                second_store=2.048)  # fmt: skip
+    for k, v in want.items():
+        assert got[k] == pytest.approx(v, abs=1e-9), (k, got[k], v)
 
 
 _COMPILE = """
