@@ -54,39 +54,31 @@ def _graph_us(calls, reps: int = 30) -> float:
 def profile(args) -> None:
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
 
-    shapes = {s.name: s for s in bsm.SHAPES}
-    for name in args.shapes.split(","):
-        shape = shapes[name]
-        kv = _kv(shape)
-        scale = shape.d_qk**-0.5
-        for b in [int(x) for x in args.batches.split(",")]:
-            for waves in [None] + ([args.waves] if args.waves else []):
-                cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
-                if waves:
-                    cfg = replace(cfg, waves=waves)
-                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=1)
-                calls = bsm.cycled([partial(splitkv_decode, q, kv, i, scale, shape.d_v,
-                                            config=cfg) for q, i in sets],
-                                   bsm.MIN_GRAPH_CALLS)  # fmt: skip
-                us = _graph_us(calls, 20)
-                g = bsm.capture_graph(calls)  # the same calls, profiled
-                with torch.profiler.profile(
-                    activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:  # fmt: skip
-                    for _ in range(5):
-                        g.replay()
-                    torch.cuda.synchronize()
-                evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-                agg = collections.defaultdict(list)
-                for e in evs:
-                    kind = "merge" if "merge" in e.name else "split" if "split" in e.name else e.name
-                    agg[kind].append(e.device_time)
-                spans = sorted((e.time_range.start, e.time_range.end) for e in evs)
-                span = (spans[-1][1] - spans[0][0]) / (5 * len(calls)) if spans else float("nan")
-                parts = "  ".join(f"{k} {sum(v) / len(v):7.2f} us" for k, v in sorted(agg.items()))
-                print(f"{name:17} B={b:4} waves={waves or cfg.waves:<4} call {us:7.2f} us  "
-                      f"kernels' span/call {span:7.2f}  {parts}  {LAST_PATH}", flush=True)  # fmt: skip
-        del kv
-        torch.cuda.empty_cache()
+    for name, shape, kv, scale, b, sets, _ in _cells(args, seed=1, reference=False):
+        for waves in [None] + ([args.waves] if args.waves else []):
+            cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+            if waves:
+                cfg = replace(cfg, waves=waves)
+            calls = bsm.cycled([partial(splitkv_decode, q, kv, i, scale, shape.d_v,
+                                        config=cfg) for q, i in sets],
+                               bsm.MIN_GRAPH_CALLS)  # fmt: skip
+            us = _graph_us(calls, 20)
+            g = bsm.capture_graph(calls)  # the same calls, profiled
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:  # fmt: skip
+                for _ in range(5):
+                    g.replay()
+                torch.cuda.synchronize()
+            evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            agg = collections.defaultdict(list)
+            for e in evs:
+                kind = "merge" if "merge" in e.name else "split" if "split" in e.name else e.name
+                agg[kind].append(e.device_time)
+            spans = sorted((e.time_range.start, e.time_range.end) for e in evs)
+            span = (spans[-1][1] - spans[0][0]) / (5 * len(calls)) if spans else float("nan")
+            parts = "  ".join(f"{k} {sum(v) / len(v):7.2f} us" for k, v in sorted(agg.items()))
+            print(f"{name:17} B={b:4} waves={waves or cfg.waves:<4} call {us:7.2f} us  "
+                  f"kernels' span/call {span:7.2f}  {parts}  {LAST_PATH}", flush=True)  # fmt: skip
 
 
 def gather(args) -> None:
@@ -210,83 +202,98 @@ def _trace_summary(tr: torch.Tensor) -> str:
             f"last end {us(t_end.max() - t0):5.2f} us after the first wait")  # fmt: skip
 
 
+def _cells(args, seed: int | None = None, reference: bool = True):
+    """Per shape and batch of args: (name, shape, kv, scale, b, sets, ref), with the rotated
+    input sets of the benches (seeded by B unless `seed`) and ref = set 0's fp32 reference
+    (out, lse), or None."""
+    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+
+    shapes = {s.name: s for s in bsm.SHAPES}
+    for name in args.shapes.split(","):
+        shape = shapes[name]
+        kv = _kv(shape)
+        scale = shape.d_qk**-0.5
+        for b in [int(x) for x in args.batches.split(",")]:
+            sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128),
+                                   seed=b if seed is None else seed)  # fmt: skip
+            ref = None
+            if reference:
+                q0, i0 = sets[0]
+                ref = sparse_mla_decode_reference(q0, kv, i0, scale, shape.d_v,
+                                                  out_dtype=torch.float32)  # fmt: skip
+            yield name, shape, kv, scale, b, sets, ref
+        del kv
+        torch.cuda.empty_cache()
+
+
+def _check_reference(out, lse, ref, what: str) -> None:
+    """As the geometry bench checks a cell: out's relative error against the fp32 reference
+    (bf16 P and partials: ~2e-3) <= 1e-2 and lse within 1e-3; else stop, naming the cell."""
+    rel = ((out.float() - ref[0]).norm() / ref[0].norm()).item()
+    lse_err = (lse - ref[1]).abs().max().item()
+    if not (rel <= 1e-2 and lse_err <= 1e-3):
+        raise SystemExit(f"{what}: out relative error {rel:.3g} (> 1e-2) or lse error "
+                         f"{lse_err:.3g} (> 1e-3) against the fp32 reference")  # fmt: skip
+
+
 def merge_trace(args) -> None:
     from servelab.kernels.sparse_mla import merge as merge_mod
-    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
 
     original = merge_mod.launch_merge
-    shapes = {s.name: s for s in bsm.SHAPES}
     labels = args.variants.split(",")
     variants = {label: _merge_overrides(label) for label in labels}
     table = collections.defaultdict(list)
     try:
-        for name in args.shapes.split(","):
-            shape = shapes[name]
-            kv = _kv(shape)
-            scale = shape.d_qk**-0.5
-            for b in [int(x) for x in args.batches.split(",")]:
-                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
-                q0, i0 = sets[0]
-                ref_out, ref_lse = sparse_mla_decode_reference(q0, kv, i0, scale, shape.d_v,
-                                                               out_dtype=torch.float32)
-                for rnd in range(args.rounds):
-                    for label in labels:
-                        kw = variants[label]
-                        state = {}
+        for name, shape, kv, scale, b, sets, ref in _cells(args):
+            for rnd in range(args.rounds):
+                for label in labels:
+                    kw = variants[label]
+                    state = {}
 
-                        def launch(partials, out, lse, pdl, _kw=kw, _state=state, **more):
-                            kw2 = dict(_kw, **more)
-                            kw2.pop("p16", None)
-                            if kw2.pop("rewrite", False):
-                                partials[0].copy_(partials[0].clone())
-                            if "trace" in _state:
-                                kw2["trace"] = _state["trace"]
-                            _state["grid"] = merge_mod.merge_grid(
-                                tuple(partials[0].shape), kw2.get("block_dvc"),
-                                kw2.get("tile_elems", merge_mod.MERGE_TILE_ELEMS))[0]  # fmt: skip
-                            return original(partials, out, lse, pdl, **kw2)
+                    def launch(partials, out, lse, pdl, _kw=kw, _state=state, **more):
+                        kw2 = dict(_kw, **more)
+                        kw2.pop("p16", None)
+                        if kw2.pop("rewrite", False):
+                            partials[0].copy_(partials[0].clone())
+                        if "trace" in _state:
+                            kw2["trace"] = _state["trace"]
+                        _state["grid"] = merge_mod.merge_grid(
+                            tuple(partials[0].shape), kw2.get("block_dvc"),
+                            kw2.get("tile_elems", merge_mod.MERGE_TILE_ELEMS))[0]  # fmt: skip
+                        return original(partials, out, lse, pdl, **kw2)
 
-                        merge_mod.launch_merge = launch
-                        cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
-                        if kw.get("p16") or args.partials != "default":
-                            cfg = replace(cfg, partial_dtype="input" if kw.get("p16")
-                                          else args.partials)  # fmt: skip
-                        calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=cfg,
-                                         num_splits=args.num_splits) for q, i in sets]  # fmt: skip
-                        out, lse = calls[0]()
-                        if LAST_PATH["merge"] in ("single", "fused"):
-                            print(f"{name} B={b}: merge {LAST_PATH['merge']}, nothing to trace")
-                            break
-                        # Checked like the geometry bench: relative error of out against the
-                        # fp32 reference (bf16 P and partials: ~2e-3), and lse.
-                        rel = ((out.float() - ref_out).norm() / ref_out.norm()).item()
-                        lse_err = (lse - ref_lse).abs().max().item()
-                        if not (rel <= 1e-2 and lse_err <= 1e-3):
-                            raise SystemExit(f"{name} B={b} {label}: out relative error {rel:.3g} "
-                                             f"(> 1e-2) or lse error {lse_err:.3g} (> 1e-3) "
-                                             "against the fp32 reference")  # fmt: skip
-                        us = _graph_us(calls, args.reps)
-                        table[(name, b, label)].append(us)
-                        line = ""
-                        if rnd == 0:
-                            grid = state["grid"]
-                            state["trace"] = torch.zeros(4 * grid[0] * grid[1] * grid[2],
-                                                         dtype=torch.int64, device="cuda")
-                            g = bsm.capture_graph(bsm.cycled(calls, bsm.MIN_GRAPH_CALLS))
-                            for _ in range(3):
-                                g.replay()
-                            torch.cuda.synchronize()
-                            line = _trace_summary(state["trace"].view(-1, 4).cpu())
-                            del g
-                        print(f"round {rnd} {name:17} B={b:3} merge {label:8} "
-                              f"{LAST_PATH['merge']:6} {LAST_PATH['partials']:8} {us:7.2f} us  "
-                              f"{line}", flush=True)  # fmt: skip
-                    else:
-                        continue
-                    break
-            del kv
-            torch.cuda.empty_cache()
+                    merge_mod.launch_merge = launch
+                    cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+                    if kw.get("p16") or args.partials != "default":
+                        cfg = replace(cfg, partial_dtype="input" if kw.get("p16")
+                                      else args.partials)  # fmt: skip
+                    calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=cfg,
+                                     num_splits=args.num_splits) for q, i in sets]  # fmt: skip
+                    out, lse = calls[0]()
+                    if LAST_PATH["merge"] in ("single", "fused"):
+                        print(f"{name} B={b}: merge {LAST_PATH['merge']}, nothing to trace")
+                        break
+                    _check_reference(out, lse, ref, f"{name} B={b} {label}")
+                    us = _graph_us(calls, args.reps)
+                    table[(name, b, label)].append(us)
+                    line = ""
+                    if rnd == 0:
+                        grid = state["grid"]
+                        state["trace"] = torch.zeros(4 * grid[0] * grid[1] * grid[2],
+                                                     dtype=torch.int64, device="cuda")
+                        g = bsm.capture_graph(bsm.cycled(calls, bsm.MIN_GRAPH_CALLS))
+                        for _ in range(3):
+                            g.replay()
+                        torch.cuda.synchronize()
+                        line = _trace_summary(state["trace"].view(-1, 4).cpu())
+                        del g
+                    print(f"round {rnd} {name:17} B={b:3} merge {label:8} "
+                          f"{LAST_PATH['merge']:6} {LAST_PATH['partials']:8} {us:7.2f} us  "
+                          f"{line}", flush=True)  # fmt: skip
+                else:
+                    continue
+                break
     finally:
         merge_mod.launch_merge = original
     print("\nus per call (median over rounds of each round's median); * = faster than default by > 2%")
@@ -386,7 +393,6 @@ def _ws_variant(label: str) -> tuple[dict, dict]:
 
 def split_trace(args) -> None:
     from servelab.kernels.sparse_mla import splitkv_gluon_ws as ws
-    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
     from servelab.kernels.sparse_mla.splitkv import (
         GLUON_WS,
         LAST_PATH,
@@ -395,7 +401,6 @@ def split_trace(args) -> None:
         splitkv_decode,
     )
 
-    shapes = {s.name: s for s in bsm.SHAPES}
     drops = [""] + [d for d in args.drops.split(",") if d]
     labels = args.variants.split(",")
     variants = {lab: _ws_variant(lab) for lab in labels}
@@ -403,76 +408,58 @@ def split_trace(args) -> None:
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows, times = [], collections.defaultdict(list)
     try:
-        for name in args.shapes.split(","):
-            shape = shapes[name]
-            kv = _kv(shape)
-            scale = shape.d_qk**-0.5
-            for b in [int(x) for x in args.batches.split(",")]:
-                cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
-                if cfg.kernel != "ws":
-                    cfg = GLUON_WS
-                if args.partials != "default":
-                    cfg = replace(cfg, partial_dtype=args.partials)
-                ns = args.num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, n_sms)
-                n_hblk = -(-shape.heads // cfg.block_h)
-                n_tiles = -(-shape.topk // cfg.block_n)
-                tps = -(-n_tiles // min(ns, n_tiles))
-                n_local = torch.tensor([max(min(tps, n_tiles - s * tps), 0) for s in range(ns)])
-                n_local = n_local.repeat(b * n_hblk)  # rows (b * n_hblk + hb) * ns + s
-                sets = bsm.make_inputs(shape, b, kv, bsm.rotations(shape, b, 128), seed=b)
-                q0, i0 = sets[0]
-                ref_out, ref_lse = sparse_mla_decode_reference(q0, kv, i0, scale, shape.d_v,
-                                                               out_dtype=torch.float32)  # fmt: skip
-                for rnd in range(args.rounds):
-                    for label in labels:
-                        switches, changes = variants[label]
-                        for k, v in saved.items():
-                            setattr(ws, k, switches.get(k, v))
-                        vcfg = replace(cfg, **changes)
-                        for drop in drops if rnd == 0 else [""]:
-                            calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v,
-                                             config=vcfg, num_splits=ns, drop=drop)
-                                     for q, i in sets]  # fmt: skip
-                            out, lse = calls[0]()
-                            if LAST_PATH["split"] != "16bit_ws":
-                                raise SystemExit(f"{name} B={b}: ran {LAST_PATH['split']}, not ws")
-                            if not drop:  # checked like the geometry bench
-                                rel = ((out.float() - ref_out).norm() / ref_out.norm()).item()
-                                lse_err = (lse - ref_lse).abs().max().item()
-                                if not (rel <= 1e-2 and lse_err <= 1e-3):
-                                    raise SystemExit(
-                                        f"{name} B={b} {label}: out relative error {rel:.3g} "
-                                        f"(> 1e-2) or lse error {lse_err:.3g} (> 1e-3) against "
-                                        "the fp32 reference")  # fmt: skip
-                            us = _graph_us(calls, args.reps)
-                            if not drop:
-                                times[(name, b, label)].append(us)
-                            if rnd > 0:
-                                continue
-                            trace = torch.full((b * n_hblk * ns * ws.TRACE_COLS,), -1,
-                                               dtype=torch.int64, device="cuda")  # fmt: skip
-                            traced = [partial(c, trace=trace) for c in calls]
-                            g = bsm.capture_graph(bsm.cycled(traced, bsm.MIN_GRAPH_CALLS))
-                            for _ in range(3):
-                                g.replay()
-                            torch.cuda.synchronize()
-                            del g
-                            tr = trace.view(-1, ws.TRACE_COLS).cpu()
-                            tag = f"{label}{'_' + drop if drop else ''}"
-                            fname = tag.replace("/", "-")
-                            if args.out:
-                                args.out.mkdir(parents=True, exist_ok=True)
-                                torch.save({"trace": tr, "n_local": n_local, "shape": name, "b": b,
-                                            "splits": ns, "drop": drop, "variant": label, "us": us},
-                                           args.out / f"split_trace_{name}_b{b}_{fname}.pt")  # fmt: skip
-                            summ = _split_trace_summary(tr, n_local)
-                            rows.append((name, b, ns, tag, us, summ))
-                            print(f"{name:17} B={b:3} splits {ns:3} {tag:12} "
-                                  f"{LAST_PATH['split']}/{LAST_PATH['merge']}/{LAST_PATH['partials']} "
-                                  f"{us:7.2f} us  "
-                                  + " ".join(f"{k} {v:.2f}" for k, v in summ.items()), flush=True)  # fmt: skip
-            del kv
-            torch.cuda.empty_cache()
+        for name, shape, kv, scale, b, sets, ref in _cells(args):
+            cfg = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+            if cfg.kernel != "ws":
+                cfg = GLUON_WS
+            if args.partials != "default":
+                cfg = replace(cfg, partial_dtype=args.partials)
+            ns = args.num_splits or choose_num_splits(b, shape.heads, shape.topk, cfg, n_sms)
+            n_hblk = -(-shape.heads // cfg.block_h)
+            n_tiles = -(-shape.topk // cfg.block_n)
+            tps = -(-n_tiles // min(ns, n_tiles))
+            n_local = torch.tensor([max(min(tps, n_tiles - s * tps), 0) for s in range(ns)])
+            n_local = n_local.repeat(b * n_hblk)  # rows (b * n_hblk + hb) * ns + s
+            for rnd in range(args.rounds):
+                for label in labels:
+                    switches, changes = variants[label]
+                    for k, v in saved.items():
+                        setattr(ws, k, switches.get(k, v))
+                    vcfg = replace(cfg, **changes)
+                    for drop in drops if rnd == 0 else [""]:
+                        calls = [partial(splitkv_decode, q, kv, i, scale, shape.d_v, config=vcfg,
+                                         num_splits=ns, drop=drop) for q, i in sets]  # fmt: skip
+                        out, lse = calls[0]()
+                        if LAST_PATH["split"] != "16bit_ws":
+                            raise SystemExit(f"{name} B={b}: ran {LAST_PATH['split']}, not ws")
+                        if not drop:  # (a diagnostic's results are wrong by design)
+                            _check_reference(out, lse, ref, f"{name} B={b} {label}")
+                        us = _graph_us(calls, args.reps)
+                        if not drop:
+                            times[(name, b, label)].append(us)
+                        if rnd > 0:
+                            continue
+                        trace = torch.full((b * n_hblk * ns * ws.TRACE_COLS,), -1,
+                                           dtype=torch.int64, device="cuda")  # fmt: skip
+                        traced = [partial(c, trace=trace) for c in calls]
+                        g = bsm.capture_graph(bsm.cycled(traced, bsm.MIN_GRAPH_CALLS))
+                        for _ in range(3):
+                            g.replay()
+                        torch.cuda.synchronize()
+                        del g
+                        tr = trace.view(-1, ws.TRACE_COLS).cpu()
+                        tag = f"{label}{'_' + drop if drop else ''}"
+                        if args.out:
+                            args.out.mkdir(parents=True, exist_ok=True)
+                            torch.save({"trace": tr, "n_local": n_local, "shape": name, "b": b,
+                                        "splits": ns, "drop": drop, "variant": label, "us": us},
+                                       args.out / f"split_trace_{name}_b{b}_{tag.replace('/', '-')}.pt")  # fmt: skip
+                        summ = _split_trace_summary(tr, n_local)
+                        rows.append((name, b, ns, tag, us, summ))
+                        print(f"{name:17} B={b:3} splits {ns:3} {tag:12} "
+                              f"{LAST_PATH['split']}/{LAST_PATH['merge']}/{LAST_PATH['partials']} "
+                              f"{us:7.2f} us  "
+                              + " ".join(f"{k} {v:.2f}" for k, v in summ.items()), flush=True)  # fmt: skip
     finally:
         for k, v in saved.items():
             setattr(ws, k, v)
