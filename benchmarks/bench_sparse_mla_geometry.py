@@ -80,8 +80,11 @@ def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
         out["fp8-tl"] = ("fp8", tl)
     if dflt.kernel != "gluon":
         out["fp8-gluon"] = ("fp8", GLUON_WIDE)
-    else:  # with 16-bit partials (stored through the staging tile)
-        out["fp8-p16"] = ("fp8", replace(dflt, partial_dtype="input"))
+    else:  # the other partial dtype (16-bit ones are stored through the staging tile)
+        if dflt.partial_dtype == "input":
+            out["fp8-p32"] = ("fp8", replace(dflt, partial_dtype="fp32"))
+        else:
+            out["fp8-p16"] = ("fp8", replace(dflt, partial_dtype="input"))
     if shape.heads <= 32:  # the few-heads kernel on the FP8 cache, its ring depths
         for nbuf in (1, 2, 3):
             if nh_config(shape.heads, nbuf) != dflt:

@@ -36,12 +36,13 @@ def _gluon(nbuf: int = 2):
     return SplitConfig(64, 64, 8, nbuf, 1, prefetch_idx=False, kernel="gluon")
 
 
-def _ref(q, cache, idx, d_v):
-    """The exact result on the dequantised cache and its tolerances (values rounded)."""
+def _ref(q, cache, idx, d_v, partial_rounded=False):
+    """The exact result on the dequantised cache and its tolerances (values rounded; and the
+    partials, for a config with 16-bit partials and several splits)."""
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv
 
     return bounds(q, dequantize_kv(cache), idx, q.shape[-1] ** -0.5, d_v, q.dtype,
-                  kv_rounded=True)  # fmt: skip
+                  kv_rounded=True, partial_rounded=partial_rounded)  # fmt: skip
 
 
 def _check(q, cache, idx, d_v, splits, tag, ref, cfg=None):
@@ -54,6 +55,9 @@ def _check(q, cache, idx, d_v, splits, tag, ref, cfg=None):
     o, lg = splitkv_decode(q, cache, idx, scale, d_v, config=cfg or _gluon(),
                            num_splits=splits, out=out, lse=lse)  # fmt: skip
     assert LAST_PATH["split"] == "fp8_gluon", (tag, LAST_PATH)
+    if LAST_PATH["merge"] != "single":  # the config's partials (one split keeps none)
+        want = q.dtype if (cfg or _gluon()).partial_dtype == "input" else torch.float32
+        assert LAST_PATH["partials"] == str(want).removeprefix("torch."), (tag, LAST_PATH)
     assert_close(f"{tag} out", o, out_ex, out_tol)
     assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
     return o, lg
@@ -81,9 +85,9 @@ def test_toy_layouts_splits_padding_duplicates(case):
         idx[2, 100:160] = idx[2, 0]  # duplicates count once per slot
         idx[1] = -1
         cache = quantize_kv(kv, d_fp8, tile)
-        ref = _ref(q, cache, idx, d_v)
         for partials in ("fp32", "input"):  # 16-bit partials: stored through the staging tile
             cfg = dataclasses.replace(_gluon(), partial_dtype=partials)
+            ref = _ref(q, cache, idx, d_v, partial_rounded=partials == "input")
             for splits in (1, 2, 3, 5, 8):
                 tag = f"{case} {dtype} {partials} s{splits}"
                 o, lg = _check(q, cache, idx, d_v, splits, tag, ref, cfg)

@@ -21,6 +21,7 @@ from mla_check import (
     interpreted_kernels,
     make,
     needs_hopper,
+    partials_rounded,
     poisoned,
     real_shapes,
 )
@@ -33,17 +34,26 @@ assert interpreted_kernels  # the module-scoped autouse fixture, imported to tak
 WS_GEOMETRIES = [(64, 2), (32, 4), (32, 3), (16, 8)]
 
 
-def _check(q, kv, idx, d_v, splits, tag, cfg, ref):
-    """One launch against `ref` (bounds(): the exact result and its tolerances)."""
+def _refs(q, kv, idx, d_v, dtype):
+    """bounds() without and with 16-bit partials (the exact result and its tolerances)."""
+    return {r: bounds(q, kv, idx, q.shape[-1] ** -0.5, d_v, dtype, partial_rounded=r)
+            for r in (False, True)}  # fmt: skip
+
+
+def _check(q, kv, idx, d_v, splits, tag, cfg, refs):
+    """One launch against refs[whether it kept 16-bit partials] (_refs())."""
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     b, h, d_qk = q.shape
     scale = d_qk**-0.5
-    out_ex, lse_ex, out_tol, lse_tol = ref
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
     o, lg = splitkv_decode(q, kv, idx, scale, d_v, config=cfg, num_splits=splits, out=out,
                            lse=lse)  # fmt: skip
     assert LAST_PATH["split"] == "16bit_ws", (tag, LAST_PATH)
+    if LAST_PATH["merge"] != "single":  # the config's partials (one split keeps none)
+        want = q.dtype if cfg.partial_dtype == "input" else torch.float32
+        assert LAST_PATH["partials"] == str(want).removeprefix("torch."), (tag, LAST_PATH)
+    out_ex, lse_ex, out_tol, lse_tol = refs[partials_rounded()]
     assert_close(f"{tag} out", o, out_ex, out_tol)
     assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
     return o, lg
@@ -64,12 +74,12 @@ def test_toy_shapes_splits_padding_duplicates(d_qk, d_v):
         q, kv, idx = make("cuda", dtype, 4, 20, d_qk, 300, t=900, seed=3)
         idx[2, 100:160] = idx[2, 0]
         idx[1] = -1
-        ref = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+        refs = _refs(q, kv, idx, d_v, dtype)
         for bn, nk in WS_GEOMETRIES:
             cfg = dataclasses.replace(GLUON_WS, block_n=bn, num_stages=nk)
             for splits in (1, 2, 3, 5, 8):
                 tag = f"{d_qk} {dtype} bn{bn} nk{nk} s{splits}"
-                o, lg = _check(q, kv, idx, d_v, splits, tag, cfg, ref)
+                o, lg = _check(q, kv, idx, d_v, splits, tag, cfg, refs)
                 assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
@@ -82,11 +92,11 @@ def test_real_shapes(shape):
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
-        ref = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+        refs = _refs(q, kv, idx, d_v, dtype)
         for bn, nk in WS_GEOMETRIES[:2]:
             cfg = dataclasses.replace(GLUON_WS, block_n=bn, num_stages=nk)
             for splits in (None, 3):
-                _check(q, kv, idx, d_v, splits, f"{shape} {dtype} bn{bn} s{splits}", cfg, ref)
+                _check(q, kv, idx, d_v, splits, f"{shape} {dtype} bn{bn} s{splits}", cfg, refs)
 
 
 @pytest.mark.gpu
@@ -135,6 +145,7 @@ def test_phase_trace():
         assert 0 <= row[L["sm"]] < n_sms
         e = row[L["entry"]]
         assert e > 0 and row[L["q"]] >= e and row[L["idx0"]] >= e
+        assert row[L["q"]] >= row[L["idx0"]]  # Q_AFTER_INDICES: q issued once idx0 is in
         prev = e
         for j in range(min(n_local, TRACE_TILES)):
             steps = [row[L["landed"] + j], row[L["ready"] + j], row[L["scored"] + j],
@@ -159,6 +170,7 @@ def test_split_trace_summary_on_absolute_timestamps():
     entries are skipped, and a program with fewer tiles counts only its own."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_sparse_mla_probes as probes
+
     from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_COLS, TRACE_LAYOUT
 
     L = TRACE_LAYOUT

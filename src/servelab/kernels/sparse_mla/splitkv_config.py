@@ -126,8 +126,9 @@ GLUON_MIN_B = 8
 # From B = 2 with at least 128 heads: V4-Pro B = 2 13.64 -> 12.27 us with ws's 16-bit
 # partials (H200, 2026-11-30, bench_sparse_mla_geometry --only default,ws; B = 1 stays with
 # the tl kernel: 11.39 against 11.93). At 32-64 heads ws lost at B <= 2 (V4-Flash 9.35 vs
-# 10.54 us at B = 2; ws's 64-token tiles allow 10 splits, the tl default's 20) and was within
-# 2% at B = 4 (V4-Flash 11.02 vs 11.28, H32 10.47 vs 9.24: slower), so it starts at B = 8.
+# 10.54 us at B = 2; ws's 64-token tiles allow 10 splits, the tl default's 20); at B = 4 it
+# was 2.3% faster on V4-Flash (11.02 vs 11.28, one timing) and 13% slower on H32 (10.47 vs
+# 9.24), so it starts at B = 8.
 GLUON_MIN_B_WIDE, GLUON_WIDE_H = 2, 128
 # ... and from B = 1 with 128 heads on V3.2's 576-wide rows (topk 2048): after the merge's
 # 16K-element tiles (2026-11-30, bench_sparse_mla_geometry, two timings) ws ran V3.2 B = 1 in

@@ -267,9 +267,10 @@ if AVAILABLE:
         l_smem.store(l_i)
         _cta_barrier()
         mbarrier.arrive(done)
-        # The buffer of tile n_local - 2, which the second half released before this
-        # partition's last P V (p_free); the last tile's stays with the second half. (A split
-        # past the last tile, n_local <= 0, used none: buffers 0 and NK - 1.)
+        # Buffer n % NK (n = n_local): tile n - NK's, which both consumers are done with (the
+        # second half finished tile n - 2 before this partition's last P V, p_free), or one
+        # never filled when n < NK; the last tile's, (n - 1) % NK, stays with the second half.
+        # (A split past the last tile, n <= 0, used none: buffers 0 and NK - 1.)
         _store_half(o_ptr + b * stride_ob + sp * stride_os, acc,
                     gl.convert_layout(l_i, gl.SliceLayout(1, o_l)), kbuf,
                     gl.maximum(n_local, 0) % NK, hb, H, stride_oh, 0, D_V // 2, BLOCK_H, o_l,
@@ -422,8 +423,9 @@ if AVAILABLE:
 DROPS = ("", "gather", "dots")  # the diagnostics this kernel implements
 
 
-# O (partials or the output) stored through a K buffer freed by the end of the loop, 16 bytes
-# a thread in whole row segments, where one buffer holds a partition's half (64-token tiles);
+# 16-bit O (partials or the output) stored through a K buffer freed by the end of the loop, 16
+# bytes a thread in whole row segments, where one buffer holds a partition's half (32- and
+# 64-token tiles);
 # False: straight from the accumulator's layout (the kernel before 2026-11-30's ninth
 # follow-up; docs/performance.md). A module switch so that a probe can time both.
 STAGED_STORES = True
