@@ -236,6 +236,23 @@ def _check_reference(out, lse, ref, what: str) -> None:
                          f"{lse_err:.3g} (> 1e-3) against the fp32 reference")  # fmt: skip
 
 
+def _rounds_table(args, labels: list[str], times: dict, base: str) -> None:
+    """The last table of a probe: us per call for each cell and variant, the median over the
+    rounds of each round's median; * marks a variant faster than `base` by more than 2%."""
+    print(f"\nus per call, median over {args.rounds} interleaved rounds; * = faster than "
+          f"{base} by > 2%")  # fmt: skip
+    print(f"{'shape':17} {'B':>3} " + " ".join(f"{lab:>9}" for lab in labels))
+    for name in args.shapes.split(","):
+        for b in [int(x) for x in args.batches.split(",")]:
+            if (name, b, labels[0]) not in times:
+                continue
+            med = {lab: statistics.median(times[(name, b, lab)]) for lab in labels}
+            ref = med.get(base)
+            cells = [f"{med[lab]:8.2f}{'*' if ref and med[lab] < 0.98 * ref else ' '}"
+                     for lab in labels]  # fmt: skip
+            print(f"{name:17} {b:3} " + " ".join(cells), flush=True)
+
+
 def merge_trace(args) -> None:
     from servelab.kernels.sparse_mla import merge as merge_mod
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
@@ -296,19 +313,7 @@ def merge_trace(args) -> None:
                 break
     finally:
         merge_mod.launch_merge = original
-    print("\nus per call (median over rounds of each round's median); * = faster than default by > 2%")
-    print(f"{'shape':17} {'B':>3} " + " ".join(f"{lab:>9}" for lab in labels))
-    for name in args.shapes.split(","):
-        for b in [int(x) for x in args.batches.split(",")]:
-            if (name, b, labels[0]) not in table:
-                continue
-            med = {lab: statistics.median(table[(name, b, lab)]) for lab in labels}
-            base = med.get("default")
-            cells = []
-            for lab in labels:
-                star = "*" if base and med[lab] < 0.98 * base else " "
-                cells.append(f"{med[lab]:8.2f}{star}")
-            print(f"{name:17} {b:3} " + " ".join(cells), flush=True)
+    _rounds_table(args, labels, table, "default")
 
 
 def _split_trace_summary(tr: torch.Tensor, n_local: torch.Tensor) -> dict:
@@ -470,17 +475,7 @@ def split_trace(args) -> None:
     for name, b, ns, tag, us, summ in rows:
         print(f"{name:17} {b:3} {ns:3} {tag:12} {us:7.2f} "
               + " ".join(f"{summ[c]:12.2f}" for c in SPLIT_TRACE_COLS), flush=True)
-    print(f"\nus per call, median over {args.rounds} interleaved rounds; "
-          "* = faster than the first variant by > 2%")
-    print(f"{'shape':17} {'B':>3} " + " ".join(f"{lab:>9}" for lab in labels))
-    for name in args.shapes.split(","):
-        for b in [int(x) for x in args.batches.split(",")]:
-            if (name, b, labels[0]) not in times:
-                continue
-            med = {lab: statistics.median(times[(name, b, lab)]) for lab in labels}
-            cells = [f"{med[lab]:8.2f}{'*' if med[lab] < 0.98 * med[labels[0]] else ' '}"
-                     for lab in labels]  # fmt: skip
-            print(f"{name:17} {b:3} " + " ".join(cells), flush=True)
+    _rounds_table(args, labels, times, labels[0])
 
 
 def main(argv: list[str]) -> int:
