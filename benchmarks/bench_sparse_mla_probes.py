@@ -379,6 +379,12 @@ WS_VARIANTS = {
     "direct": {"STAGED_STORES": False},  # O stored from the accumulator's layout
     "qearly": {"Q_AFTER_INDICES": False},  # q's copies issued at entry
     "before": {"STAGED_STORES": False, "Q_AFTER_INDICES": False},  # both, as before
+    # the loader's L2 prefetch of the next 1 / 2 / 4 tiles' rows
+    "pf1": {"L2_PREFETCH": 1},
+    "pf2": {"L2_PREFETCH": 2},
+    "pf4": {"L2_PREFETCH": 4},
+    # the grid's fastest axis the head blocks (a request's programs side by side)
+    "hbf": {"HEADS_FIRST": True},
 }
 # ... and suffixes on a label (config changes): /p16 16-bit partials, /f32 fp32 partials.
 WS_SUFFIXES = {"/p16": {"partial_dtype": "input"}, "/f32": {"partial_dtype": "fp32"}}

@@ -217,7 +217,7 @@ d_tail, bn, nk, trace = map(int, sys.argv[1:5])
 k = m._sparse_mla_split_gluon_ws_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NK=nk,
           DROP=0, SECOND_REGS=168, LOADER_REGS=88, num_warps=4, TRACE=bool(trace), STAGED=True,
-          Q_LATE=True)
+          Q_LATE=True, PREFETCH=0, HB_FAST=False)
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32",
             trace_ptr="*i64")
 if not trace:
