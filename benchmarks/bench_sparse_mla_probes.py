@@ -17,6 +17,10 @@
   happen (globaltimer stamps: entry, q, the first indices, each tile's landing, score dot,
   P V, the stores; splitkv_gluon_ws.TRACE_LAYOUT), summarised as medians over programs, with
   the call's time; ``--drops gather,dots`` traces the diagnostics too.
+- ``grid-order``: the default call (16-bit cache, and with ``--fp8`` the FP8 one) with the Gluon
+  kernels' grid as (B, head blocks, splits) and as (head blocks, B, splits) (HEADS_FIRST),
+  interleaved over rounds: does running a request's head-block programs side by side, so
+  that one finds the other's rows in L2, pay?
 
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla_probes.py profile \\
         --shapes v4-flash,v4-pro --batches 16,32,64,128 [--waves 0.5]
@@ -379,12 +383,7 @@ WS_VARIANTS = {
     "direct": {"STAGED_STORES": False},  # O stored from the accumulator's layout
     "qearly": {"Q_AFTER_INDICES": False},  # q's copies issued at entry
     "before": {"STAGED_STORES": False, "Q_AFTER_INDICES": False},  # both, as before
-    # the loader's L2 prefetch of the next 1 / 2 / 4 tiles' rows
-    "pf1": {"L2_PREFETCH": 1},
-    "pf2": {"L2_PREFETCH": 2},
-    "pf4": {"L2_PREFETCH": 4},
-    # the grid's fastest axis the head blocks (a request's programs side by side)
-    "hbf": {"HEADS_FIRST": True},
+    "bfirst": {"HEADS_FIRST": False},  # grid (B, head blocks, splits), as before
 }
 # ... and suffixes on a label (config changes): /p16 16-bit partials, /f32 fp32 partials.
 WS_SUFFIXES = {"/p16": {"partial_dtype": "input"}, "/f32": {"partial_dtype": "fp32"}}
@@ -484,6 +483,50 @@ def split_trace(args) -> None:
     _rounds_table(args, labels, times, labels[0])
 
 
+def grid_order(args) -> None:
+    from servelab.kernels.sparse_mla import splitkv_gluon_fp8, splitkv_gluon_ws
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv
+    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    mods = (splitkv_gluon_ws, splitkv_gluon_fp8)
+    saved = [m.HEADS_FIRST for m in mods]
+    kinds = ["bf16"] + (["fp8"] if args.fp8 else [])
+    labels = [f"{k}-{o}" for k in kinds for o in ("bfirst", "hfirst")]
+    times = collections.defaultdict(list)
+    try:
+        for name, shape, kv, scale, b, sets, ref in _cells(args):
+            cache = bsm.fp8_cache(shape, kv) if args.fp8 else None
+            for kind in kinds:
+                calls = bsm.variant_calls("fp8" if kind == "fp8" else "splitkv", shape, sets,
+                                          kv, cache=cache)  # fmt: skip
+                want = ref
+                if kind == "fp8":  # the reference on the dequantised cache
+                    q0, i0 = sets[0]
+                    want = sparse_mla_decode_reference(q0, dequantize_kv(cache).to(kv.dtype), i0,
+                                                       scale, shape.d_v, out_dtype=torch.float32)  # fmt: skip
+                for first in (False, True):
+                    for m in mods:
+                        m.HEADS_FIRST = first
+                    out, lse = splitkv_decode(sets[0][0], cache if kind == "fp8" else kv,
+                                              sets[0][1], scale, shape.d_v)  # fmt: skip
+                    _check_reference(out, lse, want, f"{name} B={b} {kind} heads_first={first}")
+                    print(f"{name} B={b} {kind} heads_first={first}: {LAST_PATH}", flush=True)
+            for _ in range(args.rounds):
+                for label in labels:
+                    kind, order = label.split("-")
+                    for m in mods:
+                        m.HEADS_FIRST = order == "hfirst"
+                    calls = bsm.variant_calls("fp8" if kind == "fp8" else "splitkv", shape, sets,
+                                              kv, cache=cache)  # fmt: skip
+                    times[(name, b, label)].append(_graph_us(calls, args.reps))
+            del cache
+    finally:
+        for m, v in zip(mods, saved, strict=True):
+            m.HEADS_FIRST = v
+    _rounds_table(args, labels, times, labels[0])
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="probe", required=True)
@@ -522,17 +565,24 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--out", type=Path, default=None, help="save each raw trace here (.pt)")
+    p = sub.add_parser("grid-order", help="the Gluon kernels' grid with B or the head blocks "
+                       "first")  # fmt: skip
+    p.add_argument("--shapes", default="v3.2,v4-pro")
+    p.add_argument("--batches", default="64,128")
+    p.add_argument("--fp8", action="store_true", help="also the FP8 cache's default")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("these probes time CUDA kernels: run them on a machine with an NVIDIA GPU")
     by_shape = {s.name for s in bsm.SHAPES}
-    if args.probe in ("profile", "merge-trace", "split-trace"):
+    if args.probe in ("profile", "merge-trace", "split-trace", "grid-order"):
         unknown = set(args.shapes.split(",")) - by_shape
         if unknown:
             ap.error(f"unknown shape(s) {sorted(unknown)}; choose from {sorted(by_shape)}")
     {"profile": profile, "gather": gather, "stride": stride,
      "graph-shape": graph_shape, "merge-trace": merge_trace,
-     "split-trace": split_trace}[args.probe](args)  # fmt: skip
+     "split-trace": split_trace, "grid-order": grid_order}[args.probe](args)  # fmt: skip
     return 0
 
 

@@ -118,6 +118,45 @@ def test_replayed_inside_a_cuda_graph():
 
 @pytest.mark.gpu
 @needs_hopper
+def test_grid_order_leaves_results_identical(monkeypatch):
+    """HEADS_FIRST (the grid (head blocks, B, splits), where the programs outnumber the SMs,
+    so that a request's two 64-head programs run side by side) changes only where programs
+    run: at 128 heads, with one split at large B and many splits at small B, the results
+    equal those of the (B, head blocks, splits) grid bit for bit, and the exact reference;
+    the phase trace still gets one row per (request, head block, split). With one wave of
+    programs the grid keeps B first."""
+    from servelab.kernels.sparse_mla import splitkv_gluon
+    from servelab.kernels.sparse_mla import splitkv_gluon_ws as ws
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, splitkv_decode
+
+    grids = []
+    order = splitkv_gluon.grid_order
+    monkeypatch.setattr(splitkv_gluon, "grid_order",
+                        lambda kc, grid, dev: grids.append(order(kc, grid, dev)) or grids[-1])  # fmt: skip
+    n_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    h, d_qk, d_v, topk = 128, 576, 512, 1200
+    for b, splits in ((n_sms // 2 + 4, 1), (8, n_sms // 16 + 1), (3, 2)):
+        q, kv, idx = make("cuda", torch.bfloat16, b, h, d_qk, topk, t=50_000, pad_frac=0.1,
+                          seed=8)  # fmt: skip
+        idx[2] = -1  # an all-padding request
+        refs = _refs(q, kv, idx, d_v, q.dtype)
+        got = {}
+        for first in (False, True):
+            monkeypatch.setattr(ws, "HEADS_FIRST", first)
+            got[first] = _check(q, kv, idx, d_v, splits, f"b{b} s{splits} heads_first={first}",
+                                GLUON_WS, refs)  # fmt: skip
+            many = b * 2 * splits > n_sms
+            assert grids[-1] == ((2, b, splits) if first and many else (b, 2, splits)), grids
+        assert torch.equal(got[True][0], got[False][0]), (b, splits)
+        assert torch.equal(got[True][1], got[False][1]), (b, splits)
+        tr = torch.full((b * 2 * splits * ws.TRACE_COLS,), -1, dtype=torch.int64, device="cuda")
+        splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, num_splits=splits, trace=tr)
+        entry = tr.view(-1, ws.TRACE_COLS)[:, ws.TRACE_LAYOUT["entry"]]
+        assert torch.all(entry > 0), (b, splits, entry)
+
+
+@pytest.mark.gpu
+@needs_hopper
 def test_phase_trace():
     """The trace (splitkv_gluon_ws.TRACE_LAYOUT) leaves the results as they are, and every
     program's stamps are on one clock in the kernel's order: entry <= first indices / q <= each
@@ -217,7 +256,7 @@ d_tail, bn, nk, trace = map(int, sys.argv[1:5])
 k = m._sparse_mla_split_gluon_ws_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NK=nk,
           DROP=0, SECOND_REGS=168, LOADER_REGS=88, num_warps=4, TRACE=bool(trace), STAGED=True,
-          Q_LATE=True, PREFETCH=0, HB_FAST=False)
+          Q_LATE=True, HB_FAST=True)
 ptrs = dict(q_ptr="*bf16", kv_ptr="*bf16", idx_ptr="*i32", o_ptr="*bf16", lse_ptr="*fp32",
             trace_ptr="*i64")
 if not trace:

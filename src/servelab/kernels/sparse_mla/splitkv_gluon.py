@@ -57,6 +57,20 @@ except ImportError:  # pragma: no cover - depends on the installed Triton
 if AVAILABLE:
 
     @gluon.jit
+    def _program_ids(HB_FAST: gl.constexpr):
+        """(request, head block, head blocks) of this program: grid (B, head blocks, splits),
+        or with HB_FAST (head blocks, B, splits) (`grid_order`)."""
+        if HB_FAST:
+            b = gl.program_id(1)
+            hb = gl.program_id(0)
+            n_hb = gl.num_programs(0)
+        else:
+            b = gl.program_id(0)
+            hb = gl.program_id(1)
+            n_hb = gl.num_programs(1)
+        return b, hb, n_hb
+
+    @gluon.jit
     def _split_tiles(topk, tiles_per_split, BLOCK_N: gl.constexpr):
         """This program's split (grid axis 2): its first tile, its tile count (<= 0 for a
         split past the last tile) and the token limit."""
@@ -351,6 +365,26 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int, drop: 
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NBUF=cfg.num_stages,
                 MAX_T=triton.next_power_of_2(tiles_per_split), num_warps=8,
                 DROP=DROPS[drop])  # fmt: skip
+
+
+MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis
+
+
+def grid_order(kc: dict, grid: tuple, device: torch.device) -> tuple:
+    """The launch grid for a kernel's compile-time arguments `kc` (B, head blocks, splits),
+    or where kc["HB_FAST"] asks for it (head blocks, B, splits): a request's head-block
+    programs then start one after another and run side by side, so that the second finds the
+    rows the first gathers in L2. That pays where the programs outnumber the SMs (128 heads at
+    B = 128: 256 programs), since in the first order a request's second head block ran a wave
+    later and read its rows from memory again; with one wave it was within noise either way
+    (H200, tenth follow-up). So HB_FAST is cleared in kc where there is one head block, where
+    the programs fit in one wave (one per SM of `device`), and past MAX_GRID_Y requests."""
+    b, n_hb, n_s = grid
+    n_sms = torch.cuda.get_device_properties(device).multi_processor_count if (
+        device.type == "cuda") else 1  # (a launch simulated off the GPU, in the tests)
+    if kc.get("HB_FAST") and (n_hb == 1 or b * n_hb * n_s <= n_sms or b > MAX_GRID_Y):
+        kc["HB_FAST"] = False
+    return (n_hb, b, n_s) if kc.get("HB_FAST") else grid
 
 
 def key(kconsts: dict, q: torch.Tensor) -> tuple:

@@ -54,6 +54,7 @@ if AVAILABLE:
         _cta_barrier,
         _load_q,
         _load_split_indices,
+        _program_ids,
         _score,
         _split_tiles,
         _store_lse,
@@ -218,6 +219,7 @@ if AVAILABLE:
         DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop,
         # 2 no dots, 3 no dequantisation
         STAGED: gl.constexpr = False,  # 16-bit O stored through the staging tile
+        HB_FAST: gl.constexpr = False,  # grid (head blocks, B, splits) (splitkv_gluon.grid_order)
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         D_TAIL: gl.constexpr = 0 if ROPE_IN_V else D_ROPE
@@ -241,8 +243,7 @@ if AVAILABLE:
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         sh_ix: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
-        b = gl.program_id(0)
-        hb = gl.program_id(1)
+        b, hb, _ = _program_ids(HB_FAST)
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
@@ -332,6 +333,9 @@ if AVAILABLE:
 # row segments (splitkv_gluon._store_staged), as the ws kernel does; False: from the
 # accumulator's layout. A module switch so that a probe can time both (ninth follow-up).
 STAGED_STORES = True
+# A request's head-block programs launched side by side (splitkv_gluon.grid_order), as in the
+# ws kernel; False: the grid (B, head blocks, splits). A module switch like STAGED_STORES.
+HEADS_FIRST = False
 
 
 def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
@@ -342,7 +346,8 @@ def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
                 NSC=max(triton.next_power_of_2(nch), 4), D_ROPE=cache.d_qk - cache.d_fp8,
                 ROPE_IN_V=cache.d_fp8 < d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 NBUF=cfg.num_stages, MAX_T=triton.next_power_of_2(tiles_per_split),
-                num_warps=8, DROP=splitkv_gluon.DROPS[drop], STAGED=STAGED_STORES)  # fmt: skip
+                num_warps=8, DROP=splitkv_gluon.DROPS[drop], STAGED=STAGED_STORES,
+                HB_FAST=HEADS_FIRST)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -391,6 +396,7 @@ def launch(cfg, grid, q, cache, indices, o_dst, lse_dst, h, topk, tiles_per_spli
     """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
     compile here (the caller then runs a Triton FP8 kernel)."""
     kc = consts(cfg, cache, d_v, tiles_per_split, drop)
+    grid = splitkv_gluon.grid_order(kc, grid, q.device)
     try:
         return _sparse_mla_split_gluon_fp8_kernel[grid](
             q, cache.data, cache.rope, cache.scale, indices, o_dst, lse_dst, h, topk,

@@ -339,6 +339,7 @@ def consts(cfg: SplitConfig, kv: torch.Tensor | Fp8KVCache, d_v: int, tiles_per_
     if _is_fp8(kv):
         kc = splitkv_gluon_fp8.consts(cfg, kv, d_v, tiles_per_split, drop)
         kc.pop("STAGED")  # (the 64-head kernel's store; this one stores O^T directly)
+        kc.pop("HB_FAST")  # (one head block: the grid's order is the same either way)
     else:
         kc = splitkv_gluon.consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
     return dict(kc, num_warps=4)

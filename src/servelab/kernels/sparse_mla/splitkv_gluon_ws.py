@@ -47,6 +47,7 @@ if AVAILABLE:
         _cp_load,
         _cta_barrier,
         _load_q,
+        _program_ids,
         _split_tiles,
         _store_lse,
         _store_out,
@@ -81,20 +82,6 @@ if AVAILABLE:
         return gl.load(idx_row + pos, mask=pos < n_lim, other=-1)
 
     @gluon.jit
-    def _prefetch_l2(kv_ptr, idx_row, p0, n_lim, stride_kvt8, row_bytes, BLOCK_N: gl.constexpr,
-                     layout: gl.constexpr):  # fmt: skip
-        """The rows of the tile at token position p0 into L2 (one bulk prefetch of row_bytes a
-        row, padding and positions past the split skipped): no shared memory, no completion
-        to wait for; the loader's cp.async of that tile later finds them in L2."""
-        rid = _tile_idx(idx_row, p0, n_lim, BLOCK_N, layout)
-        addr = kv_ptr + gl.where(rid >= 0, rid, 0).to(gl.int64) * (stride_kvt8 * 8)
-        gl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ge.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $3; mov.u32 $0, 0; }",
-            "=r,l,r,r", [addr, rid, gl.full([BLOCK_N], row_bytes, gl.int32, layout)],
-            dtype=gl.int32, is_pure=False, pack=1)  # fmt: skip
-
-    @gluon.jit
     def _store_half(o_row, acc, l_o, kbuf, buf, hb, H, stride_oh, COL0: gl.constexpr,
                     D: gl.constexpr, BLOCK_H: gl.constexpr, layout: gl.constexpr,
                     STAGED: gl.constexpr):  # fmt: skip
@@ -112,7 +99,7 @@ if AVAILABLE:
     def _loader(kbuf, ktail, idx_ring, k_ready, k_free, idx_bar, kv_ptr, idx_row, p_start, n_local,
                 n_lim, stride_kvt8, D_V: gl.constexpr, D_TAIL: gl.constexpr,
                 BLOCK_T: gl.constexpr, BLOCK_N: gl.constexpr, NK: gl.constexpr,
-                DROP: gl.constexpr, tr, TRACE: gl.constexpr, PREFETCH: gl.constexpr):  # fmt: skip
+                DROP: gl.constexpr, tr, TRACE: gl.constexpr):  # fmt: skip
         """Worker: tile j's rows -> K buffer j % NK by cp.async, once both consumers released
         the buffer's previous tile, and its indices -> idx_ring (the scorer's mask). With
         LAG = NK - 2, tile j's k_ready is signalled after tile j + LAG is issued (cp.async
@@ -146,15 +133,6 @@ if AVAILABLE:
                 _cp_load(ktail.index(buf), kv_ptr + rows_t[:, None] + D_V + offs_t[None, :],
                          mask=ok_t[:, None] & (offs_t < D_TAIL)[None, :])  # fmt: skip
             cp.commit_group()
-            if PREFETCH > 0 and DROP != 1:  # tiles j + 1 .. j + PREFETCH in L2 from here on
-                row_bytes = (D_V + D_TAIL) * 2
-                if j == 0:
-                    for t in gl.static_range(1, PREFETCH + 1):
-                        _prefetch_l2(kv_ptr, idx_row, p_start + t * BLOCK_N, n_lim, stride_kvt8,
-                                     row_bytes, BLOCK_N, ix)  # fmt: skip
-                else:
-                    _prefetch_l2(kv_ptr, idx_row, p_start + (j + PREFETCH) * BLOCK_N, n_lim,
-                                 stride_kvt8, row_bytes, BLOCK_N, ix)  # fmt: skip
             p_next = p_start + (j + 1) * BLOCK_N
             rid = _tile_idx(idx_row, p_next, n_lim, BLOCK_N, gl.SliceLayout(1, ld))
             rid_x = _tile_idx(idx_row, p_next, n_lim, BLOCK_N, ix)
@@ -334,8 +312,7 @@ if AVAILABLE:
         num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
         STAGED: gl.constexpr,  # O stored through a free K buffer (where one holds it)
         Q_LATE: gl.constexpr,  # q's copies issued once the first tile's indices are in
-        PREFETCH: gl.constexpr,  # tiles ahead of the gathers prefetched into L2 (0: none)
-        HB_FAST: gl.constexpr,  # the grid is (head blocks, B, splits), not (B, head blocks, splits)
+        HB_FAST: gl.constexpr,  # grid (head blocks, B, splits) (splitkv_gluon.grid_order)
         trace_ptr=None,  # [programs, TRACE_COLS] int64 when TRACE (TRACE_LAYOUT)
         TRACE: gl.constexpr = False,
     ):
@@ -347,14 +324,7 @@ if AVAILABLE:
         sh_kt: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_T], dtype)
         flat1: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
-        if HB_FAST:  # grid (head blocks, B, splits): a request's head blocks run side by side
-            b = gl.program_id(1)
-            hb = gl.program_id(0)
-            n_hb = gl.num_programs(0)
-        else:
-            b = gl.program_id(0)
-            hb = gl.program_id(1)
-            n_hb = gl.num_programs(1)
+        b, hb, n_hb = _program_ids(HB_FAST)
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
         p_start = t_start * BLOCK_N  # the split's first token
@@ -414,7 +384,7 @@ if AVAILABLE:
                             NK, DROP, tr, TRACE, STAGE)),
             (_loader, (kbuf, ktail, idx_ring, k_ready, k_free, idx_bar, kv_ptr, idx_ptr + b * stride_ib,
                        p_start, n_local, n_lim, stride_kvt8, D_V, D_TAIL,
-                       BLOCK_T, BLOCK_N, NK, DROP, tr, TRACE, PREFETCH)),
+                       BLOCK_T, BLOCK_N, NK, DROP, tr, TRACE)),
         ], [4, 4], [SECOND_REGS, LOADER_REGS])  # fmt: skip
 
 
@@ -432,15 +402,12 @@ STAGED_STORES = True
 # after q, 1.3-2.8 us after entry); False: q issued first, at entry (the kernel before the
 # ninth follow-up). A module switch like STAGED_STORES.
 Q_AFTER_INDICES = True
-# The loader prefetches the rows of the next L2_PREFETCH tiles into L2 (a bulk prefetch a
-# row, issued once their indices are in), so that more of the split's bytes are in flight than
-# the one K buffer the consumers leave free; 0: none. A module switch like STAGED_STORES.
-L2_PREFETCH = 0
-# The head blocks of a request as the grid's fastest axis, so that with several head blocks
-# (128 heads) and more programs than SMs both of a request's programs run at once and the
-# second one's gathers find the rows in L2; False: (B, head blocks, splits), the order of the
-# other split kernels. A module switch like STAGED_STORES.
-HEADS_FIRST = False
+# The head blocks of a request as the grid's fastest axis, so that where there are several
+# (128 heads) and more programs than SMs, a request's programs run side by side and the second
+# one's gathers find the rows in L2 instead of reading them again a wave later (H200,
+# 2026-11-30, tenth follow-up: V3.2 B = 128 189 -> 163 us, V4-Pro 97 -> 89); False: (B, head
+# blocks, splits), the other split kernels' order. A module switch like STAGED_STORES.
+HEADS_FIRST = True
 
 
 def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
@@ -452,8 +419,8 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
     return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
                 DROP=splitkv_gluon.DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
-                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, PREFETCH=L2_PREFETCH,
-                HB_FAST=HEADS_FIRST, num_warps=4)  # fmt: skip
+                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, HB_FAST=HEADS_FIRST,
+                num_warps=4)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -501,8 +468,7 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
         if trace.dtype != torch.int64 or trace.numel() < n or not trace.is_contiguous():
             raise ValueError(f"trace must be a contiguous int64 tensor of >= {n} entries")
         extra = dict(trace_ptr=trace, TRACE=True)
-    if kc["HB_FAST"]:
-        grid = (grid[1], grid[0], grid[2])
+    grid = splitkv_gluon.grid_order(kc, grid, q.device)
     try:
         return _sparse_mla_split_gluon_ws_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
