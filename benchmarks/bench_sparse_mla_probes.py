@@ -498,8 +498,6 @@ def grid_order(args) -> None:
         for name, shape, kv, scale, b, sets, ref in _cells(args):
             cache = bsm.fp8_cache(shape, kv) if args.fp8 else None
             for kind in kinds:
-                calls = bsm.variant_calls("fp8" if kind == "fp8" else "splitkv", shape, sets,
-                                          kv, cache=cache)  # fmt: skip
                 want = ref
                 if kind == "fp8":  # the reference on the dequantised cache
                     q0, i0 = sets[0]

@@ -166,6 +166,45 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     assert_close("fallback again out", o, out_ex, out_tol)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_ws_compile_failure_is_tried_once(device, monkeypatch):
+    """The warp-specialised kernel's launch picks its grid order per launch (HEADS_FIRST,
+    splitkv_gluon.grid_order, which clears HB_FAST for one head block): a failed compile must
+    be recorded under the key serves() asks about, so that later calls run the Triton kernel
+    without compiling again. Simulated as above; serves() itself runs (Hopper assumed on the
+    CPU)."""
+    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_ws
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
+
+    tries = []
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                tries.append(grid)
+                raise RuntimeError("PassManager::run failed")
+
+            return launch
+
+    monkeypatch.setattr(splitkv_gluon_ws, "_sparse_mla_split_gluon_ws_kernel", Broken(),
+                        raising=False)  # fmt: skip
+    monkeypatch.setattr(splitkv_gluon_ws, "HEADS_FIRST", True)
+    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    if not gluon_here():
+        monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 3, 20, 192, 128, 70  # one head block: B first
+    q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=6)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    with pytest.warns(UserWarning, match="did not compile"):
+        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, num_splits=1)
+    assert LAST_PATH["split"] == "16bit" and len(tries) == 1, (LAST_PATH, tries)
+    assert_close("ws fallback out", o, out_ex, out_tol)
+    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, num_splits=1)
+    assert len(tries) == 1, "the failed compile was retried"
+    assert_close("ws fallback again out", o, out_ex, out_tol)
+
+
 def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch):
     """With no config, a Gluon compile failure must fall back to the tl kernel's own default
     geometry for that shape (16-head tiles for H = 32), not run the Gluon tile (64 heads) on

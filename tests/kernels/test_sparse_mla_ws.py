@@ -40,7 +40,7 @@ def _refs(q, kv, idx, d_v, dtype):
             for r in (False, True)}  # fmt: skip
 
 
-def _check(q, kv, idx, d_v, splits, tag, cfg, refs):
+def _check(q, kv, idx, d_v, splits, tag, cfg, refs, workspace=None):
     """One launch against refs[whether it kept 16-bit partials] (_refs())."""
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
@@ -48,7 +48,7 @@ def _check(q, kv, idx, d_v, splits, tag, cfg, refs):
     scale = d_qk**-0.5
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
     o, lg = splitkv_decode(q, kv, idx, scale, d_v, config=cfg, num_splits=splits, out=out,
-                           lse=lse)  # fmt: skip
+                           lse=lse, workspace=workspace)  # fmt: skip
     assert LAST_PATH["split"] == "16bit_ws", (tag, LAST_PATH)
     if LAST_PATH["merge"] != "single":  # the config's partials (one split keeps none)
         want = q.dtype if cfg.partial_dtype == "input" else torch.float32
@@ -127,7 +127,7 @@ def test_grid_order_leaves_results_identical(monkeypatch):
     programs the grid keeps B first."""
     from servelab.kernels.sparse_mla import splitkv_gluon
     from servelab.kernels.sparse_mla import splitkv_gluon_ws as ws
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
 
     grids = []
     order = splitkv_gluon.grid_order
@@ -143,8 +143,13 @@ def test_grid_order_leaves_results_identical(monkeypatch):
         got = {}
         for first in (False, True):
             monkeypatch.setattr(ws, "HEADS_FIRST", first)
+            # partials poisoned too: a program that never ran must not pass on the last run's
+            ws_ = None if splits == 1 else (
+                torch.full((b, splits, h, d_v), float("nan"), dtype=q.dtype, device="cuda"),
+                torch.full((b, splits, h), float("nan"), device="cuda"))  # fmt: skip
             got[first] = _check(q, kv, idx, d_v, splits, f"b{b} s{splits} heads_first={first}",
-                                GLUON_WS, refs)  # fmt: skip
+                                GLUON_WS, refs, ws_)  # fmt: skip
+            assert (LAST_PATH["merge"] == "single") == (splits == 1), LAST_PATH
             many = b * 2 * splits > n_sms
             assert grids[-1] == ((2, b, splits) if first and many else (b, 2, splits)), grids
         assert torch.equal(got[True][0], got[False][0]), (b, splits)

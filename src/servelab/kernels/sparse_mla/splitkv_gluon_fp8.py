@@ -334,7 +334,9 @@ if AVAILABLE:
 # accumulator's layout. A module switch so that a probe can time both (ninth follow-up).
 STAGED_STORES = True
 # A request's head-block programs launched side by side (splitkv_gluon.grid_order), as in the
-# ws kernel; False: the grid (B, head blocks, splits). A module switch like STAGED_STORES.
+# ws kernel; off: no gain here, the kernel being bound by its dequantisation rather than its
+# bytes (H200, tenth follow-up: V3.2 B = 128 249.45 -> 248.35 us, V4-Pro 160.32 -> 158.18).
+# A module switch like STAGED_STORES.
 HEADS_FIRST = False
 
 
@@ -396,13 +398,16 @@ def launch(cfg, grid, q, cache, indices, o_dst, lse_dst, h, topk, tiles_per_spli
     """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
     compile here (the caller then runs a Triton FP8 kernel)."""
     kc = consts(cfg, cache, d_v, tiles_per_split, drop)
-    grid = splitkv_gluon.grid_order(kc, grid, q.device)
+    # (kc stays the failure cache's key, as serves() builds it; the launch's own copy
+    # says which grid order ran)
+    run = dict(kc)
+    grid = splitkv_gluon.grid_order(run, grid, q.device)
     try:
         return _sparse_mla_split_gluon_fp8_kernel[grid](
             q, cache.data, cache.rope, cache.scale, indices, o_dst, lse_dst, h, topk,
             tiles_per_split, q.stride(0) // 8, q.stride(1) // 8, cache.data.stride(0) // 16,
             cache.rope.stride(0) // 8, cache.scale.stride(0), indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **run,
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
         return splitkv_gluon.compile_failed(e, kc, q, "FP8 Gluon split kernel")

@@ -405,7 +405,8 @@ Q_AFTER_INDICES = True
 # The head blocks of a request as the grid's fastest axis, so that where there are several
 # (128 heads) and more programs than SMs, a request's programs run side by side and the second
 # one's gathers find the rows in L2 instead of reading them again a wave later (H200,
-# 2026-11-30, tenth follow-up: V3.2 B = 128 189 -> 163 us, V4-Pro 97 -> 89); False: (B, head
+# 2026-11-30, tenth follow-up, three calls: V3.2 B = 128 189-192 -> 163-171 us, V4-Pro
+# 97-101 -> 89-93; grid_order keeps B first where the programs fit one wave); False: (B, head
 # blocks, splits), the other split kernels' order. A module switch like STAGED_STORES.
 HEADS_FIRST = True
 
@@ -468,12 +469,15 @@ def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, 
         if trace.dtype != torch.int64 or trace.numel() < n or not trace.is_contiguous():
             raise ValueError(f"trace must be a contiguous int64 tensor of >= {n} entries")
         extra = dict(trace_ptr=trace, TRACE=True)
-    grid = splitkv_gluon.grid_order(kc, grid, q.device)
+    # (kc stays the failure cache's key, as serves() builds it; the launch's own copy
+    # says which grid order ran)
+    run = dict(kc)
+    grid = splitkv_gluon.grid_order(run, grid, q.device)
     try:
         return _sparse_mla_split_gluon_ws_kernel[grid](
             q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
             q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc, **extra,
+            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **run, **extra,
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
         return splitkv_gluon.compile_failed(e, kc, q, "warp-specialised Gluon split kernel")
