@@ -20,7 +20,8 @@
 - ``grid-order``: the default call (16-bit cache, and with ``--fp8`` the FP8 one) with the Gluon
   kernels' grid as (B, head blocks, splits) and as (head blocks, B, splits) (HEADS_FIRST),
   interleaved over rounds: does running a request's head-block programs side by side, so
-  that one finds the other's rows in L2, pay?
+  that one finds the other's rows in L2, pay? (``--ncu``: each order's call twice, untimed,
+  to run under Nsight Compute for the DRAM bytes.)
 
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla_probes.py profile \\
         --shapes v4-flash,v4-pro --batches 16,32,64,128 [--waves 0.5]
@@ -494,6 +495,18 @@ def grid_order(args) -> None:
     kinds = ["bf16"] + (["fp8"] if args.fp8 else [])
     labels = [f"{k}-{o}" for k in kinds for o in ("bfirst", "hfirst")]
     times = collections.defaultdict(list)
+    if args.ncu:  # each order's default call twice (the first compiles), untimed, for ncu
+        try:
+            for name, shape, kv, scale, b, sets, _ in _cells(args, reference=False):
+                for first in (False, True):
+                    splitkv_gluon_ws.HEADS_FIRST = first
+                    for _ in range(2):
+                        splitkv_decode(sets[0][0], kv, sets[0][1], scale, shape.d_v)
+                    torch.cuda.synchronize()
+                    print(f"{name} B={b} heads_first={first}: {LAST_PATH}", flush=True)
+        finally:
+            splitkv_gluon_ws.HEADS_FIRST = saved[0]
+        return
     try:
         for name, shape, kv, scale, b, sets, ref in _cells(args):
             cache = bsm.fp8_cache(shape, kv) if args.fp8 else None
@@ -568,6 +581,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shapes", default="v3.2,v4-pro")
     p.add_argument("--batches", default="64,128")
     p.add_argument("--fp8", action="store_true", help="also the FP8 cache's default")
+    p.add_argument("--ncu", action="store_true",
+                   help="no timing: each order's bf16 call twice, for a profiler, e.g. ncu "
+                        "--kernel-name regex:gluon_ws --metrics dram__bytes_read.sum,"
+                        "lts__t_sector_hit_rate.pct,gpu__time_duration.sum python3 ...")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=30)
     args = ap.parse_args(argv)
