@@ -15,6 +15,7 @@ import pytest
 import torch
 from mla_check import (
     DEVICES,
+    BrokenKernel,
     assert_close,
     bounds,
     check_graph_replays,
@@ -230,20 +231,6 @@ def _reachable(monkeypatch, m):
             not in m.splitkv_gluon.FAILED))  # fmt: skip
 
 
-class _Broken:
-    """Stands in for the kernel: its launch raises as a failed compile does."""
-
-    def __init__(self):
-        self.tries = []
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.tries.append(grid)
-            raise RuntimeError("PassManager::run failed")
-
-        return launch
-
-
 @pytest.mark.parametrize("device", DEVICES)
 def test_compile_failure_falls_back_to_a_triton_fp8_kernel(device, monkeypatch):
     """If the installed Triton rejects the kernel: warn once, run a Triton FP8 kernel (right
@@ -252,7 +239,7 @@ def test_compile_failure_falls_back_to_a_triton_fp8_kernel(device, monkeypatch):
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
-    broken = _Broken()
+    broken = BrokenKernel()
     monkeypatch.setattr(splitkv_gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", broken,
                         raising=False)  # fmt: skip
     monkeypatch.setattr(splitkv_gluon, "FAILED", {})
@@ -284,7 +271,7 @@ def test_default_that_fails_to_compile_runs_the_triton_fp8_default(monkeypatch):
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
-    monkeypatch.setattr(splitkv_gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", _Broken(),
+    monkeypatch.setattr(splitkv_gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", BrokenKernel(),
                         raising=False)  # fmt: skip
     monkeypatch.setattr(splitkv_gluon, "FAILED", {})
     monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from mla_check import (
     DEVICES,
+    BrokenKernel,
     assert_close,
     bounds,
     check_graph_replays,
@@ -133,17 +134,8 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     from servelab.kernels.sparse_mla import splitkv_gluon
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
 
-    tries = []
-
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                tries.append(grid)
-                raise RuntimeError("PassManager::run failed")
-
-            return launch
-
-    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", Broken(), raising=False)
+    broken = BrokenKernel()
+    monkeypatch.setattr(splitkv_gluon, "_sparse_mla_split_gluon_kernel", broken, raising=False)
     monkeypatch.setattr(splitkv_gluon, "FAILED", {})
     if not gluon_here():  # the CPU, or a GPU without Gluon: make the launch reachable
         monkeypatch.setattr(splitkv_gluon, "serves", lambda cfg, q, kv, d_v, tps, drop="": (
@@ -157,12 +149,12 @@ def test_gluon_compile_failure_falls_back_to_the_triton_kernel(device, monkeypat
     with pytest.warns(UserWarning, match="Gluon split kernel did not compile"):
         out, lse = poisoned(b, h, d_v, dtype, device)
         o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
-    assert LAST_PATH["split"] == "16bit" and len(tries) == 1, (LAST_PATH, tries)
+    assert LAST_PATH["split"] == "16bit" and len(broken.tries) == 1, (LAST_PATH, broken.tries)
     assert_close("fallback out", o, out_ex, out_tol)
     assert_close("fallback lse", lg, lse_ex, lse_tol)
     out, lse = poisoned(b, h, d_v, dtype, device)
     o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
-    assert len(tries) == 1, "the failed compile was retried"
+    assert len(broken.tries) == 1, "the failed compile was retried"
     assert_close("fallback again out", o, out_ex, out_tol)
 
 
@@ -176,17 +168,8 @@ def test_ws_compile_failure_is_tried_once(device, monkeypatch):
     from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_ws
     from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
 
-    tries = []
-
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                tries.append(grid)
-                raise RuntimeError("PassManager::run failed")
-
-            return launch
-
-    monkeypatch.setattr(splitkv_gluon_ws, "_sparse_mla_split_gluon_ws_kernel", Broken(),
+    broken = BrokenKernel()
+    monkeypatch.setattr(splitkv_gluon_ws, "_sparse_mla_split_gluon_ws_kernel", broken,
                         raising=False)  # fmt: skip
     monkeypatch.setattr(splitkv_gluon_ws, "HEADS_FIRST", True)
     monkeypatch.setattr(splitkv_gluon, "FAILED", {})
@@ -198,10 +181,10 @@ def test_ws_compile_failure_is_tried_once(device, monkeypatch):
     out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
     with pytest.warns(UserWarning, match="did not compile"):
         o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, num_splits=1)
-    assert LAST_PATH["split"] == "16bit" and len(tries) == 1, (LAST_PATH, tries)
+    assert LAST_PATH["split"] == "16bit" and len(broken.tries) == 1, (LAST_PATH, broken.tries)
     assert_close("ws fallback out", o, out_ex, out_tol)
     o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, num_splits=1)
-    assert len(tries) == 1, "the failed compile was retried"
+    assert len(broken.tries) == 1, "the failed compile was retried"
     assert_close("ws fallback again out", o, out_ex, out_tol)
 
 
@@ -212,15 +195,8 @@ def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch
     from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_ws
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
-    class Broken:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                raise RuntimeError("PassManager::run failed")
-
-            return launch
-
     device = DEVICES[0]  # the default from B = 8 is the warp-specialised kernel
-    monkeypatch.setattr(splitkv_gluon_ws, "_sparse_mla_split_gluon_ws_kernel", Broken(),
+    monkeypatch.setattr(splitkv_gluon_ws, "_sparse_mla_split_gluon_ws_kernel", BrokenKernel(),
                         raising=False)  # fmt: skip
     monkeypatch.setattr(splitkv_gluon, "FAILED", {})
     monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)

@@ -15,6 +15,7 @@ import pytest
 import torch
 from mla_check import (
     DEVICES,
+    BrokenKernel,
     assert_close,
     bounds,
     check_graph_replays,
@@ -265,20 +266,6 @@ def test_serves_few_heads_only(monkeypatch):
     assert not ok(_cfg(16, 2), q16.half(), v32, 512, 32)  # rope dtype != q dtype
 
 
-class _Broken:
-    """Stands in for a kernel: its launch raises as a failed compile does."""
-
-    def __init__(self):
-        self.tries = 0
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.tries += 1
-            raise RuntimeError("PassManager::run failed")
-
-        return launch
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("first", ["config", "default"])
@@ -293,7 +280,7 @@ def test_compile_failure_falls_back_to_a_triton_kernel(device, fp8, first, monke
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     name = "_sparse_mla_split_nh_fp8_kernel" if fp8 else "_sparse_mla_split_nh_kernel"
-    broken = _Broken()
+    broken = BrokenKernel()
     monkeypatch.setattr(splitkv_gluon_nh, name, broken, raising=False)
     monkeypatch.setattr(splitkv_gluon, "FAILED", {})
     # Reachable where Gluon cannot run (the CPU, other GPUs): serves() then checks the rest.
@@ -310,7 +297,7 @@ def test_compile_failure_falls_back_to_a_triton_kernel(device, fp8, first, monke
                 o, lg = splitkv_decode(q, src, idx, 192**-0.5, 128, config=cfg, out=out, lse=lse)
         else:
             o, lg = splitkv_decode(q, src, idx, 192**-0.5, 128, config=cfg, out=out, lse=lse)
-        assert broken.tries == 1, "the failed compile was retried"
+        assert len(broken.tries) == 1, "the failed compile was retried"
         assert LAST_PATH["split"] not in ("16bit_nh", "fp8_nh"), LAST_PATH
         # the nh geometry on a Triton kernel, or the Triton default (NARROW_TP)
         assert LAST_PATH["tile"] == ("16x64" if cfg is not None else "16x32"), LAST_PATH

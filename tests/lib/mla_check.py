@@ -210,3 +210,18 @@ def check_graph_replays(call, q, idx, out, lse, ref_kv, d_v, replays, tag, kv_ro
         assert_close(f"{tag} graph seed {seed} lse", lse, lse_ex, lse_tol)
     del g
     return path
+
+
+class BrokenKernel:
+    """Stands in for a Gluon kernel in the compile-failure tests: its launch raises as a
+    failed compile does and records each try's grid in `tries`."""
+
+    def __init__(self):
+        self.tries = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.tries.append(grid)
+            raise RuntimeError("PassManager::run failed")
+
+        return launch
