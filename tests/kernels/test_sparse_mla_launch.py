@@ -188,6 +188,63 @@ def test_ws_compile_failure_is_tried_once(device, monkeypatch):
     assert_close("ws fallback again out", o, out_ex, out_tol)
 
 
+class _TooBig:
+    """Stands in for the Triton split kernel: a launch with BLOCK_N = `block_n` raises as one
+    needing more shared memory than the GPU has (Triton's OutOfResources), others run."""
+
+    def __init__(self, real, block_n):
+        self.real, self.block_n, self.tiles = real, block_n, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.tiles.append((kwargs["BLOCK_H"], kwargs["BLOCK_N"]))
+            if kwargs["BLOCK_N"] == self.block_n:
+                from triton.runtime.errors import OutOfResources
+
+                raise OutOfResources(264448, 232448, "shared memory")
+            return self.real[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_triton_kernel_on_a_gluon_geometry_that_does_not_fit(device, monkeypatch):
+    """An explicit Gluon config this launch cannot serve runs a Triton kernel on its geometry;
+    where that geometry does not fit the GPU's shared memory (seen on the H200: the few-heads
+    FP8 geometry on the Triton FP8 kernel), the launch must run the Triton default's geometry
+    with a warning, not end in a traceback. An explicit Triton geometry that does not fit is a
+    one-line error naming the geometry. Simulated (no interpreter runs out of memory)."""
+    from servelab.kernels.sparse_mla import splitkv, splitkv_gluon
+    from servelab.kernels.sparse_mla.splitkv import (
+        LAST_PATH,
+        SplitConfig,
+        default_config,
+        nh_config,
+        splitkv_decode,
+    )
+
+    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: False)
+    dtype = torch.float16
+    b, h, d_qk, d_v, topk = 3, 12, 192, 128, 70
+    q, kv, idx = make(device, dtype, b, h, d_qk, topk, seed=4)
+    out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
+    tl_cfg = default_config(b, h, d_qk, dtype, gluon=False)
+    assert tl_cfg.block_n != 64  # (the stand-in fails 64-token tiles only)
+    stand_in = _TooBig(splitkv._sparse_mla_split_kernel, 64)
+    monkeypatch.setattr(splitkv, "_sparse_mla_split_kernel", stand_in)
+    out, lse = poisoned(b, h, d_v, dtype, device)
+    with pytest.warns(UserWarning, match="nh config's geometry does not fit here"):
+        o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=nh_config(h, 3), out=out,
+                               lse=lse)  # fmt: skip
+    want = (tl_cfg.block_h, tl_cfg.block_n)
+    assert stand_in.tiles[0] == (16, 64) and stand_in.tiles[-1] == want, stand_in.tiles
+    assert LAST_PATH["tile"] == f"{tl_cfg.block_h}x{tl_cfg.block_n}", LAST_PATH
+    assert_close("too-big fallback out", o, out_ex, out_tol)
+    assert_close("too-big fallback lse", lg, lse_ex, lse_tol)
+    with pytest.raises(ValueError, match=r"geometry \(tiles 16x64, 2 stages\) needs more shared"):
+        splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=SplitConfig(16, 64, 4, 2))
+
+
 def test_default_gluon_that_fails_to_compile_runs_the_triton_default(monkeypatch):
     """With no config, a Gluon compile failure must fall back to the tl kernel's own default
     geometry for that shape (16-head tiles for H = 32), not run the Gluon tile (64 heads) on

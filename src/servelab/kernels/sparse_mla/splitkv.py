@@ -22,11 +22,13 @@ lse_s = -inf, which the merge weighs with exp(-inf) = 0).
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from . import merge as merge_mod
 from . import splitkv_gluon, splitkv_gluon_fp8, splitkv_gluon_nh, splitkv_gluon_ws
@@ -401,52 +403,71 @@ def splitkv_decode(
                      tile=f"{cfg.block_h}x{cfg.block_n}")  # fmt: skip
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
-    if gluon:
-        pass  # launched above, before LAST_PATH: a failed compile falls back to the tl kernel
-    elif rp:
-        d_tail = d_qk - d_v
-        LAST_COMPILED["split"] = _sparse_mla_split_rp_kernel[grid](
-            q, kv_main, indices, o_dst, lse_dst, h, topk, tiles_per_split,
-            q.stride(0), q.stride(1), kv_main.stride(0), indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
-            D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_DV=block_dv,
-            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), F32_DOT=f32_dot,
-            PDL_TRIGGER=common["PDL_TRIGGER"], num_warps=cfg.num_warps, num_stages=1,
-        )  # fmt: skip
-    elif chunked:
-        d_rope = d_qk - kv_cache.d_fp8
-        LAST_COMPILED["split"] = _sparse_mla_split_fp8_kernel[grid](
-            q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
-            h, topk, tiles_per_split,
-            q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
-            indices.stride(0), *strides,
-            sm_scale * LOG2E,
-            D_V=d_v, D_FP8=kv_cache.d_fp8, CW=kv_cache.tile,
-            N_CH=kv_cache.d_fp8 // kv_cache.tile, D_ROPE=d_rope,
-            BLOCK_R=max(triton.next_power_of_2(d_rope), 16),
-            ROPE_IN_V=kv_cache.d_fp8 < d_v,
-            **common,
-        )  # fmt: skip
-    else:
-        d_tail = d_qk - d_v
-        tile = kv_cache.tile if fp8 else 16
-        LAST_COMPILED["split"] = _sparse_mla_split_kernel[grid](
-            q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
-            h, topk, tiles_per_split,
-            q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
-            indices.stride(0), *strides,
-            sm_scale * LOG2E,
-            D_V=d_v,
-            D_TAIL=d_tail,
-            BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
-            DROP_QK=drop == "qk",
-            DROP_PV=drop == "pv",
-            FP8=fp8,
-            D_FP8=kv_cache.d_fp8 if fp8 else 0,
-            SCALE_TILE=tile,
-            N_SCALES=max(block_dv // tile, 1),
-            **common,
-        )  # fmt: skip
+    try:
+        if gluon:
+            pass  # launched above, before LAST_PATH: a failed compile falls back to the tl kernel
+        elif rp:
+            d_tail = d_qk - d_v
+            LAST_COMPILED["split"] = _sparse_mla_split_rp_kernel[grid](
+                q, kv_main, indices, o_dst, lse_dst, h, topk, tiles_per_split,
+                q.stride(0), q.stride(1), kv_main.stride(0), indices.stride(0),
+                so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E,
+                D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, BLOCK_DV=block_dv,
+                BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), F32_DOT=f32_dot,
+                PDL_TRIGGER=common["PDL_TRIGGER"], num_warps=cfg.num_warps, num_stages=1,
+            )  # fmt: skip
+        elif chunked:
+            d_rope = d_qk - kv_cache.d_fp8
+            LAST_COMPILED["split"] = _sparse_mla_split_fp8_kernel[grid](
+                q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
+                h, topk, tiles_per_split,
+                q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
+                indices.stride(0), *strides,
+                sm_scale * LOG2E,
+                D_V=d_v, D_FP8=kv_cache.d_fp8, CW=kv_cache.tile,
+                N_CH=kv_cache.d_fp8 // kv_cache.tile, D_ROPE=d_rope,
+                BLOCK_R=max(triton.next_power_of_2(d_rope), 16),
+                ROPE_IN_V=kv_cache.d_fp8 < d_v,
+                **common,
+            )  # fmt: skip
+        else:
+            d_tail = d_qk - d_v
+            tile = kv_cache.tile if fp8 else 16
+            LAST_COMPILED["split"] = _sparse_mla_split_kernel[grid](
+                q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
+                h, topk, tiles_per_split,
+                q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
+                indices.stride(0), *strides,
+                sm_scale * LOG2E,
+                D_V=d_v,
+                D_TAIL=d_tail,
+                BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
+                DROP_QK=drop == "qk",
+                DROP_PV=drop == "pv",
+                FP8=fp8,
+                D_FP8=kv_cache.d_fp8 if fp8 else 0,
+                SCALE_TILE=tile,
+                N_SCALES=max(block_dv // tile, 1),
+                **common,
+            )  # fmt: skip
+    except OutOfResources as e:
+        # A Triton kernel on a geometry made for a Gluon kernel (an explicit Gluon config that
+        # this launch could not serve, or whose compile failed) can need more shared memory
+        # than the GPU has (the few-heads FP8 geometry on the Triton FP8 kernel: 264 KB at
+        # V4-Flash's H 32 slice, H200): run the Triton default's own geometry instead. An
+        # explicit Triton geometry that does not fit is the caller's to change.
+        if cfg.kernel not in GLUON_KERNELS:
+            raise ValueError(
+                f"the split kernel's geometry (tiles {cfg.block_h}x{cfg.block_n}, "
+                f"{cfg.num_stages} stages) needs more shared memory than this GPU has ({e}); "
+                "use smaller tiles or fewer stages") from None  # fmt: skip
+        tl_cfg = default_config(b, h, d_qk, q.dtype, kv_cache.tile if fp8 else None, gluon=False)
+        warnings.warn(f"sparse MLA: the Triton kernel on the {cfg.kernel} config's geometry "
+                      f"does not fit here ({e}); using the Triton default's",
+                      stacklevel=2)  # fmt: skip
+        return splitkv_decode(q, kv_cache, indices, sm_scale, d_v, num_splits=asked_splits,
+                              config=tl_cfg, out=out, lse=lse, drop=drop,
+                              workspace=workspace if asked_splits else None)  # fmt: skip
     if not single and not fused:
         LAST_COMPILED["combine"] = merge_mod.launch_merge((o_dst, lse_dst), out, lse,
                                                           pdl=merge == "pdl")  # fmt: skip
