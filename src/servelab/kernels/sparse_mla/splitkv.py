@@ -403,6 +403,10 @@ def splitkv_decode(
                      tile=f"{cfg.block_h}x{cfg.block_n}")  # fmt: skip
     final = (out, lse, cnt if fused else lse)
     strides = (so[0], so[1], so[2], sl[0], sl[1], out.stride(0), out.stride(1), lse.stride(0))
+    # (the leading arguments of the Triton split kernels, 16-bit and FP8)
+    shared_args = (q, kv_main, scale, rope, indices, o_dst, lse_dst, *final, h, topk,
+                   tiles_per_split, q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0),
+                   rope.stride(0), indices.stride(0), *strides, sm_scale * LOG2E)  # fmt: skip
     try:
         if gluon:
             pass  # launched above, before LAST_PATH: a failed compile falls back to the tl kernel
@@ -419,11 +423,7 @@ def splitkv_decode(
         elif chunked:
             d_rope = d_qk - kv_cache.d_fp8
             LAST_COMPILED["split"] = _sparse_mla_split_fp8_kernel[grid](
-                q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
-                h, topk, tiles_per_split,
-                q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
-                indices.stride(0), *strides,
-                sm_scale * LOG2E,
+                *shared_args,
                 D_V=d_v, D_FP8=kv_cache.d_fp8, CW=kv_cache.tile,
                 N_CH=kv_cache.d_fp8 // kv_cache.tile, D_ROPE=d_rope,
                 BLOCK_R=max(triton.next_power_of_2(d_rope), 16),
@@ -434,11 +434,7 @@ def splitkv_decode(
             d_tail = d_qk - d_v
             tile = kv_cache.tile if fp8 else 16
             LAST_COMPILED["split"] = _sparse_mla_split_kernel[grid](
-                q, kv_main, scale, rope, indices, o_dst, lse_dst, *final,
-                h, topk, tiles_per_split,
-                q.stride(0), q.stride(1), kv_main.stride(0), scale.stride(0), rope.stride(0),
-                indices.stride(0), *strides,
-                sm_scale * LOG2E,
+                *shared_args,
                 D_V=d_v,
                 D_TAIL=d_tail,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
