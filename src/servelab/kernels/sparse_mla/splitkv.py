@@ -50,6 +50,7 @@ from .splitkv_config import (  # noqa: F401 - re-exported: the launch geometry l
     nh_config,
     resolve_merge,
 )
+from .splitkv_gluon import num_sms as _num_sms
 from .splitkv_rp import _sparse_mla_split_rp_kernel
 
 if TYPE_CHECKING:
@@ -248,12 +249,6 @@ def _sparse_mla_split_kernel(
                              stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
                              stride_fob, stride_foh, stride_flb,
                              D_V, BLOCK_H, BLOCK_DV, BLOCK_S)  # fmt: skip
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 8  # interpreter: any small number; only exercises the multi-split path
 
 
 def _fp8_chunkable(cache: Fp8KVCache, d_v: int) -> bool:

@@ -367,6 +367,13 @@ def consts(cfg: SplitConfig, d_v: int, d_tail: int, tiles_per_split: int, drop: 
                 DROP=DROPS[drop])  # fmt: skip
 
 
+def num_sms(device: torch.device) -> int:
+    """The device's SM count (the split count and the grid order are chosen from it)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # interpreter: any small number; only exercises the multi-split path
+
+
 MAX_GRID_Y = 65535  # CUDA's limit on a grid's second axis
 
 
@@ -380,9 +387,7 @@ def grid_order(kc: dict, grid: tuple, device: torch.device) -> tuple:
     (H200, tenth follow-up). So HB_FAST is cleared in kc where there is one head block, where
     the programs fit in one wave (one per SM of `device`), and past MAX_GRID_Y requests."""
     b, n_hb, n_s = grid
-    n_sms = torch.cuda.get_device_properties(device).multi_processor_count if (
-        device.type == "cuda") else 1  # (a launch simulated off the GPU, in the tests)
-    if kc.get("HB_FAST") and (n_hb == 1 or b * n_hb * n_s <= n_sms or b > MAX_GRID_Y):
+    if kc.get("HB_FAST") and (n_hb == 1 or b * n_hb * n_s <= num_sms(device) or b > MAX_GRID_Y):
         kc["HB_FAST"] = False
     return (n_hb, b, n_s) if kc.get("HB_FAST") else grid
 
