@@ -50,7 +50,14 @@ if AVAILABLE:
         _split_tiles,
         _store_lse,
     )
-    from .splitkv_gluon_fp8 import _fp8_refill, _fp8_ring_start, _fp8_stage, _q_landing
+    from .splitkv_gluon_fp8 import (
+        _fp8_refill,
+        _fp8_regs,
+        _fp8_ring_layout,
+        _fp8_ring_start,
+        _fp8_stage,
+        _q_landing,
+    )
 
     @gluon.jit
     def _score_t(kv_j, kt_j, q_smem, qt_smem, s_zero, D_TAIL: gl.constexpr, DROP: gl.constexpr):
@@ -255,8 +262,7 @@ if AVAILABLE:
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         D_TAIL: gl.constexpr = 0 if ROPE_IN_V else D_ROPE
-        l8: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (CW // 16), CW // 16],
-                                            [num_warps, 1], [1, 0])  # fmt: skip
+        l8: gl.constexpr = _fp8_regs(CW, num_warps)
         lr: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D_ROPE // 8), D_ROPE // 8],
                                             [num_warps, 1], [1, 0])  # fmt: skip
         ls: gl.constexpr = gl.BlockedLayout([1, 1], [32 // NSC, NSC], [num_warps, 1], [1, 0])
@@ -292,7 +298,7 @@ if AVAILABLE:
             qt_smem = q_smem
         cp.commit_group()
         d8_ring = gl.allocate_shared_memory(d8_ptr.dtype.element_ty, [NBUF * NCH, BLOCK_N, CW],
-                                            flat)  # fmt: skip
+                                            _fp8_ring_layout(CW))  # fmt: skip
         rope_ring = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_ROPE], sh_r)
         sc_ring = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N, NSC], flat)
         p_smem = gl.allocate_shared_memory(cdt, [BLOCK_N, BLOCK_H], sh_p)
