@@ -22,6 +22,10 @@
   interleaved over rounds: does running a request's head-block programs side by side, so
   that one finds the other's rows in L2, pay? (``--ncu``: each order's call twice, untimed,
   to run under Nsight Compute for the DRAM bytes.)
+- ``once``: the default call on the 16-bit cache and (``--fp8``) the FP8 one, each twice
+  (the first compiles), untimed, each result first checked: a target for a profiler, e.g.
+  ``ncu --kernel-name regex:split --launch-skip-before-match 0 --section SpeedOfLight
+  --section MemoryWorkloadAnalysis_Tables python3 ... once --fp8 --shapes v3.2-tp8-h16``.
 
     PYTHONPATH=src python3 benchmarks/bench_sparse_mla_probes.py profile \\
         --shapes v4-flash,v4-pro --batches 16,32,64,128 [--waves 0.5]
@@ -538,6 +542,27 @@ def grid_order(args) -> None:
     _rounds_table(args, labels, times, labels[0])
 
 
+def once(args) -> None:
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv
+    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+
+    for name, shape, kv, scale, b, sets, ref in _cells(args):
+        q0, i0 = sets[0]
+        kinds = [("bf16", kv, ref)]
+        if args.fp8:
+            cache = bsm.fp8_cache(shape, kv)
+            want = sparse_mla_decode_reference(q0, dequantize_kv(cache).to(kv.dtype), i0, scale,
+                                               shape.d_v, out_dtype=torch.float32)  # fmt: skip
+            kinds.append(("fp8", cache, want))
+        for kind, cache_or_kv, want in kinds:
+            for _ in range(2):
+                out, lse = splitkv_decode(q0, cache_or_kv, i0, scale, shape.d_v)
+            torch.cuda.synchronize()
+            _check_reference(out, lse, want, f"{name} B={b} {kind}")
+            print(f"{name} B={b} {kind}: {LAST_PATH}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="probe", required=True)
@@ -587,17 +612,22 @@ def main(argv: list[str]) -> int:
                         "lts__t_sector_hit_rate.pct,gpu__time_duration.sum python3 ...")  # fmt: skip
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--reps", type=int, default=30)
+    p = sub.add_parser("once", help="the default call (and --fp8 the FP8 one) twice, untimed, "
+                       "for a profiler")  # fmt: skip
+    p.add_argument("--shapes", default="v3.2-tp8-h16")
+    p.add_argument("--batches", default="128")
+    p.add_argument("--fp8", action="store_true", help="also the FP8 cache's default")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("these probes time CUDA kernels: run them on a machine with an NVIDIA GPU")
     by_shape = {s.name for s in bsm.SHAPES}
-    if args.probe in ("profile", "merge-trace", "split-trace", "grid-order"):
+    if args.probe in ("profile", "merge-trace", "split-trace", "grid-order", "once"):
         unknown = set(args.shapes.split(",")) - by_shape
         if unknown:
             ap.error(f"unknown shape(s) {sorted(unknown)}; choose from {sorted(by_shape)}")
     {"profile": profile, "gather": gather, "stride": stride,
      "graph-shape": graph_shape, "merge-trace": merge_trace,
-     "split-trace": split_trace, "grid-order": grid_order}[args.probe](args)  # fmt: skip
+     "split-trace": split_trace, "grid-order": grid_order, "once": once}[args.probe](args)  # fmt: skip
     return 0
 
 
