@@ -78,7 +78,8 @@ if AVAILABLE:
     def _fp8_ring_layout(cw):
         """The e4m3 ring's shared layout for _fp8_regs: with 4 threads a row, the two rows of an
         8-thread phase would hit the same banks of 128-byte rows; swapping odd rows' 64-byte
-        halves puts them side by side (128-column chunks only; 64 columns stay unswizzled)."""
+        halves puts them side by side (chunks wider than 64 columns; 64 columns stay
+        unswizzled). tests/kernels/test_sparse_mla_fp8_gluon.py models both layouts' banks."""
         if cw > 64:
             return gl.SwizzledSharedLayout(64, 1, cw // 64, [1, 0])
         return gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
