@@ -235,6 +235,15 @@ def _cells(args, seed: int | None = None, reference: bool = True):
         torch.cuda.empty_cache()
 
 
+def _fp8_reference(cache, kv, q, indices, scale, d_v):
+    """The fp32 reference on the dequantised FP8 cache (what an FP8 kernel is checked against)."""
+    from servelab.kernels.sparse_mla.fp8 import dequantize_kv
+    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+
+    return sparse_mla_decode_reference(q, dequantize_kv(cache).to(kv.dtype), indices, scale, d_v,
+                                       out_dtype=torch.float32)  # fmt: skip
+
+
 def _check_reference(out, lse, ref, what: str) -> None:
     """As the geometry bench checks a cell: out's relative error against the fp32 reference
     (bf16 P and partials: ~2e-3) <= 1e-2 and lse within 1e-3; else stop, naming the cell."""
@@ -490,8 +499,6 @@ def split_trace(args) -> None:
 
 def grid_order(args) -> None:
     from servelab.kernels.sparse_mla import splitkv_gluon_fp8, splitkv_gluon_ws
-    from servelab.kernels.sparse_mla.fp8 import dequantize_kv
-    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     mods = (splitkv_gluon_ws, splitkv_gluon_fp8)
@@ -518,8 +525,7 @@ def grid_order(args) -> None:
                 want = ref
                 if kind == "fp8":  # the reference on the dequantised cache
                     q0, i0 = sets[0]
-                    want = sparse_mla_decode_reference(q0, dequantize_kv(cache).to(kv.dtype), i0,
-                                                       scale, shape.d_v, out_dtype=torch.float32)  # fmt: skip
+                    want = _fp8_reference(cache, kv, q0, i0, scale, shape.d_v)
                 for first in (False, True):
                     for m in mods:
                         m.HEADS_FIRST = first
@@ -543,8 +549,6 @@ def grid_order(args) -> None:
 
 
 def once(args) -> None:
-    from servelab.kernels.sparse_mla.fp8 import dequantize_kv
-    from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     for name, shape, kv, scale, b, sets, ref in _cells(args):
@@ -552,8 +556,7 @@ def once(args) -> None:
         kinds = [("bf16", kv, ref)]
         if args.fp8:
             cache = bsm.fp8_cache(shape, kv)
-            want = sparse_mla_decode_reference(q0, dequantize_kv(cache).to(kv.dtype), i0, scale,
-                                               shape.d_v, out_dtype=torch.float32)  # fmt: skip
+            want = _fp8_reference(cache, kv, q0, i0, scale, shape.d_v)
             kinds.append(("fp8", cache, want))
         for kind, cache_or_kv, want in kinds:
             for _ in range(2):
