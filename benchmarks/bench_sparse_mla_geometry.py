@@ -55,13 +55,13 @@ def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
     if dflt.kernel != "gluon":
         out["gluon"] = GLUON_WIDE  # the one-partition Gluon kernel (the default before ws)
     if shape.heads <= 32:  # the few-heads kernel (heads on wgmma N), the ring depths that fit
-        from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_nh
+        from servelab.kernels.sparse_mla import gluon_common, gluon_nh
 
         for nbuf in (2, 3):
             cfg = nh_config(shape.heads, nbuf)
-            kc = splitkv_gluon.consts(cfg, shape.d_v, shape.d_qk - shape.d_v,
+            kc = gluon_common.consts(cfg, shape.d_v, shape.d_qk - shape.d_v,
                                       -(-shape.topk // cfg.block_n), "")  # fmt: skip
-            fits = splitkv_gluon_nh.smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT
+            fits = gluon_nh.smem_bytes(kc) <= gluon_common.SMEM_LIMIT
             if fits and cfg != dflt:
                 out[f"nh-nb{nbuf}"] = cfg
     return out

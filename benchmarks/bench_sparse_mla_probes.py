@@ -15,7 +15,7 @@
   interleaved over rounds.
 - ``split-trace``: inside the ws split kernel (mid and large B), when each program's phases
   happen (globaltimer stamps: entry, q, the first indices, each tile's landing, score dot,
-  P V, the stores; splitkv_gluon_ws.TRACE_LAYOUT), summarised as medians over programs, with
+  P V, the stores; gluon_ws.TRACE_LAYOUT), summarised as medians over programs, with
   the call's time; ``--drops gather,dots`` traces the diagnostics too.
 - ``grid-order``: the default call (16-bit cache, and with ``--fp8`` the FP8 one) with the Gluon
   kernels' grid as (B, head blocks, splits) and as (head blocks, B, splits) (HEADS_FIRST),
@@ -339,8 +339,8 @@ def _split_trace_summary(tr: torch.Tensor, n_local: torch.Tensor) -> dict:
     for the per-tile steps (torch's median: the lower middle value); "span" and
     "entry_spread" from the first entry to the last store / the last entry.
     tr: [programs, TRACE_COLS] int64 (-1 where unstamped); n_local: tiles per program."""
-    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_LAYOUT as L
-    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_TILES
+    from servelab.kernels.sparse_mla.gluon_ws import TRACE_LAYOUT as L
+    from servelab.kernels.sparse_mla.gluon_ws import TRACE_TILES
 
     # Stamps are ~1.8e18 ns: relative to the first entry before leaving int64 (a float64 of
     # the absolute time rounds to 256 ns).
@@ -391,7 +391,7 @@ SPLIT_TRACE_COLS = ("span", "program", "entry_spread", "idx0", "q", "ready0", "l
                     "land_gap", "qk", "softmax_pv", "wait", "store", "second_store")  # fmt: skip
 
 
-# split-trace variants: label -> the ws module switches (splitkv_gluon_ws) they set.
+# split-trace variants: label -> the ws module switches (gluon_ws) they set.
 WS_VARIANTS = {
     "default": {},
     "direct": {"STAGED_STORES": False},  # O stored from the accumulator's layout
@@ -416,7 +416,7 @@ def _ws_variant(label: str) -> tuple[dict, dict]:
 
 
 def split_trace(args) -> None:
-    from servelab.kernels.sparse_mla import splitkv_gluon_ws as ws
+    from servelab.kernels.sparse_mla import gluon_ws as ws
     from servelab.kernels.sparse_mla.splitkv import (
         GLUON_WS,
         LAST_PATH,
@@ -498,10 +498,10 @@ def split_trace(args) -> None:
 
 
 def grid_order(args) -> None:
-    from servelab.kernels.sparse_mla import splitkv_gluon_fp8, splitkv_gluon_ws
+    from servelab.kernels.sparse_mla import gluon_fp8, gluon_ws
     from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
-    mods = (splitkv_gluon_ws, splitkv_gluon_fp8)
+    mods = (gluon_ws, gluon_fp8)
     saved = [m.HEADS_FIRST for m in mods]
     kinds = ["bf16"] + (["fp8"] if args.fp8 else [])
     labels = [f"{k}-{o}" for k in kinds for o in ("bfirst", "hfirst")]
@@ -510,13 +510,13 @@ def grid_order(args) -> None:
         try:
             for name, shape, kv, scale, b, sets, _ in _cells(args, reference=False):
                 for first in (False, True):
-                    splitkv_gluon_ws.HEADS_FIRST = first
+                    gluon_ws.HEADS_FIRST = first
                     for _ in range(2):
                         splitkv_decode(sets[0][0], kv, sets[0][1], scale, shape.d_v)
                     torch.cuda.synchronize()
                     print(f"{name} B={b} heads_first={first}: {LAST_PATH}", flush=True)
         finally:
-            splitkv_gluon_ws.HEADS_FIRST = saved[0]
+            gluon_ws.HEADS_FIRST = saved[0]
         return
     try:
         for name, shape, kv, scale, b, sets, ref in _cells(args):

@@ -7,7 +7,6 @@ test_sparse_mla_launch.py."""
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import replace
 
 import pytest
@@ -47,11 +46,18 @@ def _run_and_check(variant, q, kv, idx, d_v, num_splits=None):
     b, h, d_qk = q.shape
     sm_scale = d_qk**-0.5
     out, lse = poisoned(b, h, d_v, dtype, q.device)
-    got_o, got_l = sparse_mla_decode(
-        q, kv, idx, sm_scale, d_v, variant=variant, num_splits=num_splits, out=out, lse=lse
-    )
+    p16 = False
+    if variant == "splitkv":  # the public call's default, through the call that records it
+        from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+
+        run = splitkv_launch(q, kv, idx, sm_scale, d_v, num_splits=num_splits, out=out, lse=lse)
+        got_o, got_l, p16 = run.out, run.lse, partials_rounded(run.ran)
+        # a default rule ran; only Gluon rules are skipped, and only where Gluon cannot run
+        assert run.ran.rule is not None and (not run.ran.skipped or not gluon_here()), run.ran
+    else:
+        got_o, got_l = sparse_mla_decode(q, kv, idx, sm_scale, d_v, variant=variant,
+                                         num_splits=num_splits, out=out, lse=lse)  # fmt: skip
     assert got_o.data_ptr() == out.data_ptr() and got_o.dtype == dtype
-    p16 = variant not in ("naive", "reference") and partials_rounded()  # (a default config's)
     out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, sm_scale, d_v, dtype,
                                               partial_rounded=p16)  # fmt: skip
     assert_close(f"{variant} out", got_o, out_ex, out_tol)
@@ -95,7 +101,8 @@ def test_duplicates_and_all_padding_rows(device, variant):
 def test_split_counts_agree(device):
     """Any split count, including more splits than tiles (empty splits), gives the exact
     result within tolerance; partial buffers are NaN-poisoned so an unwritten one shows."""
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100  # 4 tiles of 32 (7 of 16)
@@ -103,33 +110,30 @@ def test_split_counts_agree(device):
     idx[1, :50] = -1  # the first splits of request 1 see only padding
     out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
     cfgs = [SplitConfig(block_h=16, block_n=32, num_warps=4, prefetch_idx=p) for p in (1, 0)]
-    cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="rp"))
-    if gluon_here():  # Gluon has no interpreter; both ring depths at a toy shape
-        cfgs += [SplitConfig(64, 16, 8, 3, kernel="gluon"),
-                 SplitConfig(64, 16, 8, 2, kernel="gluon")]
+    cfgs.append(SplitConfig(block_h=16, block_n=16, num_warps=4, kernel="triton_rp"))
     for cfg, splits in [(c, s) for c in cfgs for s in (1, 2, 3, 4, 6, 7)]:
         out, lse = poisoned(b, h, d_v, dtype, device)
         ws = (
             torch.full((b, splits, h, d_v), float("nan"), device=device),
             torch.full((b, splits, h), float("nan"), device=device),
         )
-        o, lg = splitkv_decode(
+        run = splitkv_launch(
             q, kv, idx, d_qk**-0.5, d_v, num_splits=splits, config=cfg, out=out, lse=lse,
             workspace=ws if splits > 1 else None,
         )  # fmt: skip
-        assert_close(f"{cfg} splits={splits} out", o, out_ex, out_tol)
-        assert_close(f"{cfg} splits={splits} lse", lg, lse_ex, lse_tol)
-        assert LAST_PATH["split"] == {"rp": "16bit_rp", "gluon": "16bit_gluon"}.get(
-            cfg.kernel, "16bit"), LAST_PATH  # fmt: skip
+        assert_close(f"{cfg} splits={splits} out", run.out, out_ex, out_tol)
+        assert_close(f"{cfg} splits={splits} lse", run.lse, lse_ex, lse_tol)
+        assert (run.ran.variant, run.ran.num_splits, run.ran.rule) == (cfg.kernel, splits, None)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_16_bit_partials(device):
     """partial_dtype="input": partials rounded to q's dtype (half the bytes the merge moves),
-    with every merge and both FP8 kernels; the bound adds u_in M for that rounding. Also: a
-    partial buffer of the wrong dtype is refused."""
+    with both FP8 Triton kernels; the bound adds u_in M for that rounding. Also: a partial
+    buffer of the wrong dtype is refused."""
+    from servelab.kernels.sparse_mla.dispatch import splitkv_decode, splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
+    from servelab.kernels.sparse_mla.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100
@@ -140,19 +144,17 @@ def test_16_bit_partials(device):
         fp8 = src is cache
         ex_o, ex_l, tol_o, tol_l = bounds(q, kv_ref, idx, d_qk**-0.5, d_v, dtype,
                                            kv_rounded=fp8, partial_rounded=True)  # fmt: skip
-        for merge_mode in ("kernel", "fused"):
-            for chunked in (True, False) if fp8 else (True,):
-                cfg = SplitConfig(16, 32, 4, merge=merge_mode, partial_dtype="input",
-                                  fp8_chunked=chunked)  # fmt: skip
-                out, lse = poisoned(b, h, d_v, dtype, device)
-                o, lg = splitkv_decode(q, src, idx, d_qk**-0.5, d_v, num_splits=3, config=cfg,
-                                       out=out, lse=lse)  # fmt: skip
-                tag = f"16-bit partials fp8={fp8} {merge_mode} chunked={chunked}"
-                want = "fp8_chunked" if fp8 and chunked else "fp8_reshape" if fp8 else "16bit"
-                assert LAST_PATH == {"split": want, "merge": merge_mode, "partials": "float16",
-                                     "tile": "16x32"}, (tag, LAST_PATH)  # fmt: skip
-                assert_close(f"{tag} out", o, ex_o, tol_o)
-                assert_close(f"{tag} lse", lg, ex_l, tol_l)
+        for kernel in ("triton_fp8_chunked", "triton") if fp8 else ("triton",):
+            cfg = SplitConfig(16, 32, 4, merge="kernel", partial_dtype="input", kernel=kernel)
+            out, lse = poisoned(b, h, d_v, dtype, device)
+            run = splitkv_launch(q, src, idx, d_qk**-0.5, d_v, num_splits=3, config=cfg,
+                                 out=out, lse=lse)  # fmt: skip
+            tag = f"16-bit partials fp8={fp8} {kernel}"
+            r = run.ran
+            assert (r.variant, r.merge, r.partials, r.tile) == (kernel, "kernel", "float16",
+                                                                "16x32"), (tag, r)  # fmt: skip
+            assert_close(f"{tag} out", run.out, ex_o, tol_o)
+            assert_close(f"{tag} lse", run.lse, ex_l, tol_l)
     bad = (torch.empty(b, 3, h, d_v, dtype=torch.bfloat16, device=device),
            torch.empty(b, 3, h, device=device))  # fmt: skip
     with pytest.raises(ValueError, match="workspace"):
@@ -163,7 +165,8 @@ def test_16_bit_partials(device):
 def test_many_splits_combine_in_column_slices(device):
     """200 splits over 4 tiles (196 empty): the combine then works in 32-column slices of
     d_v = 64, so both slices and the empty-split weighting are exercised."""
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig, splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
+    from servelab.kernels.sparse_mla.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 3, 80, 64, 100
@@ -262,16 +265,13 @@ def test_merge_trace_records_every_program():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_fused_and_pdl_merges_match_and_reset_counters(device):
-    """merge="fused": the last split program of each (request, head block), found with an
-    atomic counter, merges. Several split counts (6 > 4 tiles: empty splits), two head
-    blocks, padding, an all-padding request and a request whose first splits see only
-    padding; every call repeated on the same poisoned buffers. Each call must match the exact
-    result, and the counters must be back at 0 after every call (no memset between calls).
-    merge="pdl" (the merge kernel as a programmatic dependent; the plain kernel in the
-    interpreter) must match too."""
-    from servelab.kernels.sparse_mla import merge
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, SplitConfig, splitkv_decode
+def test_pdl_merge_matches(device):
+    """merge="pdl" (the merge kernel as a programmatic dependent; the plain kernel in the
+    interpreter): several split counts (6 > 4 tiles: empty splits), two head blocks,
+    padding, an all-padding request and a request whose first splits see only padding;
+    every call repeated on the same poisoned buffers, each against the exact result."""
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 100  # 4 tiles of 32; H 20 = two 16-head blocks
@@ -279,28 +279,24 @@ def test_fused_and_pdl_merges_match_and_reset_counters(device):
     idx[1] = -1
     idx[2, :70] = -1
     out_ex, lse_ex, out_tol, lse_tol = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
-    for mode in ("fused", "pdl"):
-        cfg = SplitConfig(block_h=16, block_n=32, num_warps=4, merge=mode)
-        for splits in (1, 2, 3, 4, 6, 2):
-            for rep in range(2):
-                out, lse = poisoned(b, h, d_v, dtype, device)
-                ws = (
-                    torch.full((b, splits, h, d_v), float("nan"), device=device),
-                    torch.full((b, splits, h), float("nan"), device=device),
-                )
-                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, num_splits=splits,
-                                       config=cfg, out=out, lse=lse, workspace=ws)  # fmt: skip
-                tag = f"{mode} splits={splits} rep={rep}"
-                # on the CPU "pdl" runs as the plain merge kernel (no griddepcontrol there)
-                want = "single" if splits == 1 else "kernel" if mode == "pdl" and (
-                    device == "cpu") else mode  # fmt: skip
-                assert LAST_PATH["merge"] == want, (tag, LAST_PATH)
-                assert_close(f"{tag} out", o, out_ex, out_tol)
-                assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
-                assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1])), tag
-                if mode == "fused":
-                    cnt = merge.counters(q.device, b * 2)
-                    assert int(cnt.abs().sum()) == 0, f"{tag}: counters not reset: {cnt[:6]}"
+    cfg = SplitConfig(block_h=16, block_n=32, num_warps=4, merge="pdl")
+    for splits in (1, 2, 3, 4, 6, 2):
+        for rep in range(2):
+            out, lse = poisoned(b, h, d_v, dtype, device)
+            ws = (
+                torch.full((b, splits, h, d_v), float("nan"), device=device),
+                torch.full((b, splits, h), float("nan"), device=device),
+            )
+            run = splitkv_launch(q, kv, idx, d_qk**-0.5, d_v, num_splits=splits, config=cfg,
+                                 out=out, lse=lse, workspace=ws)  # fmt: skip
+            o, lg = run.out, run.lse
+            tag = f"pdl splits={splits} rep={rep}"
+            # on the CPU "pdl" runs as the plain merge kernel (no griddepcontrol there)
+            want = "single" if splits == 1 else "kernel" if device == "cpu" else "pdl"
+            assert run.ran.merge == want, (tag, run.ran)
+            assert_close(f"{tag} out", o, out_ex, out_tol)
+            assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
+            assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1])), tag
 
 
 # H200, 2026-11-29, `bench_sparse_mla.py --compare` (us per call, two kernels vs PDL):
@@ -318,26 +314,27 @@ MEASURED_MERGE = {
 }  # fmt: skip
 
 
-def test_default_merge_picks_the_measured_faster(monkeypatch):
-    from servelab.kernels.sparse_mla import merge
-    from servelab.kernels.sparse_mla.splitkv import choose_num_splits as choose
-    from servelab.kernels.sparse_mla.splitkv import default_config, resolve_merge
+def test_default_merge_picks_the_measured_faster():
+    """The defaults file's `[merge]` rule, applied to the Triton defaults the timings were
+    taken with, picks PDL or the plain merge kernel as measured (or within 0.5%)."""
+    from servelab.kernels.sparse_mla.defaults import default_config, load
+    from servelab.kernels.sparse_mla.geometry import choose_num_splits as choose
+    from servelab.kernels.sparse_mla.geometry import resolve_merge
 
-    monkeypatch.setattr(merge, "pdl_supported", lambda device: True)
+    policy = load().merge
     for (h, topk, b), (k_us, p_us) in MEASURED_MERGE.items():
         d_qk = 576 if topk == 2048 else 512
-        cfg = default_config(b, h, d_qk, torch.bfloat16, gluon=False)  # the table's kernels
+        cfg = default_config(b, h, d_qk, gluon=False)  # the table's kernels
         s = choose(b, h, topk, cfg, 132)
-        got = resolve_merge(cfg, b, h, s, 132, torch.device("cuda"))
+        got = resolve_merge(cfg, b, h, s, 132, policy, pdl_ok=True)
         chosen, other = (p_us, k_us) if got == "pdl" else (k_us, p_us)
         assert got in ("pdl", "kernel") and chosen <= other * 1.005, (h, topk, b, got)
     # Forced choices are kept; one split needs no merge; no PDL without the hardware.
-    cfg = default_config(1, 64, 512, torch.bfloat16)
-    for m in ("kernel", "pdl", "fused"):
-        assert resolve_merge(replace(cfg, merge=m), 1, 64, 20, 132, torch.device("cuda")) == m
-    assert resolve_merge(cfg, 1, 64, 1, 132, torch.device("cuda")) == "none"
-    monkeypatch.setattr(merge, "pdl_supported", lambda device: False)
-    assert resolve_merge(replace(cfg, merge="pdl"), 1, 64, 20, 132, torch.device("cpu")) == "kernel"
+    cfg = default_config(1, 64, 512)
+    for m in ("kernel", "pdl"):
+        assert resolve_merge(replace(cfg, merge=m), 1, 64, 20, 132, policy, True) == m
+    assert resolve_merge(cfg, 1, 64, 1, 132, policy, True) == "single"
+    assert resolve_merge(replace(cfg, merge="pdl"), 1, 64, 20, 132, policy, False) == "kernel"
 
 
 # Same run, FP8: (H, scale tile, B) -> (reshape kernel us, per-chunk kernel us).
@@ -350,33 +347,17 @@ MEASURED_FP8 = {
 
 
 def test_default_fp8_kernel_is_the_measured_faster():
-    from servelab.kernels.sparse_mla.splitkv import default_config
+    from servelab.kernels.sparse_mla.defaults import default_config
 
     for (h, tile, b), (old_us, new_us) in MEASURED_FP8.items():
         d_qk = 576 if tile == 128 else 512
-        chunked = default_config(b, h, d_qk, torch.bfloat16, fp8_tile=tile,
-                                 gluon=False).fp8_chunked  # the Triton FP8 kernels
-        assert chunked == (new_us < old_us), (h, tile, b)
-
-
-def test_counter_buffer_is_cached_and_grown():
-    from servelab.kernels.sparse_mla import merge
-
-    dev = torch.device("cpu")
-    a = merge.counters(dev, 10)
-    assert a.dtype == torch.int32 and a.numel() >= 10 and merge.counters(dev, 10) is a
-    old = weakref.ref(a)
-    a_ptr = a.data_ptr()
-    del a
-    big = merge.counters(dev, merge.counters(dev, 1).numel() + 1)
-    assert big.numel() > 10 and int(big.abs().sum()) == 0
-    assert merge.counters(dev, 5) is big
-    # the replaced buffer stays alive: a graph captured with it keeps replaying onto it
-    assert old() is not None and old().data_ptr() == a_ptr
+        kernel = default_config(b, h, d_qk, fp8_tile=tile, gluon=False).kernel
+        assert kernel in ("triton", "triton_fp8_chunked"), (h, tile, b, kernel)
+        assert (kernel == "triton_fp8_chunked") == (new_us < old_us), (h, tile, b)
 
 
 def test_choose_num_splits_fills_the_machine():
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig, choose_num_splits
+    from servelab.kernels.sparse_mla.geometry import SplitConfig, choose_num_splits
 
     cfg = SplitConfig(block_h=64, block_n=32, ctas_per_sm=1)
     # V4-Flash at B=1: 1 head block, 20 tiles, 132 SMs -> every tile its own program.
@@ -434,22 +415,19 @@ FP8_CASES = {"v32_like": (48, 32, 32, 16), "v4_like": (64, 64, 48, 16)}
 @pytest.mark.parametrize("case", list(FP8_CASES))
 def test_fp8_cache_matches_its_dequantized_values(device, case):
     """The public call (default config: per-chunk scales), then the chunked kernel with 3
-    splits and the fused merge, then the first (reshape) FP8 path: each against the exact
+    splits, then the reshape path of the Triton kernel: each against the exact
     result on the dequantised cache. The chunked kernel never rounds a KV value (raw e4m3 is
     exact in 16 bits; scales multiply fp32 products), and rounds P x scale once like P, so the
     kv_rounded bound (which also allows rounding each value) covers both paths."""
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import (
-        LAST_PATH,
-        SplitConfig,
-        _fp8_chunkable,
-        splitkv_decode,
-    )
+    from servelab.kernels.sparse_mla.geometry import SplitConfig
 
     d_qk, d_v, d_fp8, tile = FP8_CASES[case]
     dtypes = [torch.float16] if device == "cpu" else [torch.float16, torch.bfloat16]
-    runs = [("public", None, None), ("chunked-fused", SplitConfig(16, 16, 4, 1, merge="fused"), 3),
-            ("reshape", SplitConfig(16, 16, 4, 1, fp8_chunked=False), 2)]  # fmt: skip
+    runs = [("public", None, None),
+            ("chunked", SplitConfig(16, 16, 4, 1, kernel="triton_fp8_chunked"), 3),
+            ("reshape", SplitConfig(16, 16, 4, 1, kernel="triton"), 2)]  # fmt: skip
     for dtype in dtypes:
         q, kv, idx = make(device, dtype, 2, 5, d_qk, 45, seed=9)
         idx[1] = -1  # all padding
@@ -465,12 +443,10 @@ def test_fp8_cache_matches_its_dequantized_values(device, case):
                 o, lg = sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8",
                                           out=out, lse=lse)  # fmt: skip
             else:
-                o, lg = splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, num_splits=splits,
-                                       config=cfg, out=out, lse=lse)  # fmt: skip
-                assert _fp8_chunkable(cache, d_v)  # both cases fit the per-chunk kernel
-                want = "fp8_chunked" if cfg.fp8_chunked else "fp8_reshape"
-                assert LAST_PATH["split"] == want, (name, LAST_PATH)
-                assert cfg.merge != "fused" or LAST_PATH["merge"] == "fused", (name, LAST_PATH)
+                run = splitkv_launch(q, cache, idx, d_qk**-0.5, d_v, num_splits=splits,
+                                     config=cfg, out=out, lse=lse)  # fmt: skip
+                o, lg = run.out, run.lse
+                assert run.ran.variant == cfg.kernel, (name, run.ran)
             assert_close(f"fp8 {case} {name} {dtype} out", o, out_ex, out_tol)
             assert_close(f"fp8 {case} {name} {dtype} lse", lg, lse_ex, lse_tol)
             assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
@@ -497,15 +473,15 @@ def test_fp8_quantizer_error_and_layout_bytes():
 def _check_config(cfg, want_split, tag, q, kv, idx, d_v, ref):
     """One launch config against the exact result `ref` (from `bounds`), with the split kernel
     it must have run; outputs poisoned first."""
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
 
     out_ex, lse_ex, out_tol, lse_tol = ref
     b, h, d_qk = q.shape
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
-    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
-    assert LAST_PATH["split"] == want_split, LAST_PATH
-    assert_close(f"{tag} out", o, out_ex, out_tol)
-    assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
+    run = splitkv_launch(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+    assert run.ran.variant == want_split, run.ran
+    assert_close(f"{tag} out", run.out, out_ex, out_tol)
+    assert_close(f"{tag} lse", run.lse, lse_ex, lse_tol)
 
 
 @pytest.mark.gpu
@@ -517,86 +493,86 @@ def _check_config(cfg, want_split, tag, q, kv, idx, d_v, ref):
      (8, 64, 512, 512, 640)],
     ids=["v32", "v4flash", "v4pro", "tp_h16", "tp_h32_b64", "v32_b4", "v4flash_b8"],
 )  # fmt: skip
-@pytest.mark.parametrize("variant", ["naive", "splitkv", "fused", "pdl", "rp", "gluon", "fp8",
-                                     "fp8_fused", "fp8_reshape"])  # fmt: skip
+@pytest.mark.parametrize("variant", ["naive", "splitkv", "pdl", "rp", "fp8", "fp8_pdl",
+                                     "fp8_reshape"])  # fmt: skip
 def test_real_shapes_on_gpu(shape, variant):
     import dataclasses
 
+    from servelab.kernels.sparse_mla.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
+    from servelab.kernels.sparse_mla.variants import VARIANTS
 
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
         # The Triton kernels' own default (from B = 8, or 4 at 128 heads, the default is Gluon
         # on Hopper): the merge and FP8 variants test those kernels' geometry, not Gluon's.
-        cfg = default_config(b, h, d_qk, dtype, gluon=False)
-        if variant in ("gluon", "rp", "fused", "pdl"):  # (the others derive their own bounds)
+        cfg = default_config(b, h, d_qk, gluon=False)
+        if variant in ("rp", "pdl"):  # (the others derive their own bounds)
             ref = bounds(q, kv, idx, d_qk**-0.5, d_v, dtype)
             out_ex, lse_ex, out_tol, lse_tol = ref
-        if variant == "gluon":  # 64-head tiles (H < 64 masked), three ring geometries
-            if not gluon_here():
-                pytest.skip("the Gluon kernel needs a Hopper GPU")
-            for bn, nbuf in ((32, 3), (64, 2), (16, 4)):
-                c = dataclasses.replace(cfg, block_h=64, block_n=bn, num_warps=8,
-                                        num_stages=nbuf, kernel="gluon", ctas_per_sm=1)  # fmt: skip
-                _check_config(c, "16bit_gluon", f"gluon bn{bn} {shape}", q, kv, idx, d_v, ref)
-            continue
         if variant == "rp":  # the register-prefetch kernel, both tile geometries
             for bh, warps in ((64, 8), (16, 4)) if h >= 64 else ((16, 4),):
                 c = dataclasses.replace(cfg, block_h=bh, block_n=32, num_warps=warps,
-                                        kernel="rp", ctas_per_sm=1)  # fmt: skip
-                _check_config(c, "16bit_rp", f"rp {bh} {shape}", q, kv, idx, d_v, ref)
+                                        kernel="triton_rp", ctas_per_sm=1)  # fmt: skip
+                _check_config(c, "triton_rp", f"rp {bh} {shape}", q, kv, idx, d_v, ref)
             continue
-        if variant in ("fused", "pdl"):
+        if variant == "pdl":
             cfg = dataclasses.replace(cfg, merge=variant)
-            for rep in range(2):  # the second call needs the counters reset by the first
+            for rep in range(2):
                 out, lse = poisoned(b, h, d_v, dtype, "cuda")
-                o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out,
-                                       lse=lse)  # fmt: skip
-                assert_close(f"{variant} {shape} rep {rep} out", o, out_ex, out_tol)
-                assert_close(f"{variant} {shape} rep {rep} lse", lg, lse_ex, lse_tol)
-                assert LAST_PATH["merge"] in (variant, "single"), LAST_PATH
+                run = splitkv_launch(q, kv, idx, d_qk**-0.5, d_v, config=cfg, out=out, lse=lse)
+                assert_close(f"{variant} {shape} rep {rep} out", run.out, out_ex, out_tol)
+                assert_close(f"{variant} {shape} rep {rep} lse", run.lse, lse_ex, lse_tol)
+                assert run.ran.merge in (variant, "single"), run.ran
             continue
         if not variant.startswith("fp8"):
             _run_and_check(variant, q, kv, idx, d_v)
             continue
         # V3.2: 512 e4m3 columns in 128-wide tiles; V4 (D_qk 512): 448 in 64-wide tiles.
         cache = quantize_kv(kv, 512, 128) if d_qk == 576 else quantize_kv(kv, 448, 64)
-        cfg = default_config(b, h, d_qk, dtype, fp8_tile=cache.tile)
-        if variant == "fp8_fused":
-            cfg = dataclasses.replace(cfg, merge="fused")
+        cfg = None  # the defaults' choice (Gluon on Hopper)
+        if variant == "fp8_pdl":  # the Triton FP8 default with the PDL merge
+            cfg = dataclasses.replace(default_config(b, h, d_qk, fp8_tile=cache.tile,
+                                                     gluon=False), merge="pdl")  # fmt: skip
         elif variant == "fp8_reshape":
-            cfg = dataclasses.replace(cfg, fp8_chunked=False)
-        o, lg = splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, config=cfg)
-        assert LAST_PATH["split"].startswith("fp8_"), LAST_PATH
-        assert variant != "fp8_fused" or LAST_PATH["merge"] in ("fused", "single"), LAST_PATH
+            cfg = dataclasses.replace(default_config(b, h, d_qk, fp8_tile=cache.tile,
+                                                     gluon=False), kernel="triton")  # fmt: skip
+        run = splitkv_launch(q, cache, idx, d_qk**-0.5, d_v, config=cfg)
+        assert VARIANTS[run.ran.variant].caches == ("fp8",) or run.ran.variant == "triton"
+        assert cfg is None or run.ran.variant == cfg.kernel, run.ran
         out_ex, lse_ex, out_tol, lse_tol = bounds(
             q, dequantize_kv(cache), idx, d_qk**-0.5, d_v, dtype, kv_rounded=True,
-            partial_rounded=partials_rounded(),  # the default config's partials
+            partial_rounded=partials_rounded(run.ran),
         )
-        assert_close(f"fp8 {shape} out", o, out_ex, out_tol)
-        assert_close(f"fp8 {shape} lse", lg, lse_ex, lse_tol)
+        assert_close(f"fp8 {shape} out", run.out, out_ex, out_tol)
+        assert_close(f"fp8 {shape} lse", run.lse, lse_ex, lse_tol)
 
 
 def test_kernel_names_read_as_attention_in_a_profile():
     """`servelab profile` must put our own kernels in the attention category, not 'other' or
     'communication' (a name like `_combine_kernel` matches the all-to-all combine rule)."""
     from servelab.kernels.sparse_mla import (
-        fp8_split,
+        gluon_common,
+        gluon_fp8,
+        gluon_nh,
+        gluon_ws,
         merge,
         naive,
-        splitkv,
-        splitkv_gluon,
-        splitkv_rp,
+        triton_fp8,
+        triton_rp,
+        triton_split,
     )
     from servelab.profile.breakdown import load_rules
 
     rules = load_rules()
-    kernels = [naive._sparse_mla_naive_kernel, splitkv._sparse_mla_split_kernel,
-               merge._sparse_mla_merge_kernel, fp8_split._sparse_mla_split_fp8_kernel,
-               splitkv_rp._sparse_mla_split_rp_kernel]
-    if splitkv_gluon.AVAILABLE:
-        kernels.append(splitkv_gluon._sparse_mla_split_gluon_kernel)
+    kernels = [naive._sparse_mla_naive_kernel, triton_split._sparse_mla_split_kernel,
+               merge._sparse_mla_merge_kernel, triton_fp8._sparse_mla_split_fp8_kernel,
+               triton_rp._sparse_mla_split_rp_kernel]
+    if gluon_common.AVAILABLE:
+        kernels += [gluon_ws._sparse_mla_split_gluon_ws_kernel,
+                    gluon_fp8._sparse_mla_split_gluon_fp8_kernel,
+                    gluon_nh._sparse_mla_split_nh_kernel, gluon_nh._sparse_mla_split_nh_fp8_kernel]
     names = [f.fn.__name__ for f in kernels]
     assert [rules.classify(n) for n in names] == ["attention"] * len(names), names

@@ -1,4 +1,4 @@
-"""The FP8 Gluon split kernel (splitkv_gluon_fp8.py): numbers against the exact result on the
+"""The FP8 Gluon split kernel (gluon_fp8.py): numbers against the exact result on the
 dequantised cache (mla_check's derived bounds, kv_rounded: each value's scale and product
 are rounded to fp16 in the staging tile), its launch rules, its fallbacks, and a compile for Hopper without
 a GPU. Gluon has no CPU interpreter: the numeric tests need a Hopper GPU."""
@@ -23,6 +23,7 @@ from mla_check import (
     interpreted_kernels,
     make,
     needs_hopper,
+    plan_for,
     poisoned,
     real_shapes,
 )
@@ -32,9 +33,9 @@ assert interpreted_kernels  # the module-scoped autouse fixture, imported to tak
 
 
 def _gluon(nbuf: int = 2):
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig
+    from servelab.kernels.sparse_mla.geometry import SplitConfig
 
-    return SplitConfig(64, 64, 8, nbuf, 1, prefetch_idx=False, kernel="gluon")
+    return SplitConfig(64, 64, 8, nbuf, 1, prefetch_idx=False, kernel="gluon_fp8")
 
 
 def _ref(q, cache, idx, d_v, partial_rounded=False):
@@ -47,21 +48,22 @@ def _ref(q, cache, idx, d_v, partial_rounded=False):
 
 
 def _check(q, cache, idx, d_v, splits, tag, ref, cfg=None):
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
 
     b, h, d_qk = q.shape
     scale = d_qk**-0.5
     out_ex, lse_ex, out_tol, lse_tol = ref
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
-    o, lg = splitkv_decode(q, cache, idx, scale, d_v, config=cfg or _gluon(),
-                           num_splits=splits, out=out, lse=lse)  # fmt: skip
-    assert LAST_PATH["split"] == "fp8_gluon", (tag, LAST_PATH)
-    if LAST_PATH["merge"] != "single":  # the config's partials (one split keeps none)
+    run = splitkv_launch(q, cache, idx, scale, d_v, config=cfg or _gluon(),
+                         num_splits=splits, out=out, lse=lse)  # fmt: skip
+    ran = run.ran
+    assert ran.variant == "gluon_fp8", (tag, ran)
+    if ran.merge != "single":  # the config's partials (one split keeps none)
         want = q.dtype if (cfg or _gluon()).partial_dtype == "input" else torch.float32
-        assert LAST_PATH["partials"] == str(want).removeprefix("torch."), (tag, LAST_PATH)
-    assert_close(f"{tag} out", o, out_ex, out_tol)
-    assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
-    return o, lg
+        assert ran.partials == str(want).removeprefix("torch."), (tag, ran)
+    assert_close(f"{tag} out", run.out, out_ex, out_tol)
+    assert_close(f"{tag} lse", run.lse, lse_ex, lse_tol)
+    return run.out, run.lse
 
 
 # (d_qk, d_v, e4m3 columns, scale tile): the V3.2 layout (rope = score-only tail) and the V4
@@ -97,25 +99,27 @@ def test_toy_layouts_splits_padding_duplicates(case):
 
 @pytest.mark.gpu
 @needs_hopper
-@pytest.mark.parametrize("kernel", ["gluon", "nh"])
+@pytest.mark.parametrize("kernel", ["gluon_fp8", "gluon_nh_fp8"])
 def test_small_scales_within_the_fp16_bound(kernel):
     """A cache of small values (|x| ~ 4e-3: every scale below 2^-14, fp16's normal range, so
     the fp16 staging sees subnormal scales and some subnormal products) on the 64-head and
     the few-heads FP8 kernel: within mla_check's bound, whose absolute terms stay under a
     quarter of the output (~0.1 here), so a kernel that flushed the values to zero fails."""
+    from servelab.kernels.sparse_mla.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, nh_config, splitkv_decode
 
-    h = 64 if kernel == "gluon" else 16
-    cfg = _gluon() if kernel == "gluon" else nh_config(h)
+    h = 64 if kernel == "gluon_fp8" else 16
+    cfg = _gluon() if kernel == "gluon_fp8" else geometry("nh16_fp8")
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, 4, h, 576, 300, t=900, seed=5)
         cache = quantize_kv(kv * 4e-3, 512, 128)
         assert bool((cache.scale < 2.0**-14).all())
         out_ex, lse_ex, out_tol, lse_tol = _ref(q, cache, idx, 512)
         out, lse = poisoned(4, h, 512, dtype, "cuda")
-        o, lg = splitkv_decode(q, cache, idx, 576**-0.5, 512, config=cfg, out=out, lse=lse)
-        assert LAST_PATH["split"] == f"fp8_{kernel}", LAST_PATH
+        run = splitkv_launch(q, cache, idx, 576**-0.5, 512, config=cfg, out=out, lse=lse)
+        o, lg = run.out, run.lse
+        assert run.ran.variant == kernel, run.ran
         assert float(out_tol.max()) < 0.25 * float(out_ex.abs().max())  # a bound that can fail
         assert_close(f"{kernel} {dtype} out", o, out_ex, out_tol)
         assert_close(f"{kernel} {dtype} lse", lg, lse_ex, lse_tol)
@@ -127,11 +131,11 @@ def test_small_scales_within_the_fp16_bound(kernel):
 def test_real_shapes(shape):
     """The model layouts (V3.2: 512 e4m3 in 128-column tiles + 64 rope; V4: 448 in 64-column
     tiles + 64 rope) at real head counts (H < 64 masked in the 64-head tile), with the default
-    split count and with 3 splits; and the public default runs the kernel default_config
-    names (this one, the few-heads one, or a Triton one)."""
-    from servelab.kernels.sparse_mla import sparse_mla_decode
+    split count and with 3 splits; and a default call runs the first rule of the defaults
+    file (this kernel, the few-heads one, or a Triton one), skipping none on the H200."""
+    from servelab.kernels.sparse_mla.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config
 
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
@@ -140,12 +144,9 @@ def test_real_shapes(shape):
         ref = _ref(q, cache, idx, d_v)
         for splits in (None, 3):
             _check(q, cache, idx, d_v, splits, f"{shape} {dtype} s{splits}", ref)
-        sparse_mla_decode(q, cache, idx, d_qk**-0.5, d_v, variant="fp8")
-        want = {"gluon": "fp8_gluon", "nh": "fp8_nh"}.get(
-            default_config(b, h, d_qk, dtype, fp8_tile=cache.tile).kernel, "other")
-        ran = LAST_PATH["split"]
-        assert ran == want or (want == "other" and ran not in ("fp8_gluon", "fp8_nh")), (
-            shape, LAST_PATH)  # fmt: skip
+        ran = splitkv_launch(q, cache, idx, d_qk**-0.5, d_v).ran
+        want = default_config(b, h, d_qk, fp8_tile=cache.tile).kernel
+        assert ran.variant == want and not ran.skipped, (shape, ran)
 
 
 @pytest.mark.gpu
@@ -153,8 +154,8 @@ def test_real_shapes(shape):
 def test_replayed_inside_a_cuda_graph():
     """Captured once, replayed with new queries and indices (one request all padding), the
     outputs poisoned before each replay, as the engine's decode graphs do."""
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import splitkv_decode
 
     b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
     dtype = torch.bfloat16
@@ -163,22 +164,22 @@ def test_replayed_inside_a_cuda_graph():
     out, lse = poisoned(b, h, d_v, dtype, "cuda")
 
     def call():  # the default config: the FP8 Gluon kernel at B = 16
-        splitkv_decode(q, cache, idx, d_qk**-0.5, d_v, out=out, lse=lse)
+        return splitkv_launch(q, cache, idx, d_qk**-0.5, d_v, out=out, lse=lse)
 
-    path = check_graph_replays(call, q, idx, out, lse, dequantize_kv(cache), d_v,
-                               ((22, 3), (23, 3)), "fp8", kv_rounded=True)  # fmt: skip
-    assert path["split"] == "fp8_gluon", path
+    ran = check_graph_replays(call, q, idx, out, lse, dequantize_kv(cache), d_v,
+                              ((22, 3), (23, 3)), "fp8", kv_rounded=True)  # fmt: skip
+    assert ran.variant == "gluon_fp8", ran
 
 
 _COMPILE = """
 import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
-from servelab.kernels.sparse_mla import splitkv_gluon
-if not splitkv_gluon.AVAILABLE:
+from servelab.kernels.sparse_mla import gluon_common
+if not gluon_common.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
-from servelab.kernels.sparse_mla import splitkv_gluon_fp8 as m
+from servelab.kernels.sparse_mla import gluon_fp8 as m
 v4 = sys.argv[1] == "v4"
 k = m._sparse_mla_split_gluon_fp8_kernel
 ce = dict(D_V=512, D_FP8=448 if v4 else 512, CW=64 if v4 else 128, NCH=7 if v4 else 4,
@@ -262,10 +263,10 @@ def test_dequantisation_shared_accesses_are_free_of_bank_conflicts(cw, num_warps
     stores reaches a bank group twice (Nsight Compute counted 2.15 M such conflicts on the
     staging stores with 128-column chunks before the layout changed). The model itself flags
     that old layout (8 threads along a 128-column row, an unswizzled ring)."""
-    from servelab.kernels.sparse_mla import splitkv_gluon
-    from servelab.kernels.sparse_mla import splitkv_gluon_fp8 as m
+    from servelab.kernels.sparse_mla import gluon_common
+    from servelab.kernels.sparse_mla import gluon_fp8 as m
 
-    if not splitkv_gluon.AVAILABLE:
+    if not gluon_common.AVAILABLE:
         pytest.skip("needs triton.experimental.gluon")
     from triton.experimental.gluon import language as gl
 
@@ -278,135 +279,115 @@ def test_dequantisation_shared_accesses_are_free_of_bank_conflicts(cw, num_warps
         assert _phase_conflicts(old, flat, cw)["staging"] > 0
 
 
-def _reachable(monkeypatch, m):
-    """Make the FP8 Gluon launch reachable where Gluon cannot run (the CPU, other GPUs)."""
+def _reachable(monkeypatch):
+    """Make the Gluon launches reachable where Gluon cannot run (the CPU, other GPUs):
+    serves() as written but for the device check."""
+    from servelab.kernels.sparse_mla import gluon_common
+
     if not gluon_here():
-        monkeypatch.setattr(m, "serves", lambda cfg, q, cache, d_v, tps, drop="": (
-            m.splitkv_gluon.key(m.consts(cfg, cache, d_v, tps, drop), q)
-            not in m.splitkv_gluon.FAILED))  # fmt: skip
+        monkeypatch.setattr(gluon_common, "gluon_device", lambda device=None: True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_compile_failure_falls_back_to_a_triton_fp8_kernel(device, monkeypatch):
-    """If the installed Triton rejects the kernel: warn once, run a Triton FP8 kernel (right
-    numbers, LAST_PATH says which), and do not retry the compile on later calls."""
-    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_fp8
-    from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+def test_named_kernel_that_fails_to_compile_raises(device, monkeypatch):
+    """If the installed Triton rejects the kernel, a config naming it raises (with a one-time
+    warning giving the compiler's error) and the compile is not retried."""
+    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8
+    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
+    from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
     broken = BrokenKernel()
-    monkeypatch.setattr(splitkv_gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", broken,
+    monkeypatch.setattr(gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", broken,
                         raising=False)  # fmt: skip
-    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
-    _reachable(monkeypatch, splitkv_gluon_fp8)
-    dtype = torch.float16
-    q, kv, idx = make(device, dtype, 3, 20, 128, 70, seed=5)
+    monkeypatch.setattr(gluon_common, "FAILED", {})
+    _reachable(monkeypatch)
+    q, kv, idx = make(device, torch.float16, 3, 20, 128, 70, seed=5)
     cache = quantize_kv(kv, 64, 64)
-    ex = bounds(q, dequantize_kv(cache), idx, 128**-0.5, 128, dtype, kv_rounded=True)
-    for call in range(2):
-        out, lse = poisoned(3, 20, 128, dtype, device)
-        if call == 0:
-            with pytest.warns(UserWarning, match="FP8 Gluon split kernel did not compile"):
-                o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128, config=_gluon(), out=out,
-                                       lse=lse)  # fmt: skip
-        else:
-            o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128, config=_gluon(), out=out,
-                                   lse=lse)  # fmt: skip
-        assert LAST_PATH["split"] in ("fp8_chunked", "fp8_reshape"), LAST_PATH
-        assert len(broken.tries) == 1, "the failed compile was retried"
-        assert_close(f"fallback {call} out", o, ex[0], ex[2])
-        assert_close(f"fallback {call} lse", lg, ex[1], ex[3])
+    with pytest.warns(UserWarning, match="FP8 Gluon split kernel did not compile"):
+        with pytest.raises(ValueError, match="'gluon_fp8' cannot run this call: did not compile"):
+            splitkv_decode(q, cache, idx, 128**-0.5, 128, config=_gluon())
+    with pytest.raises(ValueError, match="'gluon_fp8' cannot run this call: does not serve"):
+        splitkv_decode(q, cache, idx, 128**-0.5, 128, config=_gluon())
+    assert len(broken.tries) == 1, "the failed compile was retried"
 
 
-def test_default_that_fails_to_compile_runs_the_triton_fp8_default(monkeypatch):
+def test_default_that_fails_to_compile_runs_the_next_fp8_rule(monkeypatch):
     """With no config (the FP8 default is this kernel at B = 4 with 32 heads), a failed compile
-    runs the Triton FP8 default for the shape (16-head tiles), not the Gluon tile on a Triton
-    kernel."""
-    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_fp8
+    runs the next matching rule: the Triton per-chunk kernel on its 16-head tiles, with the
+    right numbers, and the record says what was skipped."""
+    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
-    monkeypatch.setattr(splitkv_gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", BrokenKernel(),
+    monkeypatch.setattr(gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", BrokenKernel(),
                         raising=False)  # fmt: skip
-    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
-    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
-    monkeypatch.setattr(splitkv_gluon_fp8, "serves", lambda cfg, q, c, d_v, tps, drop="": (
-        cfg.kernel == "gluon" and not splitkv_gluon.FAILED))  # fmt: skip
+    monkeypatch.setattr(gluon_common, "FAILED", {})
+    _reachable(monkeypatch)
     device, dtype = DEVICES[0], torch.float16
     q, kv, idx = make(device, dtype, 4, 32, 128, 40, seed=9)
     cache = quantize_kv(kv, 64, 64)
     ex = bounds(q, dequantize_kv(cache), idx, 128**-0.5, 128, dtype, kv_rounded=True)
     with pytest.warns(UserWarning, match="FP8 Gluon split kernel did not compile"):
-        o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128)
-    assert LAST_PATH["split"].startswith("fp8_") and LAST_PATH["tile"].startswith("16x"), LAST_PATH
-    assert LAST_PATH["split"] != "fp8_gluon"
-    assert_close("default fallback out", o, ex[0], ex[2])
-    assert_close("default fallback lse", lg, ex[1], ex[3])
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_fp8_cache_with_the_ws_config_runs_a_triton_fp8_kernel(device):
-    """The warp-specialised kernel reads only 16-bit caches: an FP8 cache with its config must
-    run a Triton FP8 kernel on that geometry, with the right numbers."""
-    from servelab.kernels.sparse_mla.fp8 import quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
-
-    dtype = torch.float16
-    q, kv, idx = make(device, dtype, 3, 20, 128, 70, seed=6)
-    cache = quantize_kv(kv, 64, 64)
-    out_ex, lse_ex, out_tol, lse_tol = _ref(q, cache, idx, 128)
-    out, lse = poisoned(3, 20, 128, dtype, device)
-    o, lg = splitkv_decode(q, cache, idx, 128**-0.5, 128, config=GLUON_WS, out=out, lse=lse)
-    assert LAST_PATH["split"] in ("fp8_chunked", "fp8_reshape"), LAST_PATH
-    assert_close("ws config fp8 out", o, out_ex, out_tol)
-    assert_close("ws config fp8 lse", lg, lse_ex, lse_tol)
+        run = splitkv_launch(q, cache, idx, 128**-0.5, 128)
+    r = run.ran
+    assert (r.variant, r.tile) == ("triton_fp8_chunked", "16x32"), r
+    assert len(r.skipped) == 1 and r.skipped[0].startswith("gluon_fp8 (rule"), r
+    assert_close("default fallback out", run.out, ex[0], ex[2])
+    assert_close("default fallback lse", run.lse, ex[1], ex[3])
 
 
 def test_serves_only_the_layouts_it_was_written_for(monkeypatch):
     """serves(): 64- or 128-column scale tiles, a 32-256-column rope, the V3.2 or V4 layout,
     16-byte rows, the 64 x 64 tile over 8 warps, shared memory within 227 KB."""
-    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_fp8
+    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8
     from servelab.kernels.sparse_mla.fp8 import Fp8KVCache, quantize_kv
 
-    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
-    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    monkeypatch.setattr(gluon_common, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(gluon_common, "FAILED", {})
     q = torch.zeros(2, 64, 576, dtype=torch.bfloat16)
     q4 = torch.zeros(2, 64, 512, dtype=torch.bfloat16)
     kv = torch.randn(100, 576).to(torch.bfloat16)
     v32 = quantize_kv(kv, 512, 128)
     v4 = quantize_kv(kv[:, :512].contiguous(), 448, 64)
-    ok = splitkv_gluon_fp8.serves
+    from servelab.kernels.sparse_mla.lab import SHIPPED
+
+    def ok(cfg, q, cache, d_v, tiles_per_split):
+        return gluon_fp8.serves(plan_for(cfg, q, cache, d_v, tiles_per_split), SHIPPED)
+
     assert ok(_gluon(), q, v32, 512, 32) and ok(_gluon(), q4, v4, 512, 10)
     assert not ok(_gluon(3), q4, v4, 512, 10)  # a 3-deep ring: 250 KB of shared memory
     assert not ok(dataclasses.replace(_gluon(), block_n=32), q4, v4, 512, 10)
     assert not ok(_gluon(), q, quantize_kv(kv, 512, 32), 512, 32)  # 32-column scale tiles
     assert not ok(_gluon(), q, quantize_kv(kv, 512, 256), 512, 32)
-    assert not ok(_gluon(), q4, v4, 256, 10)  # neither layout: e4m3 448 + rope 64 != 256
-    assert not ok(_gluon(), q4.half(), v4, 512, 10)  # rope dtype != q dtype
+    # (neither layout, or a rope dtype other than q's: refused before any variant is asked)
+    with pytest.raises(ValueError, match="must lie within d_v=256"):
+        ok(_gluon(), q4, v4, 256, 10)
+    with pytest.raises(ValueError, match="16-bit part is torch.bfloat16, q is torch.float16"):
+        ok(_gluon(), q4.half(), v4, 512, 10)
     rope = torch.randn(100, 68).to(torch.bfloat16)[:, :64]  # rows 136 B apart: not 16-B units
     odd = Fp8KVCache(data=v4.data, scale=v4.scale, rope=rope, tile=64)
     assert not ok(_gluon(), q4, odd, 512, 10)
 
 
-def test_default_config_takes_gluon_fp8_where_it_was_measured_faster():
-    """The FP8 default (H200 tables, docs/performance.md): the Gluon FP8 kernel from B = 1 with
-    128 heads and B = 2 with 64 (and 32 heads at B = 2-7), with 16-bit partials from B = 8;
-    the few-heads kernel from B = 8 at
-    32 heads and B = 2 at 16 or fewer; never Gluon where it cannot run or for other scale
-    tiles."""
-    from servelab.kernels.sparse_mla.splitkv import default_config
+def test_default_decisions_with_an_fp8_cache():
+    """The FP8 rules of the defaults file (H200, docs/performance.md): the Gluon FP8 kernel
+    from B = 1 with 128 heads and B = 2 with 32-64, with 16-bit partials from B = 8; the
+    few-heads kernel from B = 8 at 32 heads and B = 2 at 16 or fewer; Triton rules for other
+    scale tiles, at B = 1 below 128 heads, and where Gluon cannot run."""
+    from servelab.kernels.sparse_mla.defaults import default_config
 
-    bf16 = torch.bfloat16
-    for b, h, want in [(8, 64, "gluon"), (128, 128, "gluon"), (1, 128, "gluon"),
-                       (2, 64, "gluon"), (2, 32, "gluon"), (4, 32, "gluon"), (8, 32, "nh"),
-                       (32, 32, "nh"), (8, 16, "nh"), (64, 16, "nh"), (2, 16, "nh"),
-                       (4, 8, "nh")]:  # fmt: skip
+    for b, h, want in [(8, 64, "gluon_fp8"), (128, 128, "gluon_fp8"), (1, 128, "gluon_fp8"),
+                       (2, 64, "gluon_fp8"), (2, 32, "gluon_fp8"), (4, 32, "gluon_fp8"),
+                       (8, 32, "gluon_nh_fp8"), (32, 32, "gluon_nh_fp8"), (8, 16, "gluon_nh_fp8"),
+                       (64, 16, "gluon_nh_fp8"), (2, 16, "gluon_nh_fp8"),
+                       (4, 8, "gluon_nh_fp8")]:  # fmt: skip
         for tile in (64, 128):
-            cfg = default_config(b, h, 512, bf16, fp8_tile=tile, gluon=True)
-            assert cfg.kernel == want
-            p16 = want == "gluon" and b >= 8  # 16-bit partials, measured from B = 8
+            cfg = default_config(b, h, 512, fp8_tile=tile)
+            assert cfg.kernel == want, (b, h, tile, cfg)
+            p16 = want == "gluon_fp8" and b >= 8  # 16-bit partials, measured from B = 8
             assert cfg.partial_dtype == ("input" if p16 else "fp32"), (b, h, cfg)
-            assert default_config(b, h, 512, bf16, fp8_tile=tile, gluon=False).kernel == "tl"
-        assert default_config(b, h, 512, bf16, fp8_tile=16, gluon=True).kernel == "tl"
+            assert default_config(b, h, 512, fp8_tile=tile, gluon=False).kernel.startswith(
+                "triton")  # fmt: skip
+        assert default_config(b, h, 512, fp8_tile=16).kernel.startswith("triton")
     for b, h in [(1, 64), (1, 32), (1, 16)]:
-        assert default_config(b, h, 512, bf16, fp8_tile=64, gluon=True).kernel == "tl"
+        assert default_config(b, h, 512, fp8_tile=64).kernel.startswith("triton")

@@ -1,4 +1,4 @@
-"""The few-heads Gluon split kernels (splitkv_gluon_nh.py: heads on the wgmma N dimension, for
+"""The few-heads Gluon split kernels (gluon_nh.py: heads on the wgmma N dimension, for
 the tensor-parallel slices), 16-bit and FP8 caches: numbers against the exact reference
 (mla_check's derived bounds), replay in a CUDA graph, launch rules, and a compile for Hopper
 without a GPU. Gluon has no CPU interpreter: the numeric tests need a Hopper GPU."""
@@ -22,6 +22,7 @@ from mla_check import (
     interpreted_kernels,
     make,
     needs_hopper,
+    plan_for,
     poisoned,
 )
 
@@ -29,18 +30,29 @@ pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")
 assert interpreted_kernels  # the module-scoped autouse fixture, imported to take effect here
 
 
-def _cfg(h: int, nbuf: int):
-    from servelab.kernels.sparse_mla.splitkv import nh_config
+def _cfg(h: int, nbuf: int, fp8: bool = False):
+    """The defaults' few-heads geometry for h heads (one 16- or 32-head block), ring nbuf."""
+    from servelab.kernels.sparse_mla.defaults import geometry
 
-    return nh_config(h, nbuf)
+    name = ("nh16" if h <= 16 else "nh32") + ("_fp8" if fp8 else "")
+    return dataclasses.replace(geometry(name), num_stages=nbuf)
+
+
+def _serves(cfg, q, kv, d_v, tiles_per_split, drop=""):
+    """gluon_nh's serves() for the 16-bit or the FP8 kernel (by the cache) on cfg's geometry."""
+    from servelab.kernels.sparse_mla import gluon_nh
+    from servelab.kernels.sparse_mla.lab import Lab
+
+    fp8 = not isinstance(kv, torch.Tensor)
+    cfg = dataclasses.replace(cfg, kernel="gluon_nh_fp8" if fp8 else "gluon_nh")
+    fn = gluon_nh.serves_fp8 if fp8 else gluon_nh.serves
+    return fn(plan_for(cfg, q, kv, d_v, tiles_per_split), Lab(drop=drop))
 
 
 def _fits(cfg, q, kv, d_v) -> bool:
     """Whether the kernel's shared memory (the launcher's estimate, with the index rows of a
     whole topk in one split) fits this geometry."""
-    from servelab.kernels.sparse_mla import splitkv_gluon_nh
-
-    return splitkv_gluon_nh.serves(cfg, q, kv, d_v, 2048 // 64)  # the largest topk here
+    return _serves(cfg, q, kv, d_v, 2048 // 64)  # the largest topk here
 
 
 def _ref(q, kv, idx, d_v):
@@ -55,18 +67,18 @@ def _ref(q, kv, idx, d_v):
 
 def _check(q, kv, idx, d_v, splits, tag, cfg, ref):
     """One launch against `ref`, outputs NaN-poisoned first; the nh kernel must have run."""
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
 
     b, h, d_qk = q.shape
     out_ex, lse_ex, out_tol, lse_tol = ref
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
-    o, lg = splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=cfg, num_splits=splits, out=out,
-                           lse=lse)  # fmt: skip
-    want = "16bit_nh" if isinstance(kv, torch.Tensor) else "fp8_nh"
-    assert LAST_PATH["split"] == want, (tag, LAST_PATH)
-    assert_close(f"{tag} out", o, out_ex, out_tol)
-    assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
-    return o, lg
+    run = splitkv_launch(q, kv, idx, d_qk**-0.5, d_v, config=cfg, num_splits=splits, out=out,
+                         lse=lse)  # fmt: skip
+    want = "gluon_nh" if isinstance(kv, torch.Tensor) else "gluon_nh_fp8"
+    assert run.ran.variant == want, (tag, run.ran)
+    assert_close(f"{tag} out", run.out, out_ex, out_tol)
+    assert_close(f"{tag} lse", run.lse, lse_ex, lse_tol)
+    return run.out, run.lse
 
 
 @pytest.mark.gpu
@@ -119,7 +131,7 @@ def test_fp8_toy_layouts_splits_padding_duplicates(case, h):
         for nbuf in (1, 2, 3):
             for splits in (1, 2, 3, 5, 8):
                 tag = f"{case} h{h} {dtype} nb{nbuf} s{splits}"
-                o, lg = _check(q, cache, idx, d_v, splits, tag, _cfg(h, nbuf), ref)
+                o, lg = _check(q, cache, idx, d_v, splits, tag, _cfg(h, nbuf, True), ref)
                 assert torch.all(o[1] == 0) and torch.all(torch.isneginf(lg[1]))
 
 
@@ -140,7 +152,7 @@ def test_real_shapes(shape):
         for src in (kv, cache):
             ref = _ref(q, src, idx, d_v)
             for nbuf in (2, 3):
-                cfg = _cfg(h, nbuf)
+                cfg = _cfg(h, nbuf, src is not kv)
                 if not _fits(cfg, q, src, d_v):  # a 16-bit ring that does not fit
                     assert nbuf == 3 and src is kv and (h > 16 or d_qk == 576), (shape, cfg)
                     continue
@@ -155,8 +167,8 @@ def test_real_shapes(shape):
 def test_replayed_inside_a_cuda_graph(fp8):
     """Captured once, replayed with new queries and indices (one request all padding), the
     outputs poisoned before each replay, as the engine's decode graphs do."""
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import splitkv_decode
 
     b, h, d_qk, d_v, topk = 16, 32, 512, 512, 640
     dtype = torch.bfloat16
@@ -165,23 +177,24 @@ def test_replayed_inside_a_cuda_graph(fp8):
     out, lse = poisoned(b, h, d_v, dtype, "cuda")
 
     def call():
-        splitkv_decode(q, src, idx, d_qk**-0.5, d_v, config=_cfg(h, 2), out=out, lse=lse)
+        return splitkv_launch(q, src, idx, d_qk**-0.5, d_v, config=_cfg(h, 2, fp8), out=out,
+                              lse=lse)  # fmt: skip
 
     ref_kv = dequantize_kv(src) if fp8 else kv
-    path = check_graph_replays(call, q, idx, out, lse, ref_kv, d_v, ((22, 3), (23, 3)), "nh",
-                               kv_rounded=fp8)  # fmt: skip
-    assert path["split"] == ("fp8_nh" if fp8 else "16bit_nh"), path
+    ran = check_graph_replays(call, q, idx, out, lse, ref_kv, d_v, ((22, 3), (23, 3)), "nh",
+                              kv_rounded=fp8)  # fmt: skip
+    assert ran.variant == ("gluon_nh_fp8" if fp8 else "gluon_nh"), ran
 
 
 _COMPILE = r"""
 import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
-from servelab.kernels.sparse_mla import splitkv_gluon
-if not splitkv_gluon.AVAILABLE:
+from servelab.kernels.sparse_mla import gluon_common
+if not gluon_common.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
-from servelab.kernels.sparse_mla import splitkv_gluon_nh as m
+from servelab.kernels.sparse_mla import gluon_nh as m
 kind, bh, nbuf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 v4 = kind.endswith("v4")
 d_qk = 512 if v4 else 576
@@ -240,12 +253,12 @@ def test_serves_few_heads_only(monkeypatch):
     """serves(): all heads in one 16- or 32-head block, 64-token tiles over 4 warps, a ring
     that fits 227 KB (16-bit: 3 tiles only at H16 with V4's widths), d_v a power of two
     >= 128, the FP8 layouts of the FP8 Gluon kernel, 16-byte rows."""
-    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_nh
+    from servelab.kernels.sparse_mla import gluon_common
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
-    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
-    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
-    ok = splitkv_gluon_nh.serves
+    monkeypatch.setattr(gluon_common, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(gluon_common, "FAILED", {})
+    ok = _serves
     q16 = torch.zeros(2, 16, 576, dtype=torch.bfloat16)
     q32 = torch.zeros(2, 32, 512, dtype=torch.bfloat16)
     kv = torch.randn(100, 576).to(torch.bfloat16)
@@ -263,43 +276,51 @@ def test_serves_few_heads_only(monkeypatch):
     v32, v4 = quantize_kv(kv, 512, 128), quantize_kv(kv4, 448, 64)
     assert ok(_cfg(16, 1), q16, v32, 512, 32) and ok(_cfg(32, 3), q32, v4, 512, 10)
     assert not ok(_cfg(16, 2), q16, quantize_kv(kv, 512, 32), 512, 32)  # 32-column scales
-    assert not ok(_cfg(16, 2), q16.half(), v32, 512, 32)  # rope dtype != q dtype
+    with pytest.raises(ValueError, match="16-bit part"):  # refused before any variant
+        ok(_cfg(16, 2), q16.half(), v32, 512, 32)  # rope dtype != q dtype
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
 @pytest.mark.parametrize("first", ["config", "default"])
-def test_compile_failure_falls_back_to_a_triton_kernel(device, fp8, first, monkeypatch):
-    """If the installed Triton rejects the kernel: warn once, never retry the compile; with
-    the nh config given, run a Triton kernel on the same geometry (16 x 64 tiles); with no
-    config (nh is the default at B = 8, H = 12 on Hopper), the Triton default (16 x 32
-    tiles), whether the failing compile came from a given config or from the default
-    itself; right numbers every time."""
-    from servelab.kernels.sparse_mla import splitkv_gluon, splitkv_gluon_nh
+def test_compile_failure(device, fp8, first, monkeypatch):
+    """If the installed Triton rejects the kernel: warn once and never retry the compile; a
+    config naming it raises; a default call (nh is the first rule at B = 8, H = 12) runs the
+    next rule that serves: the Triton kernel on its own 16 x 32 tiles (the 64-head Gluon
+    rules made unavailable here), with the right numbers, whichever call failed first."""
+    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8, gluon_nh, gluon_ws
+    from servelab.kernels.sparse_mla.dispatch import splitkv_decode, splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
 
     name = "_sparse_mla_split_nh_fp8_kernel" if fp8 else "_sparse_mla_split_nh_kernel"
     broken = BrokenKernel()
-    monkeypatch.setattr(splitkv_gluon_nh, name, broken, raising=False)
-    monkeypatch.setattr(splitkv_gluon, "FAILED", {})
+    monkeypatch.setattr(gluon_nh, name, broken, raising=False)
+    monkeypatch.setattr(gluon_common, "FAILED", {})
     # Reachable where Gluon cannot run (the CPU, other GPUs): serves() then checks the rest.
-    monkeypatch.setattr(splitkv_gluon, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(gluon_common, "gluon_device", lambda device=None: True)
+    monkeypatch.setattr(gluon_ws, "serves", lambda plan, lab: False)
+    monkeypatch.setattr(gluon_fp8, "serves", lambda plan, lab: False)
     dtype = torch.float16
     q, kv, idx = make(device, dtype, 8, 12, 192, 70, seed=5)
     src = quantize_kv(kv, 128, 64) if fp8 else kv
     ref = _ref(q, src, idx, 128)
-    calls = (_cfg(12, 2), _cfg(12, 2), None) if first == "config" else (None, None)
-    for call, cfg in enumerate(calls):
+    cfg = _cfg(12, 2, fp8)
+    warn = pytest.warns(UserWarning, match="few-heads .*Gluon split kernel did not compile")
+    if first == "config":
+        with warn, pytest.raises(ValueError, match="cannot run this call: did not compile"):
+            splitkv_decode(q, src, idx, 192**-0.5, 128, config=cfg)
+        with pytest.raises(ValueError, match="cannot run this call: does not serve"):
+            splitkv_decode(q, src, idx, 192**-0.5, 128, config=cfg)
+    for call in range(2):
         out, lse = poisoned(8, 12, 128, dtype, device)
-        if call == 0:
-            with pytest.warns(UserWarning, match="few-heads Gluon split kernel did not compile"):
-                o, lg = splitkv_decode(q, src, idx, 192**-0.5, 128, config=cfg, out=out, lse=lse)
+        if call == 0 and first == "default":
+            with warn:
+                run = splitkv_launch(q, src, idx, 192**-0.5, 128, out=out, lse=lse)
         else:
-            o, lg = splitkv_decode(q, src, idx, 192**-0.5, 128, config=cfg, out=out, lse=lse)
+            run = splitkv_launch(q, src, idx, 192**-0.5, 128, out=out, lse=lse)
         assert len(broken.tries) == 1, "the failed compile was retried"
-        assert LAST_PATH["split"] not in ("16bit_nh", "fp8_nh"), LAST_PATH
-        # the nh geometry on a Triton kernel, or the Triton default (NARROW_TP)
-        assert LAST_PATH["tile"] == ("16x64" if cfg is not None else "16x32"), LAST_PATH
-        assert_close(f"fallback {call} out", o, ref[0], ref[2])
-        assert_close(f"fallback {call} lse", lg, ref[1], ref[3])
+        r = run.ran
+        assert (r.variant, r.tile) == ("triton_fp8_chunked" if fp8 else "triton", "16x32"), r
+        assert r.skipped[0].startswith(f"{cfg.kernel} (rule"), r
+        assert_close(f"fallback {call} out", run.out, ref[0], ref[2])
+        assert_close(f"fallback {call} lse", run.lse, ref[1], ref[3])

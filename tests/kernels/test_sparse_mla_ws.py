@@ -1,4 +1,4 @@
-"""The warp-specialised Gluon split kernel (splitkv_gluon_ws.py: loader, scorer and
+"""The warp-specialised Gluon split kernel (gluon_ws.py: loader, scorer and
 second-half partitions handing tiles over by mbarriers): numbers against the exact reference
 (mla_check's derived bounds), replay in a CUDA graph, and a compile for Hopper without a GPU.
 Gluon has no CPU interpreter: the numeric tests need a Hopper GPU."""
@@ -40,23 +40,30 @@ def _refs(q, kv, idx, d_v, dtype):
             for r in (False, True)}  # fmt: skip
 
 
-def _check(q, kv, idx, d_v, splits, tag, cfg, refs, workspace=None):
+def _gluon_ws():
+    from servelab.kernels.sparse_mla.defaults import geometry
+
+    return geometry("gluon_ws")
+
+
+def _check(q, kv, idx, d_v, splits, tag, cfg, refs, workspace=None, lab=None):
     """One launch against refs[whether it kept 16-bit partials] (_refs())."""
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
 
     b, h, d_qk = q.shape
     scale = d_qk**-0.5
     out, lse = poisoned(b, h, d_v, q.dtype, q.device)
-    o, lg = splitkv_decode(q, kv, idx, scale, d_v, config=cfg, num_splits=splits, out=out,
-                           lse=lse, workspace=workspace)  # fmt: skip
-    assert LAST_PATH["split"] == "16bit_ws", (tag, LAST_PATH)
-    if LAST_PATH["merge"] != "single":  # the config's partials (one split keeps none)
+    run = splitkv_launch(q, kv, idx, scale, d_v, config=cfg, num_splits=splits, out=out,
+                         lse=lse, workspace=workspace, lab=lab)  # fmt: skip
+    ran = run.ran
+    assert ran.variant == "gluon_ws", (tag, ran)
+    if ran.merge != "single" and workspace is None:  # the config's partials (one split: none)
         want = q.dtype if cfg.partial_dtype == "input" else torch.float32
-        assert LAST_PATH["partials"] == str(want).removeprefix("torch."), (tag, LAST_PATH)
-    out_ex, lse_ex, out_tol, lse_tol = refs[partials_rounded()]
-    assert_close(f"{tag} out", o, out_ex, out_tol)
-    assert_close(f"{tag} lse", lg, lse_ex, lse_tol)
-    return o, lg
+        assert ran.partials == str(want).removeprefix("torch."), (tag, ran)
+    out_ex, lse_ex, out_tol, lse_tol = refs[partials_rounded(ran)]
+    assert_close(f"{tag} out", run.out, out_ex, out_tol)
+    assert_close(f"{tag} lse", run.lse, lse_ex, lse_tol)
+    return run.out, run.lse
 
 
 @pytest.mark.gpu
@@ -68,8 +75,7 @@ def test_toy_shapes_splits_padding_duplicates(d_qk, d_v):
     split counts 1-8 (splits shorter than the K ring, tiles past the split, and at 8 splits
     programs past the last tile, which must write (0, -inf) for the merge), both 16-bit
     dtypes, every measured tile/ring geometry; outputs NaN-poisoned before each call."""
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS
-
+    GLUON_WS = _gluon_ws()
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, 4, 20, d_qk, 300, t=900, seed=3)
         idx[2, 100:160] = idx[2, 0]
@@ -87,8 +93,7 @@ def test_toy_shapes_splits_padding_duplicates(d_qk, d_v):
 @needs_hopper
 @real_shapes
 def test_real_shapes(shape):
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS
-
+    GLUON_WS = _gluon_ws()
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
         q, kv, idx = make("cuda", dtype, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=11)
@@ -102,7 +107,7 @@ def test_real_shapes(shape):
 @pytest.mark.gpu
 @needs_hopper
 def test_replayed_inside_a_cuda_graph():
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
 
     b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
     dtype = torch.bfloat16
@@ -110,29 +115,31 @@ def test_replayed_inside_a_cuda_graph():
     out, lse = poisoned(b, h, d_v, dtype, "cuda")
 
     def call():
-        splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, out=out, lse=lse)
+        return splitkv_launch(q, kv, idx, d_qk**-0.5, d_v, config=_gluon_ws(), out=out, lse=lse)
 
-    path = check_graph_replays(call, q, idx, out, lse, kv, d_v, ((22, 3), (23, 3)), "ws")
-    assert path["split"] == "16bit_ws", path
+    ran = check_graph_replays(call, q, idx, out, lse, kv, d_v, ((22, 3), (23, 3)), "ws")
+    assert ran.variant == "gluon_ws", ran
 
 
 @pytest.mark.gpu
 @needs_hopper
 def test_grid_order_leaves_results_identical(monkeypatch):
-    """HEADS_FIRST (the grid (head blocks, B, splits), where the programs outnumber the SMs,
+    """Heads first (the grid (head blocks, B, splits), where the programs outnumber the SMs,
     so that a request's two 64-head programs run side by side) changes only where programs
     run: at 128 heads, with one split at large B and many splits at small B, the results
     equal those of the (B, head blocks, splits) grid bit for bit, and the exact reference;
     the phase trace still gets one row per (request, head block, split). With one wave of
     programs the grid keeps B first."""
-    from servelab.kernels.sparse_mla import splitkv_gluon
-    from servelab.kernels.sparse_mla import splitkv_gluon_ws as ws
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, LAST_PATH, splitkv_decode
+    from servelab.kernels.sparse_mla import gluon_common
+    from servelab.kernels.sparse_mla import gluon_ws as ws
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.lab import Lab
 
+    GLUON_WS = _gluon_ws()
     grids = []
-    order = splitkv_gluon.grid_order
-    monkeypatch.setattr(splitkv_gluon, "grid_order",
-                        lambda kc, grid, dev: grids.append(order(kc, grid, dev)) or grids[-1])  # fmt: skip
+    order = gluon_common.grid_order
+    monkeypatch.setattr(gluon_common, "grid_order",
+                        lambda kc, grid, sms: grids.append(order(kc, grid, sms)) or grids[-1])  # fmt: skip
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
     h, d_qk, d_v, topk = 128, 576, 512, 1200
     for b, splits in ((n_sms // 2 + 4, 1), (8, n_sms // 16 + 1), (3, 2)):
@@ -142,20 +149,19 @@ def test_grid_order_leaves_results_identical(monkeypatch):
         refs = _refs(q, kv, idx, d_v, q.dtype)
         got = {}
         for first in (False, True):
-            monkeypatch.setattr(ws, "HEADS_FIRST", first)
             # partials poisoned too: a program that never ran must not pass on the last run's
             ws_ = None if splits == 1 else (
                 torch.full((b, splits, h, d_v), float("nan"), dtype=q.dtype, device="cuda"),
                 torch.full((b, splits, h), float("nan"), device="cuda"))  # fmt: skip
             got[first] = _check(q, kv, idx, d_v, splits, f"b{b} s{splits} heads_first={first}",
-                                GLUON_WS, refs, ws_)  # fmt: skip
-            assert (LAST_PATH["merge"] == "single") == (splits == 1), LAST_PATH
+                                GLUON_WS, refs, ws_, Lab(heads_first=first))  # fmt: skip
             many = b * 2 * splits > n_sms
             assert grids[-1] == ((2, b, splits) if first and many else (b, 2, splits)), grids
         assert torch.equal(got[True][0], got[False][0]), (b, splits)
         assert torch.equal(got[True][1], got[False][1]), (b, splits)
         tr = torch.full((b * 2 * splits * ws.TRACE_COLS,), -1, dtype=torch.int64, device="cuda")
-        splitkv_decode(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, num_splits=splits, trace=tr)
+        splitkv_launch(q, kv, idx, d_qk**-0.5, d_v, config=GLUON_WS, num_splits=splits,
+                       lab=Lab(trace=tr))  # fmt: skip
         entry = tr.view(-1, ws.TRACE_COLS)[:, ws.TRACE_LAYOUT["entry"]]
         assert torch.all(entry > 0), (b, splits, entry)
 
@@ -163,20 +169,23 @@ def test_grid_order_leaves_results_identical(monkeypatch):
 @pytest.mark.gpu
 @needs_hopper
 def test_phase_trace():
-    """The trace (splitkv_gluon_ws.TRACE_LAYOUT) leaves the results as they are, and every
+    """The trace (gluon_ws.TRACE_LAYOUT) leaves the results as they are, and every
     program's stamps are on one clock in the kernel's order: entry <= first indices / q <= each
     tile's k_ready seen <= its scores <= its P V, tiles in order, the end after the last tile,
     the stores after the end; SM ids in range; tiles past TRACE_TILES not stamped."""
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WS, splitkv_decode
-    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_COLS, TRACE_LAYOUT, TRACE_TILES
+    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
+    from servelab.kernels.sparse_mla.gluon_ws import TRACE_COLS, TRACE_LAYOUT, TRACE_TILES
+    from servelab.kernels.sparse_mla.lab import Lab
 
+    GLUON_WS = _gluon_ws()
     L = TRACE_LAYOUT
     b, h, d_qk, d_v, topk, splits = 3, 64, 576, 512, 2048, 1  # 32 tiles: 16 past the trace
     q, kv, idx = make("cuda", torch.bfloat16, b, h, d_qk, topk, t=70_000, pad_frac=0.05, seed=5)
     scale = d_qk**-0.5
     ref = splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits)
     tr = torch.full((b * splits * TRACE_COLS,), -1, dtype=torch.int64, device="cuda")
-    got = splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits, trace=tr)
+    got = splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits,
+                         lab=Lab(trace=tr))  # fmt: skip
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     tr = tr.view(-1, TRACE_COLS).cpu()
     n_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -189,7 +198,7 @@ def test_phase_trace():
         assert 0 <= row[L["sm"]] < n_sms
         e = row[L["entry"]]
         assert e > 0 and row[L["q"]] >= e and row[L["idx0"]] >= e
-        assert row[L["q"]] >= row[L["idx0"]]  # Q_AFTER_INDICES: q issued once idx0 is in
+        assert row[L["q"]] >= row[L["idx0"]]  # q_after_indices: q issued once idx0 is in
         prev = e
         for j in range(min(n_local, TRACE_TILES)):
             steps = [row[L["landed"] + j], row[L["ready"] + j], row[L["scored"] + j],
@@ -204,7 +213,7 @@ def test_phase_trace():
         assert row[L["loader_end"]] >= row[L["landed"] + TRACE_TILES - 1]
     with pytest.raises(ValueError, match="contiguous int64"):
         splitkv_decode(q, kv, idx, scale, d_v, config=GLUON_WS, num_splits=splits,
-                       trace=torch.zeros(8, dtype=torch.int64, device="cuda"))  # fmt: skip
+                       lab=Lab(trace=torch.zeros(8, dtype=torch.int64, device="cuda")))  # fmt: skip
 
 
 def test_split_trace_summary_on_absolute_timestamps():
@@ -215,7 +224,7 @@ def test_split_trace_summary_on_absolute_timestamps():
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import bench_sparse_mla_probes as probes
 
-    from servelab.kernels.sparse_mla.splitkv_gluon_ws import TRACE_COLS, TRACE_LAYOUT
+    from servelab.kernels.sparse_mla.gluon_ws import TRACE_COLS, TRACE_LAYOUT
 
     L = TRACE_LAYOUT
     base = 1_764_000_000_000_000_032
@@ -252,11 +261,11 @@ _COMPILE = """
 import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
-from servelab.kernels.sparse_mla import splitkv_gluon
-if not splitkv_gluon.AVAILABLE:
+from servelab.kernels.sparse_mla import gluon_common
+if not gluon_common.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
-from servelab.kernels.sparse_mla import splitkv_gluon_ws as m
+from servelab.kernels.sparse_mla import gluon_ws as m
 d_tail, bn, nk, trace = map(int, sys.argv[1:5])
 k = m._sparse_mla_split_gluon_ws_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NK=nk,

@@ -45,7 +45,7 @@ def dtypes(device: str) -> list[torch.dtype]:
 
 def gluon_here() -> bool:
     """Whether this machine runs the Gluon kernel (a Hopper GPU and a Triton with Gluon)."""
-    from servelab.kernels.sparse_mla.splitkv_gluon import gluon_device
+    from servelab.kernels.sparse_mla.gluon_common import gluon_device
 
     return gluon_device()
 
@@ -74,13 +74,13 @@ def interpreted_kernels():
         return
     from triton.runtime.interpreter import InterpretedFunction
 
-    from servelab.kernels.sparse_mla import fp8_split, merge, naive, splitkv, splitkv_rp
+    from servelab.kernels.sparse_mla import merge, naive, triton_fp8, triton_rp, triton_split
 
-    kernels = ((merge, "_sparse_mla_merge_kernel"), (fp8_split, "_sparse_mla_split_fp8_kernel"),
-               (splitkv_rp, "_sparse_mla_split_rp_kernel"),
-               (splitkv, "_sparse_mla_split_kernel"), (naive, "_sparse_mla_naive_kernel"))
+    kernels = ((merge, "_sparse_mla_merge_kernel"), (triton_fp8, "_sparse_mla_split_fp8_kernel"),
+               (triton_rp, "_sparse_mla_split_rp_kernel"),
+               (triton_split, "_sparse_mla_split_kernel"), (naive, "_sparse_mla_naive_kernel"))
     if not all(isinstance(getattr(m, k), InterpretedFunction) for m, k in kernels):
-        for mod, _ in kernels:  # in import order: splitkv binds merge's and fp8_split's names
+        for mod, _ in kernels:  # in import order: the split kernels bind merge's names
             importlib.reload(mod)
     yield
 
@@ -89,11 +89,10 @@ def gamma(n: int) -> float:
     return n * U32 / (1 - n * U32)
 
 
-def partials_rounded() -> bool:
-    """Whether the last split-KV launch kept 16-bit partials (bounds()'s partial_rounded)."""
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH
-
-    return LAST_PATH.get("partials") in ("bfloat16", "float16")
+def partials_rounded(ran) -> bool:
+    """Whether a split-KV launch (its dispatch.Ran record) kept 16-bit partials (bounds()'s
+    partial_rounded)."""
+    return ran.partials in ("bfloat16", "float16")
 
 
 def bounds(q, kv, idx, sm_scale, d_v, dtype, kv_rounded=False, partial_rounded=False):
@@ -180,17 +179,14 @@ def check_graph_replays(call, q, idx, out, lse, ref_kv, d_v, replays, tag, kv_ro
     """What the engine does with a decode step: compile `call()` outside a capture, capture it
     once in a CUDA graph, then for each (seed, pad_row) of `replays` copy new queries and
     indices (request pad_row all padding, unless None) into the captured inputs, NaN-poison
-    the outputs, replay, and check against the exact result on `ref_kv`. Returns LAST_PATH of
-    the captured call."""
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH
-
-    call()
-    path = dict(LAST_PATH)
+    the outputs, replay, and check against the exact result on `ref_kv`. `call()` returns
+    the dispatch.SplitRun of its launch; returns the captured call's Ran record."""
+    ran = call().ran
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        call()
-    assert dict(LAST_PATH) == path, (path, LAST_PATH)
+        captured = call().ran
+    assert captured == ran, (ran, captured)
     b, h, d_qk = q.shape
     for seed, pad_row in replays:
         q2, _, idx2 = make("cuda", q.dtype, b, h, d_qk, idx.shape[1], t=ref_kv.shape[0],
@@ -205,11 +201,11 @@ def check_graph_replays(call, q, idx, out, lse, ref_kv, d_v, replays, tag, kv_ro
         torch.cuda.synchronize()
         out_ex, lse_ex, out_tol, lse_tol = bounds(
             q, ref_kv, idx, d_qk**-0.5, d_v, q.dtype, kv_rounded=kv_rounded,
-            partial_rounded=path["partials"] in ("bfloat16", "float16"))  # fmt: skip
+            partial_rounded=partials_rounded(ran))  # fmt: skip
         assert_close(f"{tag} graph seed {seed} out", out, out_ex, out_tol)
         assert_close(f"{tag} graph seed {seed} lse", lse, lse_ex, lse_tol)
     del g
-    return path
+    return ran
 
 
 class BrokenKernel:
@@ -225,3 +221,15 @@ class BrokenKernel:
             raise RuntimeError("PassManager::run failed")
 
         return launch
+
+
+def plan_for(cfg, q, kv, d_v, tiles_per_split, num_splits=1):
+    """A launch plan of `cfg` for q and the cache kv (16-bit or FP8) whose splits hold
+    `tiles_per_split` tiles each (topk = splits x tiles x block_n): what serves() reads."""
+    from servelab.kernels.sparse_mla.defaults import load
+    from servelab.kernels.sparse_mla.plan import make_plan, make_problem
+
+    topk = num_splits * tiles_per_split * cfg.block_n
+    idx = torch.zeros(q.shape[0], topk, dtype=torch.int32, device=q.device)
+    p = make_problem(q, kv, idx, 1.0, d_v, None, None)
+    return make_plan(p, cfg, num_splits, load().merge, False, None)

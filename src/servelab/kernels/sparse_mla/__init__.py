@@ -1,8 +1,16 @@
 """Sparse MLA decode (DeepSeek V3.2 / V4 absorbed attention over top-k selected latent KV rows).
 
-`sparse_mla_decode` dispatches to the fp32 PyTorch reference, the (B, H) Triton fallback
-("naive") or the split-KV tensor-core kernel ("splitkv"). `flops` and `bytes` give the
-work and the minimum memory traffic of one call, for roofline percentages.
+`sparse_mla_decode` runs the fp32 PyTorch reference, the (B, H) Triton fallback ("naive") or
+the split-KV kernels ("splitkv", "fp8"). `flops` and `bytes` give the work and the minimum
+memory traffic of one call, for roofline percentages.
+
+The split-KV wing, by file: dispatch.py (choose, launch, record what ran) reads
+defaults/<gpu>.toml through defaults.py (which kernel runs for which shape and batch, and the
+measurement behind each rule); plan.py (the launch plan every launcher reads); geometry.py
+(SplitConfig, split count, merge choice); variants.py (the registry of split kernels);
+triton_split.py, triton_rp.py, triton_fp8.py (Triton kernels, any GPU); gluon_ws.py,
+gluon_fp8.py, gluon_nh.py over gluon_common.py (Hopper); merge.py; fp8.py (the FP8 cache);
+lab.py (diagnostics and switches, for benchmarks only).
 
 Triton is imported only when a Triton variant is first called, so the reference and the
 counters work without it, and TRITON_INTERPRET=1 set before that first call takes effect.
@@ -42,6 +50,8 @@ def sparse_mla_decode(
     only padding gets out = 0 and lse = -inf. ``num_splits`` (splitkv only) overrides the
     split count chosen from B, H, topk and the SM count. ``variant="fp8"`` takes an
     ``fp8.Fp8KVCache`` as kv_cache (e4m3 + per-tile scales, read by the split kernel).
+    The split kernel is the measured default (defaults.py); `dispatch.splitkv_launch` also
+    returns the record of what ran.
     ``out``/``lse`` may be preallocated
     (e.g. inside a CUDA graph); indices must lie in [-1, T).
     """
@@ -65,7 +75,7 @@ def sparse_mla_decode(
 
         return naive_decode(q, kv_cache, indices, sm_scale, d_v, out=out, lse=lse)
     elif variant == "splitkv":
-        from .splitkv import splitkv_decode
+        from .dispatch import splitkv_decode
 
         return splitkv_decode(
             q, kv_cache, indices, sm_scale, d_v, num_splits=num_splits, out=out, lse=lse

@@ -1,31 +1,20 @@
-"""Merging split-KV partials: a second kernel, or folded into the split kernel.
+"""Merging split-KV partials: the merge kernel, launched after the split kernel.
 
 Each split s of a (request, head block) leaves a normalised partial O_s [BLOCK_H, d_v] (fp32,
-or q's 16-bit dtype with SplitConfig.partial_dtype="input")
-and lse_s [BLOCK_H]; the merge is lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s
-(an empty split has lse_s = -inf and weighs exp(-inf) = 0; all splits empty -> O = 0,
-lse = -inf).
+or q's 16-bit dtype with SplitConfig.partial_dtype="input") and lse_s [BLOCK_H]; the merge is
+lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s (an empty split has lse_s = -inf
+and weighs exp(-inf) = 0; all splits empty -> O = 0, lse = -inf).
 
-Three ways to run it (``SplitConfig.merge``; the default "auto" picks "pdl" or "kernel" by how
-full the split grid is, see splitkv_config.resolve_merge):
+Two ways to launch it (``SplitConfig.merge``; the default "auto" picks one by how full the
+split grid is, geometry.resolve_merge with the defaults file's `[merge]` rule):
 
 - ``"kernel"``: `_sparse_mla_merge_kernel`, a second launch with grid (B, H, column slices).
 - ``"pdl"``: the same kernel launched with programmatic dependent launch (Hopper): it is
   scheduled while the split kernel runs and waits in ``griddepcontrol.wait`` for its results,
-  hiding the launch latency of the second kernel.
-- ``"fused"``: no second kernel. Every split program stores its partial, then increments a
-  per-(request, head block) int32 counter with an acq_rel atomic (after a CTA barrier, so the
-  whole program's stores are ordered before it). The program that reads count == S - 1 is the
-  last: it merges all S partials of its group (loads bypass L1: ``.cg``), writes out/lse and
-  resets the counter to 0, so the buffer is reusable by the next call and by CUDA-graph
-  replays with no memset. The counters (`counters`) are cached per device and zeroed once.
-  Cost: one program reads S x BLOCK_H x d_v x 4 bytes alone, one dependent load per split.
-  Measured on the H200 (2026-11-29) it lost everywhere it was tried (B <= 8, five shapes):
-  V4-Flash B=1 8.46 us (two kernels) -> 19.3 us (fused, 20 splits: 655 KB merged by one
-  program) and 15.8 us with 5 splits (4 tiles per split); kept as an option, never a default.
+  hiding the launch latency of the second kernel (the Triton split kernels trigger it).
 
-Counters are shared by all calls on a device: two fused calls must not run concurrently on
-different streams (one stream, as in a decode step or a graph, is fine).
+(A merge fused into the split kernel's last program lost everywhere it was timed and was
+removed; docs/notes/sparse-mla.md has the numbers.)
 """
 
 from __future__ import annotations
@@ -41,108 +30,12 @@ try:  # programmatic dependent launch (Triton >= 3.4 on Hopper)
 except ImportError:  # pragma: no cover - older Triton: "pdl" is then not offered
     gdc_wait = gdc_launch_dependents = None
 
-MERGES = ("auto", "kernel", "pdl", "fused")
-
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
-# Buffers replaced by a larger one stay referenced for the process's life: a CUDA graph
-# captured with the old one keeps its raw pointer and must not replay onto freed memory.
-_RETIRED: list[torch.Tensor] = []
-
-
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch needs a compiled launch (not the interpreter), Hopper or
     newer (griddepcontrol is sm_90+) and a Triton that exposes it."""
     if device.type != "cuda" or gdc_wait is None:
         return False
     return torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def counters(device: torch.device, n: int) -> torch.Tensor | None:
-    """The device's zeroed int32 counter buffer with at least n entries (grown by doubling).
-
-    Returns None when the buffer would have to grow during CUDA-graph capture (a zeroing
-    memset captured into a graph would run on every replay and not now): the caller then
-    uses the merge kernel. Warm the buffer up outside capture, as any graph warm-up does.
-    """
-    key = (device.type, device.index)
-    buf = _COUNTERS.get(key)
-    if buf is not None and buf.numel() >= n:
-        return buf
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    size = max(n, 2 * (buf.numel() if buf is not None else 0), 256)
-    if buf is not None:
-        _RETIRED.append(buf)
-    buf = torch.zeros(size, dtype=torch.int32, device=device)
-    _COUNTERS[key] = buf
-    return buf
-
-
-@triton.jit
-def fused_merge_epilogue(
-    po_ptr,  # [B, S, H, d_v] fp32 partials (this program's already stored)
-    plse_ptr,  # [B, S, H] fp32
-    out_ptr,  # [B, H, d_v]
-    lse_ptr,  # [B, H] fp32
-    cnt_ptr,  # [>= B * n_hblk] int32, zero between calls
-    b,
-    hb,
-    H,
-    stride_pob,
-    stride_pos,
-    stride_poh,
-    stride_plb,
-    stride_pls,
-    stride_ob,
-    stride_oh,
-    stride_lb,
-    D_V: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_S: tl.constexpr,  # >= num_splits, power of two
-):
-    """Called by every split program after storing its partial; the last of its (request,
-    head block) merges the group's partials into out/lse and resets the group's counter."""
-    num_splits = tl.num_programs(2)
-    # All threads' partial stores precede the counter increment (barrier), and the release
-    # half of acq_rel publishes them at GPU scope; the acquire half orders the last program's
-    # loads after every other program's stores.
-    tl.debug_barrier()
-    cnt = cnt_ptr + b * tl.num_programs(1) + hb
-    prev = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-    if prev == num_splits - 1:
-        tl.store(cnt, 0)  # every program of the group has arrived: reusable by the next call
-        offs_h = hb * BLOCK_H + tl.arange(0, BLOCK_H)
-        mask_h = offs_h < H
-        offs_s = tl.arange(0, BLOCK_S)
-        plse_b = plse_ptr + b * stride_plb
-        lse_all = tl.load(
-            plse_b + offs_s[:, None] * stride_pls + offs_h[None, :],
-            mask=(offs_s < num_splits)[:, None] & mask_h[None, :],
-            other=-float("inf"),
-            cache_modifier=".cg",
-        )  # [BLOCK_S, BLOCK_H]
-        m = tl.max(lse_all, axis=0)
-        m_safe = tl.where(m == -float("inf"), 0.0, m)
-        total = tl.sum(tl.exp(lse_all - m_safe[None, :]), axis=0)  # [BLOCK_H]
-        inv = 1.0 / tl.where(total > 0.0, total, 1.0)
-        offs_dv = tl.arange(0, BLOCK_DV)
-        mask_o = mask_h[:, None] & (offs_dv < D_V)[None, :]
-        po_rows = po_ptr + b * stride_pob + offs_h[:, None] * stride_poh + offs_dv[None, :]
-        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-        for s in range(num_splits):
-            lse_s = tl.load(plse_b + s * stride_pls + offs_h, mask=mask_h, other=-float("inf"),
-                            cache_modifier=".cg")  # fmt: skip
-            w = tl.exp(lse_s - m_safe) * inv  # [BLOCK_H], 0 for an empty split
-            o_s = tl.load(po_rows + s * stride_pos, mask=mask_o, other=0.0, cache_modifier=".cg")
-            acc += w[:, None] * o_s
-        tl.store(
-            out_ptr + b * stride_ob + offs_h[:, None] * stride_oh + offs_dv[None, :],
-            acc.to(out_ptr.dtype.element_ty),
-            mask=mask_o,
-        )
-        # log(0) = -inf for all-padding rows, which is the defined lse there.
-        tl.store(lse_ptr + b * stride_lb + offs_h, m_safe + tl.log(total), mask=mask_h)
 
 
 @triton.jit
@@ -306,7 +199,7 @@ def launch_merge(
     trace, an int64 tensor with 4 entries per program (merge_grid), receives each program's
     SM id and globaltimer stamps at entry, after the PDL wait and at the end; row
     (b * H + h) * slices + slice, which is not the order the hardware launches them in
-    (benchmarks/bench_sparse_mla_probes.py merge-trace)."""
+    (a lab diagnostic: benchmarks/bench_sparse_mla_probes.py merge-trace)."""
     po, plse = partials
     b, num_splits, h, d_v = po.shape
     for name, v, lo, hi in (("num_warps", num_warps, 1, 32), ("block_dvc", block_dvc, 16, None),

@@ -1,6 +1,7 @@
 """The (B, H) fallback: one program per (request, head), walking all selected tokens in tiles.
 
-This is the pattern that took 63% of decode GPU time in the story (CONTEXT.md): at B=1 it
+This is the pattern that took 63% of decode GPU time in the deployment servelab started from
+(a Triton fallback with grid (B, H); docs/FIELD.md): at B=1 it
 launches H programs on ~132 SMs, and every program gathers the same KV rows again (H reads of
 each row per request) and reduces with CUDA-core FMAs. Kept as the baseline the split-KV
 kernel is measured against; it is correct, not fast.
@@ -15,9 +16,6 @@ import triton.language as tl
 from .reference import check_inputs
 
 LOG2E = 1.4426950408889634
-
-# The compiled kernel of the latest launch, for the benchmark's register/spill report.
-LAST_COMPILED: dict[str, object] = {}
 
 
 @triton.jit
@@ -108,6 +106,24 @@ def naive_decode(
     num_warps: int = 4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the (B, H) kernel; returns (out, lse). Writes into out/lse when given."""
+    out, lse, _ = naive_launch(q, kv_cache, indices, sm_scale, d_v, out=out, lse=lse,
+                               block_n=block_n, num_warps=num_warps)  # fmt: skip
+    return out, lse
+
+
+def naive_launch(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    indices: torch.Tensor,
+    sm_scale: float,
+    d_v: int,
+    *,
+    out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
+    block_n: int = 32,
+    num_warps: int = 4,
+):
+    """`naive_decode` also returning the compiled kernel (the benchmark's register report)."""
     b, h, d_qk, topk = check_inputs(q, kv_cache, indices, d_v)
     if q.stride(-1) != 1 or kv_cache.stride(-1) != 1 or indices.stride(-1) != 1:
         raise ValueError("q, kv_cache and indices need a contiguous last dimension")
@@ -116,7 +132,7 @@ def naive_decode(
     if lse is None:
         lse = torch.empty((b, h), dtype=torch.float32, device=q.device)
     d_tail = d_qk - d_v
-    LAST_COMPILED["naive"] = _sparse_mla_naive_kernel[(b, h)](
+    compiled = _sparse_mla_naive_kernel[(b, h)](
         q, kv_cache, indices, out, lse,
         topk,
         q.stride(0), q.stride(1), kv_cache.stride(0), indices.stride(0),
@@ -129,4 +145,4 @@ def naive_decode(
         BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16),
         num_warps=num_warps,
     )  # fmt: skip
-    return out, lse
+    return out, lse, compiled

@@ -1,7 +1,7 @@
 """Split-KV sparse MLA decode with the next tile's gather issued before this tile's dots.
 
-Same grid, online softmax, partials and merges as splitkv.py (16-bit KV only). The difference
-is where a tile's gather sits in the loop. In splitkv.py, Triton's software pipeliner puts the
+Same grid, online softmax, partials and merge as triton_split.py (16-bit KV only). The difference
+is where a tile's gather sits in the loop. In triton_split.py, Triton's software pipeliner puts the
 cp.async gather of tile t+1 at the end of iteration t (after both dots are issued) and waits
 for it at the top of iteration t+1 (`async_wait num = 0` in the TTGIR, Triton 3.6): with one
 program per SM, each tile's gather latency is exposed, and only the asynchronous P V dot runs
@@ -22,10 +22,16 @@ flight (BLOCK_N x D_qk x 2 B over the program's threads: 64 per thread for a 32-
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
 from .merge import gdc_launch_dependents
+
+if TYPE_CHECKING:
+    from .lab import Lab
+    from .plan import LaunchPlan
 
 
 @triton.jit
@@ -154,3 +160,23 @@ def _sparse_mla_split_rp_kernel(
     o_ptrs = o_ptr + b * stride_ob + sp * stride_os + offs_h[:, None] * stride_oh + offs_dv[None, :]
     tl.store(o_ptrs, o.to(o_ptr.dtype.element_ty), mask=mask_h[:, None] & mask_dv[None, :])
     tl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h, lse, mask=mask_h)
+
+
+def serves(plan: LaunchPlan, lab: Lab) -> bool:
+    """A 16-bit cache, any geometry (num_stages unused); no diagnostics."""
+    return not plan.p.fp8 and not lab.drop
+
+
+def launch(plan: LaunchPlan, lab: Lab):
+    """Launch the kernel; returns the compiled kernel (Triton errors propagate)."""
+    p, cfg = plan.p, plan.cfg
+    so, sl = plan.so, plan.sl
+    return _sparse_mla_split_rp_kernel[plan.grid](
+        p.q, p.kv, p.indices, plan.o_dst, plan.lse_dst, p.h, p.topk, plan.tiles_per_split,
+        p.q.stride(0), p.q.stride(1), p.kv.stride(0), p.indices.stride(0),
+        so[0], so[1], so[2], sl[0], sl[1], plan.scale_log2,
+        D_V=p.d_v, D_TAIL=p.d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        BLOCK_DV=plan.block_dv, BLOCK_T=max(triton.next_power_of_2(max(p.d_tail, 1)), 16),
+        F32_DOT=p.f32_dot, PDL_TRIGGER=plan.merge == "pdl", num_warps=cfg.num_warps,
+        num_stages=1,
+    )  # fmt: skip

@@ -1,10 +1,10 @@
-"""The ws split kernel's phase trace (splitkv_gluon_ws.launch(trace=...); read by
+"""The ws split kernel's phase trace (gluon_ws.launch(trace=...); read by
 benchmarks/bench_sparse_mla_probes.py split-trace): the layout of a program's row, and the
 jit helpers that stamp it."""
 
 from __future__ import annotations
 
-from .splitkv_gluon import AVAILABLE
+from .gluon_common import AVAILABLE
 
 # Per program one row of TRACE_COLS int64, column -> what. Globaltimer stamps (ns) but "sm"; the
 # per-tile columns hold the first TRACE_TILES tiles (later tiles are not stamped); unstamped

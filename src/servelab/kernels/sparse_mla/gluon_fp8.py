@@ -1,7 +1,7 @@
 """Split-KV sparse MLA decode over the FP8 cache (fp8.py's layout), written in Gluon, Hopper only.
 
-The bf16 Gluon kernel (splitkv_gluon.py) keeps one 64-token tile in flight per SM: q (64 KB)
-and the slot being computed fill the rest of shared memory. Here the ring holds the FP8 rows
+A one-partition bf16 Gluon kernel (removed; never a default) kept one 64-token tile in flight
+per SM: q (64 KB) and the slot being computed filled the rest of shared memory. Here the ring holds the FP8 rows
 (e4m3 part, rope, scales: 656 or 604 bytes a row instead of 1152 or 1024), and each tile is
 dequantised once, by all threads, into one fp16 staging tile that both wgmma dots read:
 
@@ -12,7 +12,7 @@ dequantised once, by all threads, into one fp16 staging tile that both wgmma dot
   into it;
 - so NBUF tiles are in flight while a tile's dots run (the bf16 ring: NBUF - 1), twice the
   rows in about 60-75% of the bytes at NBUF = 2;
-- the scores, the online softmax, the P V dot and the partials are those of splitkv_gluon.py.
+- the scores, the online softmax, the P V dot and the partials use gluon_common.py's helpers.
 
 Values: the dots run in fp16 (q, the staging tile and P; fp8.py says what range that needs):
 e4m3 -> fp16 is one cvt per two values and the scale one paired fp16 multiply, a third of the
@@ -31,12 +31,14 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from . import splitkv_gluon
-from .splitkv_gluon import AVAILABLE, LOG2E
+from . import gluon_common
+from .gluon_common import AVAILABLE
+from .lab import GLUON_DROP
 
 if TYPE_CHECKING:
     from .fp8 import Fp8KVCache
-    from .splitkv_config import SplitConfig
+    from .lab import Lab
+    from .plan import LaunchPlan
 
 if AVAILABLE:
     from triton.experimental import gluon
@@ -49,7 +51,7 @@ if AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .splitkv_gluon import (
+    from .gluon_common import (
         _cp_load,
         _cta_barrier,
         _load_q,
@@ -240,7 +242,6 @@ if AVAILABLE:
         DROP: gl.constexpr = 0,  # diagnostics (wrong results): 1 no gathers in the loop,
         # 2 no dots, 3 no dequantisation
         STAGED: gl.constexpr = False,  # 16-bit O stored through the staging tile
-        HB_FAST: gl.constexpr = False,  # grid (head blocks, B, splits) (splitkv_gluon.grid_order)
     ):
         dtype: gl.constexpr = q_ptr.dtype.element_ty
         D_TAIL: gl.constexpr = 0 if ROPE_IN_V else D_ROPE
@@ -263,7 +264,7 @@ if AVAILABLE:
         flat: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         sh_ix: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
 
-        b, hb, _ = _program_ids(HB_FAST)
+        b, hb, _ = _program_ids(False)
         sp = gl.program_id(2)
         t_start, n_local, n_lim = _split_tiles(topk, tiles_per_split, BLOCK_N)
 
@@ -281,7 +282,7 @@ if AVAILABLE:
                                             _fp8_ring_layout(CW))  # fmt: skip
         rope_ring = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_ROPE], sh_r)
         sc_ring = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N, NSC], flat)
-        if D_TAIL > 0:  # the q tail (the rope columns) in registers, as in splitkv_gluon.py
+        if D_TAIL > 0:  # the q tail (the rope columns) in registers, as in gluon_common.py
             offs_h_lr = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lr))
             offs_r_lr = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
             qt = gl.load(q_row + offs_h_lr[:, None] * (stride_qh8 * 8) + D_V
@@ -337,7 +338,7 @@ if AVAILABLE:
         odt: gl.constexpr = o_ptr.dtype.element_ty
         if STAGED and odt.primitive_bitwidth == 16 and BLOCK_N >= BLOCK_H:
             # 16-bit O (the output at one split, or 16-bit partials) through the staging tile,
-            # once both warpgroups' last P V has read it (splitkv_gluon._store_staged).
+            # once both warpgroups' last P V has read it (gluon_common._store_staged).
             _cta_barrier()
             o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
             _store_staged(o_row, o.to(odt), kv_st, hb, H, stride_oh, 0, D_V, BLOCK_H)
@@ -349,27 +350,21 @@ if AVAILABLE:
 
 
 
-# 16-bit O (the output at one split, 16-bit partials) stored through the staging tile in whole
-# row segments (splitkv_gluon._store_staged), as the ws kernel does; False: from the
-# accumulator's layout. A module switch so that a probe can time both (ninth follow-up).
-STAGED_STORES = True
-# A request's head-block programs launched side by side (splitkv_gluon.grid_order), as in the
-# ws kernel; off: no gain here, the kernel being bound by its dequantisation rather than its
-# bytes (H200, tenth follow-up: V3.2 B = 128 249.45 -> 248.35 us, V4-Pro 160.32 -> 158.18).
-# A module switch like STAGED_STORES.
-HEADS_FIRST = False
+DROPS = ("", "gather", "dots", "dequant")  # the lab diagnostics this kernel implements
 
 
-def consts(cfg: SplitConfig, cache: Fp8KVCache, d_v: int, tiles_per_split: int,
-           drop: str) -> dict:  # fmt: skip
-    """The FP8 Gluon kernel's compile-time arguments for a launch (its compile cache key)."""
+def consts(plan: LaunchPlan, lab: Lab) -> dict:
+    """The kernel's compile-time arguments for a launch (its compile cache key). STAGED (a
+    lab switch, shipped on): 16-bit O (the output at one split, 16-bit partials) stored
+    through the staging tile in whole row segments, as gluon_ws does (ninth follow-up)."""
+    cache, cfg = plan.p.kv, plan.cfg
     nch = cache.d_fp8 // cache.tile
-    return dict(D_V=d_v, D_FP8=cache.d_fp8, CW=cache.tile, NCH=nch,
+    return dict(D_V=plan.p.d_v, D_FP8=cache.d_fp8, CW=cache.tile, NCH=nch,
                 NSC=max(triton.next_power_of_2(nch), 4), D_ROPE=cache.d_qk - cache.d_fp8,
-                ROPE_IN_V=cache.d_fp8 < d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-                NBUF=cfg.num_stages, MAX_T=triton.next_power_of_2(tiles_per_split),
-                num_warps=8, DROP=splitkv_gluon.DROPS[drop], STAGED=STAGED_STORES,
-                HB_FAST=HEADS_FIRST)  # fmt: skip
+                ROPE_IN_V=cache.d_fp8 < plan.p.d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                NBUF=cfg.num_stages, MAX_T=triton.next_power_of_2(plan.tiles_per_split),
+                num_warps=8, DROP=GLUON_DROP.get(lab.drop, 0),
+                STAGED=lab.staged_stores)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -391,43 +386,40 @@ def layout_ok(q: torch.Tensor, cache: Fp8KVCache, d_v: int) -> bool:
             and (cache.d_fp8 == d_v or cache.d_fp8 + d_rope == d_v)
             and q.element_size() == 2 and cache.rope.dtype == q.dtype):  # fmt: skip
         return False
-    strided = ((q.stride(0), 8), (q.stride(1), 8), (cache.data.stride(0), 16),
-               (cache.rope.stride(0), 8))  # fmt: skip
-    return not (any(s % m for s, m in strided)
-                or any(t.data_ptr() % 16 for t in (q, cache.data, cache.rope)))  # fmt: skip
+    return gluon_common.rows_aligned(
+        (q.stride(0), 8), (q.stride(1), 8), (cache.data.stride(0), 16), (cache.rope.stride(0), 8),
+        tensors=(q, cache.data, cache.rope))  # fmt: skip
 
 
-def serves(cfg: SplitConfig, q: torch.Tensor, cache: Fp8KVCache, d_v: int,
-           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
-    """Whether this kernel can run the launch: what splitkv_gluon.serves asks of the geometry
-    (Hopper, Gluon, 64-head tiles over 8 warps, d_v a power of two <= 512), 64-token tiles,
-    a layout it reads (`layout_ok`), and the shared-memory budget."""
-    if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and cfg.num_warps == 8
-            and cfg.block_n == 64 and cfg.num_stages >= 1 and 32 <= d_v <= 512
-            and d_v & (d_v - 1) == 0 and layout_ok(q, cache, d_v)
-            and drop in splitkv_gluon.DROPS):  # fmt: skip
+def serves(plan: LaunchPlan, lab: Lab) -> bool:
+    """Whether this kernel can run the launch: an FP8 cache of a layout it reads
+    (`layout_ok`); 64-head tiles over 8 warps, 64-token tiles; d_v a power of two in
+    32..512; then gluon_common.usable (Hopper, shared memory, no earlier compile failure)."""
+    p, cfg = plan.p, plan.cfg
+    if not p.fp8 or lab.drop not in DROPS:
         return False
-    kc = consts(cfg, cache, d_v, tiles_per_split, drop)
-    return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
-        splitkv_gluon.FAILED
-    )
+    if not (cfg.block_h == 64 and cfg.num_warps == 8 and cfg.block_n == 64
+            and cfg.num_stages >= 1 and 32 <= p.d_v <= 512 and p.d_v & (p.d_v - 1) == 0
+            and layout_ok(p.q, p.kv, p.d_v)):  # fmt: skip
+        return False
+    kc = consts(plan, lab)
+    return gluon_common.usable(plan, kc, smem_bytes(kc))
 
 
-def launch(cfg, grid, q, cache, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-           sm_scale, d_v, drop):  # fmt: skip
-    """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
-    compile here (the caller then runs a Triton FP8 kernel)."""
-    kc = consts(cfg, cache, d_v, tiles_per_split, drop)
-    # (kc stays the failure cache's key, as serves() builds it; the launch's own copy
-    # says which grid order ran)
-    run = dict(kc)
-    grid = splitkv_gluon.grid_order(run, grid, q.device)
+def launch(plan: LaunchPlan, lab: Lab):
+    """Launch the kernel; the compiled kernel; raises gluon_common.CompileFailed (after a one-time
+    warning) if it does not compile here. (Grid (B, head blocks, splits): a request's head blocks side by side gained
+    nothing here, the kernel being bound by its dequantisation rather than its bytes; H200,
+    tenth follow-up: V3.2 B = 128 249.45 -> 248.35 us.)"""
+    p, cache = plan.p, plan.p.kv
+    kc = consts(plan, lab)
+    so, sl = plan.so, plan.sl
     try:
-        return _sparse_mla_split_gluon_fp8_kernel[grid](
-            q, cache.data, cache.rope, cache.scale, indices, o_dst, lse_dst, h, topk,
-            tiles_per_split, q.stride(0) // 8, q.stride(1) // 8, cache.data.stride(0) // 16,
-            cache.rope.stride(0) // 8, cache.scale.stride(0), indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **run,
+        return _sparse_mla_split_gluon_fp8_kernel[plan.grid](
+            p.q, cache.data, cache.rope, cache.scale, p.indices, plan.o_dst, plan.lse_dst, p.h,
+            p.topk, plan.tiles_per_split, p.q.stride(0) // 8, p.q.stride(1) // 8,
+            cache.data.stride(0) // 16, cache.rope.stride(0) // 8, cache.scale.stride(0),
+            p.indices.stride(0), so[0], so[1], so[2], sl[0], sl[1], plan.scale_log2, **kc,
         )  # fmt: skip
-    except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
-        return splitkv_gluon.compile_failed(e, kc, q, "FP8 Gluon split kernel")
+    except Exception as e:  # noqa: BLE001 - any compile failure: recorded, dispatch decides
+        raise gluon_common.compile_failed(e, kc, p.q, "FP8 Gluon split kernel") from e

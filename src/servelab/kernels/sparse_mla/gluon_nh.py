@@ -12,23 +12,23 @@ d_v fill M and the heads are the N dimension (8..256 in steps of 8):
 
 One warpgroup (4 warps) computes; q takes BLOCK_H x D_qk x 2 bytes of shared memory (32 KB
 at 32 heads instead of 64 KB), so the ring holds more tiles in flight. Gathers, the split's
-index rows, the ring's commit groups, the partials and the merge are those of
-splitkv_gluon.py; the FP8 kernel takes the FP8 ring and the per-tile dequantisation into one
-fp16 staging tile from splitkv_gluon_fp8.py (same values; q and P^T in fp16 too).
+index rows, the ring's commit groups and the partials use gluon_common.py's helpers; the FP8 kernel takes the FP8 ring and the per-tile dequantisation into one
+fp16 staging tile from gluon_fp8.py (same values; q and P^T in fp16 too).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
+import triton
 
-from . import splitkv_gluon, splitkv_gluon_fp8
-from .splitkv_gluon import AVAILABLE, LOG2E
+from . import gluon_common, gluon_fp8
+from .gluon_common import AVAILABLE
+from .lab import GLUON_DROP
 
 if TYPE_CHECKING:
-    from .fp8 import Fp8KVCache
-    from .splitkv_config import SplitConfig
+    from .lab import Lab
+    from .plan import LaunchPlan
 
 if AVAILABLE:
     from triton.experimental import gluon
@@ -41,7 +41,7 @@ if AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .splitkv_gluon import (
+    from .gluon_common import (
         _cp_load,
         _cta_barrier,
         _issue_gather,
@@ -50,7 +50,7 @@ if AVAILABLE:
         _split_tiles,
         _store_lse,
     )
-    from .splitkv_gluon_fp8 import (
+    from .gluon_fp8 import (
         _fp8_refill,
         _fp8_regs,
         _fp8_ring_layout,
@@ -234,7 +234,7 @@ if AVAILABLE:
         H,
         topk,
         tiles_per_split,
-        stride_qb8,  # as in splitkv_gluon_fp8.py
+        stride_qb8,  # as in gluon_fp8.py
         stride_qh8,
         stride_d16,
         stride_r8,
@@ -334,20 +334,21 @@ if AVAILABLE:
                 acc, m_i, l_i, H, stride_oh, D_V, BLOCK_H, acc_l)  # fmt: skip
 
 
-def _is_fp8(kv) -> bool:
-    return not isinstance(kv, torch.Tensor)
+DROPS = ("", "gather", "dots")  # the lab diagnostics of the 16-bit kernel
+DROPS_FP8 = ("", "gather", "dots", "dequant")  # ... and of the FP8 kernel
 
 
-def consts(cfg: SplitConfig, kv: torch.Tensor | Fp8KVCache, d_v: int, tiles_per_split: int,
-           drop: str) -> dict:  # fmt: skip
-    """The kernel's compile-time arguments for a launch (its compile cache key): those of the
-    64-head kernel for the same cache, on 4 warps."""
-    if _is_fp8(kv):
-        kc = splitkv_gluon_fp8.consts(cfg, kv, d_v, tiles_per_split, drop)
+def consts(plan: LaunchPlan, lab: Lab) -> dict:
+    """The kernel's compile-time arguments for a launch (its compile cache key)."""
+    p, cfg = plan.p, plan.cfg
+    if p.fp8:
+        kc = gluon_fp8.consts(plan, lab)
         kc.pop("STAGED")  # (the 64-head kernel's store; this one stores O^T directly)
-        kc.pop("HB_FAST")  # (one head block: the grid's order is the same either way)
     else:
-        kc = splitkv_gluon.consts(cfg, d_v, kv.shape[1] - d_v, tiles_per_split, drop)
+        kc = dict(D_V=p.d_v, D_TAIL=p.d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                  BLOCK_T=max(triton.next_power_of_2(max(p.d_tail, 1)), 16),
+                  NBUF=cfg.num_stages, MAX_T=triton.next_power_of_2(plan.tiles_per_split),
+                  DROP=GLUON_DROP.get(lab.drop, 0))  # fmt: skip
     return dict(kc, num_warps=4)
 
 
@@ -365,51 +366,71 @@ def smem_bytes(kc: dict) -> int:
     return main + 2 * bn * bh + 4 * kc["MAX_T"] * bn + 4 * 1024
 
 
-def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor | Fp8KVCache, d_v: int,
-           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
-    """Whether this kernel can run the launch: a Hopper GPU and Gluon; all heads in one block
-    of 16 or 32 (wgmma N; more heads: the 64-head kernels); 64-token tiles (the score dot's
-    M); a ring of >= 2 tiles (16-bit) or >= 1 (FP8); d_v a power of two in 128..512; for FP8
-    what splitkv_gluon_fp8.serves asks of the layout; 16-byte rows for cp.async; the
-    shared-memory budget; no earlier compile failure of this key."""
-    fp8 = _is_fp8(kv)
-    if drop not in splitkv_gluon.DROPS or (drop == "dequant" and not fp8):
-        return False
-    if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h in (16, 32)
-            and q.shape[1] <= cfg.block_h and cfg.block_n == 64 and cfg.num_warps == 4
-            and cfg.num_stages >= (1 if fp8 else 2) and 128 <= d_v <= 512
-            and d_v & (d_v - 1) == 0 and q.element_size() == 2):  # fmt: skip
-        return False
-    if fp8:
-        if not splitkv_gluon_fp8.layout_ok(q, kv, d_v):
-            return False
-    elif (kv.shape[1] - d_v) % 8 or kv.element_size() != 2 or any(
-        x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))
-    ) or any(t.data_ptr() % 16 for t in (q, kv)):
-        return False
-    kc = consts(cfg, kv, d_v, tiles_per_split, drop)
-    return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
-        splitkv_gluon.FAILED
-    )
+def _geometry_ok(plan: LaunchPlan) -> bool:
+    """All heads in one block of 16 or 32 (wgmma N; more heads: the 64-head kernels); 64-token
+    tiles (the score dot's M); a ring of >= 2 tiles (16-bit) or >= 1 (FP8); d_v a power of
+    two in 128..512; 16-bit q."""
+    p, cfg = plan.p, plan.cfg
+    return (cfg.block_h in (16, 32) and p.h <= cfg.block_h and cfg.block_n == 64
+            and cfg.num_warps == 4 and cfg.num_stages >= (1 if p.fp8 else 2)
+            and 128 <= p.d_v <= 512 and p.d_v & (p.d_v - 1) == 0
+            and p.q.element_size() == 2)  # fmt: skip
 
 
-def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-           sm_scale, d_v, drop):  # fmt: skip
-    """Launch the 16-bit or the FP8 kernel; the compiled kernel, or None (and a one-time
-    warning) if it does not compile here (the caller then runs a Triton kernel)."""
-    kc = consts(cfg, kv, d_v, tiles_per_split, drop)
+def serves(plan: LaunchPlan, lab: Lab) -> bool:
+    """The 16-bit kernel ("gluon_nh"): a 16-bit cache, `_geometry_ok`, 16-byte rows for
+    cp.async, then gluon_common.usable (Hopper, shared memory, no earlier compile failure)."""
+    p = plan.p
+    if p.fp8 or lab.drop not in DROPS or not _geometry_ok(plan):
+        return False
+    if p.d_tail % 8 or p.kv.element_size() != 2 or not gluon_common.rows_aligned(
+        (p.q.stride(0), 8), (p.q.stride(1), 8), (p.kv.stride(0), 8), tensors=(p.q, p.kv)
+    ):
+        return False
+    kc = consts(plan, lab)
+    return gluon_common.usable(plan, kc, smem_bytes(kc))
+
+
+def serves_fp8(plan: LaunchPlan, lab: Lab) -> bool:
+    """The FP8 kernel ("gluon_nh_fp8"): an FP8 cache of a layout gluon_fp8.layout_ok reads,
+    `_geometry_ok`, then gluon_common.usable."""
+    p = plan.p
+    if not p.fp8 or lab.drop not in DROPS_FP8 or not _geometry_ok(plan):
+        return False
+    if not gluon_fp8.layout_ok(p.q, p.kv, p.d_v):
+        return False
+    kc = consts(plan, lab)
+    return gluon_common.usable(plan, kc, smem_bytes(kc))
+
+
+def launch(plan: LaunchPlan, lab: Lab):
+    """Launch the 16-bit kernel; the compiled kernel; raises gluon_common.CompileFailed (after a
+    one-time warning) if it does not compile here."""
+    p = plan.p
+    kc = consts(plan, lab)
+    so, sl = plan.so, plan.sl
     try:
-        if _is_fp8(kv):
-            return _sparse_mla_split_nh_fp8_kernel[grid](
-                q, kv.data, kv.rope, kv.scale, indices, o_dst, lse_dst, h, topk,
-                tiles_per_split, q.stride(0) // 8, q.stride(1) // 8, kv.data.stride(0) // 16,
-                kv.rope.stride(0) // 8, kv.scale.stride(0), indices.stride(0),
-                so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
-            )  # fmt: skip
-        return _sparse_mla_split_nh_kernel[grid](
-            q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
-            q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **kc,
+        return _sparse_mla_split_nh_kernel[plan.grid](
+            p.q, p.kv, p.indices, plan.o_dst, plan.lse_dst, p.h, p.topk, plan.tiles_per_split,
+            p.q.stride(0) // 8, p.q.stride(1) // 8, p.kv.stride(0) // 8, p.indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], plan.scale_log2, **kc,
         )  # fmt: skip
-    except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
-        return splitkv_gluon.compile_failed(e, kc, q, "few-heads Gluon split kernel")
+    except Exception as e:  # noqa: BLE001 - any compile failure: recorded, dispatch decides
+        raise gluon_common.compile_failed(e, kc, p.q, "few-heads Gluon split kernel") from e
+
+
+def launch_fp8(plan: LaunchPlan, lab: Lab):
+    """Launch the FP8 kernel; the compiled kernel; raises gluon_common.CompileFailed (after a
+    one-time warning) if it does not compile here."""
+    p, kv = plan.p, plan.p.kv
+    kc = consts(plan, lab)
+    so, sl = plan.so, plan.sl
+    try:
+        return _sparse_mla_split_nh_fp8_kernel[plan.grid](
+            p.q, kv.data, kv.rope, kv.scale, p.indices, plan.o_dst, plan.lse_dst, p.h, p.topk,
+            plan.tiles_per_split, p.q.stride(0) // 8, p.q.stride(1) // 8, kv.data.stride(0) // 16,
+            kv.rope.stride(0) // 8, kv.scale.stride(0), p.indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], plan.scale_log2, **kc,
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - any compile failure: recorded, dispatch decides
+        raise gluon_common.compile_failed(e, kc, p.q, "few-heads FP8 Gluon split kernel") from e

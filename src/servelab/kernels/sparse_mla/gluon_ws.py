@@ -1,10 +1,10 @@
 """Split-KV sparse MLA decode, warp-specialised (Gluon, Hopper only; 16-bit KV).
 
-splitkv_gluon.py runs one tile at a time through all 8 warps: gather, score dot, softmax
-(row max and sum crossing the two warpgroups through shared memory), P's layout change, P V,
-with CTA barriers between the steps, so the tensor cores idle during the softmax and the
-gathers. Its loop without gathers takes ~88% of the full time (docs/performance.md). Here
-three partitions of 4 warps each run their own loop, handing tiles over by mbarriers:
+A one-partition Gluon kernel (the first one, since removed: it was never a default) ran one
+tile at a time through all 8 warps: gather, score dot, softmax (row max and sum crossing the
+two warpgroups through shared memory), P's layout change, P V, with CTA barriers between the
+steps, so the tensor cores idle during the softmax and the gathers; its loop without gathers
+took ~88% of the full time (docs/notes/sparse-mla.md, fourth follow-up). Here three partitions of 4 warps each run their own loop, handing tiles over by mbarriers:
 
 - **loader** (worker): gathers tile j's rows by cp.async into K buffer j % NK (after the
   consumers have released it), then signals ``k_ready``;
@@ -25,12 +25,14 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from . import splitkv_gluon
-from .splitkv_gluon import AVAILABLE, LOG2E
-from .splitkv_gluon_ws_trace import TRACE_COLS, TRACE_LAYOUT, TRACE_TILES  # noqa: F401
+from . import gluon_common
+from .gluon_common import AVAILABLE
+from .gluon_ws_trace import TRACE_COLS, TRACE_LAYOUT, TRACE_TILES  # noqa: F401
+from .lab import GLUON_DROP
 
 if TYPE_CHECKING:
-    from .splitkv_config import SplitConfig
+    from .lab import Lab
+    from .plan import LaunchPlan
 
 if AVAILABLE:
     from triton.experimental import gluon
@@ -43,7 +45,7 @@ if AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .splitkv_gluon import (
+    from .gluon_common import (
         _cp_load,
         _cta_barrier,
         _load_q,
@@ -53,7 +55,7 @@ if AVAILABLE:
         _store_out,
         _store_staged,
     )
-    from .splitkv_gluon_ws_trace import (
+    from .gluon_ws_trace import (
         T_COLS,
         T_ENTRY,
         T_IDX0,
@@ -86,7 +88,7 @@ if AVAILABLE:
                     D: gl.constexpr, BLOCK_H: gl.constexpr, layout: gl.constexpr,
                     STAGED: gl.constexpr):  # fmt: skip
         """acc / l (rows with nothing stay 0) -> columns [COL0, COL0 + D) of this head block's
-        output rows; STAGED: through K buffer `buf` (free by then), splitkv_gluon's
+        output rows; STAGED: through K buffer `buf` (free by then), gluon_common's
         _store_staged."""
         if STAGED:
             o = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
@@ -312,7 +314,7 @@ if AVAILABLE:
         num_warps: gl.constexpr,  # 4: the scorer; the workers bring 4 each
         STAGED: gl.constexpr,  # O stored through a free K buffer (where one holds it)
         Q_LATE: gl.constexpr,  # q's copies issued once the first tile's indices are in
-        HB_FAST: gl.constexpr,  # grid (head blocks, B, splits) (splitkv_gluon.grid_order)
+        HB_FAST: gl.constexpr,  # grid (head blocks, B, splits) (gluon_common.grid_order)
         trace_ptr=None,  # [programs, TRACE_COLS] int64 when TRACE (TRACE_LAYOUT)
         TRACE: gl.constexpr = False,
     ):
@@ -388,40 +390,27 @@ if AVAILABLE:
         ], [4, 4], [SECOND_REGS, LOADER_REGS])  # fmt: skip
 
 
-DROPS = ("", "gather", "dots")  # the diagnostics this kernel implements
+DROPS = ("", "gather", "dots")  # the lab diagnostics this kernel implements
 
 
-# 16-bit O (partials or the output) stored through a K buffer freed by the end of the loop, 16
-# bytes a thread in whole row segments, where one buffer holds a partition's half (32- and
-# 64-token tiles);
-# False: straight from the accumulator's layout (the kernel before 2026-11-30's ninth
-# follow-up; docs/performance.md). A module switch so that a probe can time both.
-STAGED_STORES = True
-# q's copies issued by the scorer once the loader has its first tile's indices, so that the
-# index load does not queue behind q's 64 KB (the phase trace: the indices came ~0.25 us
-# after q, 1.3-2.8 us after entry); False: q issued first, at entry (the kernel before the
-# ninth follow-up). A module switch like STAGED_STORES.
-Q_AFTER_INDICES = True
-# The head blocks of a request as the grid's fastest axis, so that where there are several
-# (128 heads) and more programs than SMs, a request's programs run side by side and the second
-# one's gathers find the rows in L2 instead of reading them again a wave later (H200,
-# 2026-11-30, tenth follow-up, three calls: V3.2 B = 128 189-192 -> 163-171 us, V4-Pro
-# 97-101 -> 89-93; grid_order keeps B first where the programs fit one wave); False: (B, head
-# blocks, splits), the other split kernels' order. A module switch like STAGED_STORES.
-HEADS_FIRST = True
-
-
-def consts(cfg: SplitConfig, d_v: int, d_tail: int, drop: str = "") -> dict:
+def consts(plan: LaunchPlan, lab: Lab) -> dict:
     """The kernel's compile-time arguments for a launch (its compile cache key). Registers
     per thread (setmaxnreg; 512 per lane across the three 4-warp partitions): the second
     half holds a 64 x 256 fp32 accumulator (128) plus addresses -> 168; the loader only
     addresses and masks -> 88; the scorer gets the rest, 256 - 8 = 248 (ptxas: no spills at
-    V3.2's and V4's shapes, Triton 3.6)."""
-    return dict(D_V=d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+    V3.2's and V4's shapes, Triton 3.6). The switches (lab.Lab; shipped on):
+    STAGED, 16-bit O stored through a K buffer freed by the end of the loop (ninth
+    follow-up: V4-Flash B = 16 17.13 -> 13.35 us); Q_LATE, q's copies issued once the loader
+    has its first tile's indices, so the index load does not queue behind q's 64 KB; HB_FAST,
+    the grid (head blocks, B, splits) where the programs outnumber the SMs (tenth follow-up:
+    V3.2 B = 128 189-192 -> 163-171 us; gluon_common.grid_order)."""
+    d_tail = plan.p.d_tail
+    cfg = plan.cfg
+    return dict(D_V=plan.p.d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 BLOCK_T=max(triton.next_power_of_2(max(d_tail, 1)), 16), NK=cfg.num_stages,
-                DROP=splitkv_gluon.DROPS[drop], SECOND_REGS=168, LOADER_REGS=88,
-                STAGED=STAGED_STORES, Q_LATE=Q_AFTER_INDICES, HB_FAST=HEADS_FIRST,
-                num_warps=4)  # fmt: skip
+                DROP=GLUON_DROP.get(lab.drop, 0), SECOND_REGS=168, LOADER_REGS=88,
+                STAGED=lab.staged_stores, Q_LATE=lab.q_after_indices,
+                HB_FAST=lab.heads_first, num_warps=4)  # fmt: skip
 
 
 def smem_bytes(kc: dict) -> int:
@@ -434,50 +423,48 @@ def smem_bytes(kc: dict) -> int:
             + 4 * nk * bn + 10 * 1024)  # fmt: skip
 
 
-def serves(cfg: SplitConfig, q: torch.Tensor, kv: torch.Tensor, d_v: int,
-           tiles_per_split: int, drop: str = "") -> bool:  # fmt: skip
-    """Whether this kernel can run the launch: what splitkv_gluon.serves asks (Hopper, Gluon,
-    64-head tiles, d_v a power of two <= 512, 16-byte rows) and d_v >= 128 (each half one
-    wgmma N >= 64, a whole 128-byte swizzle atom), and the shared-memory budget."""
-    d_tail = kv.shape[1] - d_v
-    if drop not in DROPS:
+def serves(plan: LaunchPlan, lab: Lab) -> bool:
+    """Whether this kernel can run the launch: a 16-bit cache; 64-head tiles of 16-64 tokens
+    and >= 2 K buffers; d_v a power of two in 128..512 (each half one wgmma N >= 64, a whole
+    128-byte swizzle atom); 16-byte rows for cp.async; then gluon_common.usable (Hopper,
+    shared memory, no earlier compile failure)."""
+    p, cfg = plan.p, plan.cfg
+    if p.fp8 or lab.drop not in DROPS:
         return False
-    if not (splitkv_gluon.gluon_device(q.device) and cfg.block_h == 64 and 16 <= cfg.block_n <= 64
-            and cfg.num_stages >= 2 and 128 <= d_v <= 512 and d_v & (d_v - 1) == 0
-            and d_tail % 8 == 0 and kv.element_size() == 2 and q.element_size() == 2):  # fmt: skip
+    if not (cfg.block_h == 64 and 16 <= cfg.block_n <= 64 and cfg.num_stages >= 2
+            and 128 <= p.d_v <= 512 and p.d_v & (p.d_v - 1) == 0 and p.d_tail % 8 == 0
+            and p.kv.element_size() == 2 and p.q.element_size() == 2):  # fmt: skip
         return False
-    if any(x % 8 for x in (q.stride(0), q.stride(1), kv.stride(0))) or any(
-        t.data_ptr() % 16 for t in (q, kv)
-    ):
+    if not gluon_common.rows_aligned((p.q.stride(0), 8), (p.q.stride(1), 8), (p.kv.stride(0), 8),
+                                     tensors=(p.q, p.kv)):  # fmt: skip
         return False
-    kc = consts(cfg, d_v, d_tail, drop)
-    return smem_bytes(kc) <= splitkv_gluon.SMEM_LIMIT and splitkv_gluon.key(kc, q) not in (
-        splitkv_gluon.FAILED
-    )
+    kc = consts(plan, lab)
+    return gluon_common.usable(plan, kc, smem_bytes(kc))
 
 
-def launch(cfg, grid, q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split, so, sl,
-           sm_scale, d_v, drop, trace=None):  # fmt: skip
-    """Launch the kernel; the compiled kernel, or None (and a one-time warning) if it does not
-    compile here (the caller then runs a Triton kernel). trace: an int64 tensor of
-    >= programs x TRACE_COLS entries receives the phase stamps (TRACE_LAYOUT; row
-    (b * head blocks + hb) * splits + split)."""
-    kc = consts(cfg, d_v, kv.shape[1] - d_v, drop)
+def launch(plan: LaunchPlan, lab: Lab):
+    """Launch the kernel; the compiled kernel; raises gluon_common.CompileFailed (after a one-time
+    warning) if it does not compile here. lab.trace: an int64 tensor of >= programs x TRACE_COLS entries receives the
+    phase stamps (TRACE_LAYOUT; row (b * head blocks + hb) * splits + split)."""
+    p = plan.p
+    kc = consts(plan, lab)
     extra = {}
-    if trace is not None:
-        n = grid[0] * grid[1] * grid[2] * TRACE_COLS
+    if lab.trace is not None:
+        n = plan.p.b * plan.n_hblk * plan.num_splits * TRACE_COLS
+        trace = lab.trace
         if trace.dtype != torch.int64 or trace.numel() < n or not trace.is_contiguous():
             raise ValueError(f"trace must be a contiguous int64 tensor of >= {n} entries")
         extra = dict(trace_ptr=trace, TRACE=True)
     # (kc stays the failure cache's key, as serves() builds it; the launch's own copy
     # says which grid order ran)
     run = dict(kc)
-    grid = splitkv_gluon.grid_order(run, grid, q.device)
+    grid = gluon_common.grid_order(run, plan.grid, p.num_sms)
+    so, sl = plan.so, plan.sl
     try:
         return _sparse_mla_split_gluon_ws_kernel[grid](
-            q, kv, indices, o_dst, lse_dst, h, topk, tiles_per_split,
-            q.stride(0) // 8, q.stride(1) // 8, kv.stride(0) // 8, indices.stride(0),
-            so[0], so[1], so[2], sl[0], sl[1], sm_scale * LOG2E, **run, **extra,
+            p.q, p.kv, p.indices, plan.o_dst, plan.lse_dst, p.h, p.topk, plan.tiles_per_split,
+            p.q.stride(0) // 8, p.q.stride(1) // 8, p.kv.stride(0) // 8, p.indices.stride(0),
+            so[0], so[1], so[2], sl[0], sl[1], plan.scale_log2, **run, **extra,
         )  # fmt: skip
-    except Exception as e:  # noqa: BLE001 - any compile failure: a Triton kernel serves instead
-        return splitkv_gluon.compile_failed(e, kc, q, "warp-specialised Gluon split kernel")
+    except Exception as e:  # noqa: BLE001 - any compile failure: recorded, dispatch decides
+        raise gluon_common.compile_failed(e, kc, p.q, "warp-specialised Gluon split kernel") from e

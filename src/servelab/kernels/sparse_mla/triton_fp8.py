@@ -1,6 +1,6 @@
 """Split-KV sparse MLA decode over the FP8 cache of fp8.py, scales applied per column chunk.
 
-Same grid, online softmax, partials and merges as splitkv.py. The difference is how a gathered
+Same grid, online softmax, partials and merge as triton_split.py. The difference is how a gathered
 tile meets its per-tile scales. The first FP8 kernel dequantised each [rows x d_fp8] tile
 through a reshape to [rows, tiles, tile]; Triton lowered that with a shared-memory layout
 conversion (H200: shared memory 83 -> 182 KB per program, 255 registers, occupancy halved),
@@ -16,17 +16,23 @@ so each chunk is one load + one cast feeding both tensor-core dots, as the bf16 
 P * scale_c is scaled by 2^8 before rounding to 16 bits (and the result by 2^-8, exact) so
 that fp16 does not underflow for small-range tiles (scale = amax / 448).
 
-Layouts served (others use the reshape path, ``SplitConfig(fp8_chunked=False)``):
+Layouts served (others: the reshape path of triton_split.py):
 V3.2-like, d_fp8 == d_v (the 16-bit part is the score-only tail); V4-like, d_fp8 < d_v == D_qk
 (the 16-bit part is the last value columns). At most 8 chunks.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import triton
 import triton.language as tl
 
-from .merge import fused_merge_epilogue, gdc_launch_dependents
+from .merge import gdc_launch_dependents
+
+if TYPE_CHECKING:
+    from .lab import Lab
+    from .plan import LaunchPlan
 
 MAX_CHUNKS = 8
 PV_SCALE = 256.0  # 2^8: keeps P * scale in fp16's normal range; removed exactly at the end
@@ -82,9 +88,6 @@ def _sparse_mla_split_fp8_kernel(
     idx_ptr,  # [B, topk] int32
     o_ptr,  # final [B, H, d_v] (SINGLE) or partial [B, S, H, d_v] fp32
     lse_ptr,  # final [B, H] or partial [B, S, H] fp32
-    out_ptr,  # FUSED: final [B, H, d_v]
-    flse_ptr,  # FUSED: final [B, H]
-    cnt_ptr,  # FUSED: int32 counters, one per (request, head block)
     H,
     topk,
     tiles_per_split,
@@ -99,9 +102,6 @@ def _sparse_mla_split_fp8_kernel(
     stride_oh,
     stride_lb,
     stride_ls,
-    stride_fob,
-    stride_foh,
-    stride_flb,
     scale_log2,
     D_V: tl.constexpr,
     D_FP8: tl.constexpr,
@@ -114,8 +114,6 @@ def _sparse_mla_split_fp8_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     SINGLE: tl.constexpr,
-    FUSED: tl.constexpr,
-    BLOCK_S: tl.constexpr,
     F32_DOT: tl.constexpr,
     PREFETCH_IDX: tl.constexpr,
     PDL_TRIGGER: tl.constexpr,
@@ -264,8 +262,35 @@ def _sparse_mla_split_fp8_kernel(
     if ROPE_IN_V:
         _store_cols(o_rows, acc_r, inv, mask_h, D_FP8, BLOCK_R, D_V - D_FP8)
     tl.store(lse_ptr + b * stride_lb + sp * stride_ls + offs_h, lse, mask=mask_h)
-    if FUSED:
-        fused_merge_epilogue(o_ptr, lse_ptr, out_ptr, flse_ptr, cnt_ptr, b, hb, H,
-                             stride_ob, stride_os, stride_oh, stride_lb, stride_ls,
-                             stride_fob, stride_foh, stride_flb,
-                             D_V, BLOCK_H, BLOCK_DV, BLOCK_S)  # fmt: skip
+
+
+def serves(plan: LaunchPlan, lab: Lab) -> bool:
+    """An FP8 cache of a layout this kernel reads: V3.2-like (e4m3 part = d_v) or V4-like
+    (e4m3 + rope = d_v = D_qk), a rope part, at most MAX_CHUNKS scale tiles; no diagnostics."""
+    p = plan.p
+    if not p.fp8 or lab.drop:
+        return False
+    cache = p.kv
+    d_rope = cache.d_qk - cache.d_fp8
+    v32_like = cache.d_fp8 == p.d_v
+    v4_like = cache.d_fp8 < p.d_v == cache.d_qk
+    return (v32_like or v4_like) and cache.d_fp8 // cache.tile <= MAX_CHUNKS and d_rope > 0
+
+
+def launch(plan: LaunchPlan, lab: Lab):
+    """Launch the kernel; returns the compiled kernel (Triton errors propagate)."""
+    p, cfg, cache = plan.p, plan.cfg, plan.p.kv
+    so, sl = plan.so, plan.sl
+    d_rope = p.d_qk - cache.d_fp8
+    return _sparse_mla_split_fp8_kernel[plan.grid](
+        p.q, cache.data, cache.scale, cache.rope, p.indices, plan.o_dst, plan.lse_dst, p.h,
+        p.topk, plan.tiles_per_split, p.q.stride(0), p.q.stride(1), cache.data.stride(0),
+        cache.scale.stride(0), cache.rope.stride(0), p.indices.stride(0),
+        so[0], so[1], so[2], sl[0], sl[1], plan.scale_log2,
+        D_V=p.d_v, D_FP8=cache.d_fp8, CW=cache.tile, N_CH=cache.d_fp8 // cache.tile,
+        D_ROPE=d_rope, BLOCK_R=max(triton.next_power_of_2(d_rope), 16),
+        ROPE_IN_V=cache.d_fp8 < p.d_v, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        BLOCK_DV=plan.block_dv, SINGLE=plan.single, F32_DOT=p.f32_dot,
+        PREFETCH_IDX=cfg.prefetch_idx, PDL_TRIGGER=plan.merge == "pdl",
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
