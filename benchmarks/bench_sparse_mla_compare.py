@@ -1,15 +1,15 @@
-"""`bench_sparse_mla.py --compare`: the merge variants at B <= 8 (two kernels, PDL, fused,
-16-bit partials) and the two FP8 kernels against bf16 (the issue-5 follow-ups), all cells
+"""`bench_sparse_mla.py --compare`: the merge variants at B <= 8 (two kernels, PDL, 16-bit
+partials) and the two Triton FP8 kernels against bf16 (the issue-5 follow-ups), all cells
 compiled first (so GPU tests may run meanwhile: --wait-file), then timed like the main table.
-Kept apart from bench_sparse_mla.py, whose helpers it uses."""
+(The fused merge these cells once timed lost everywhere and was removed: docs/notes.)"""
 
 from __future__ import annotations
 
 import time
 
-import bench_sparse_mla as bsm
+import sparse_mla_common as bsm
 import torch
-from bench_sparse_mla import (
+from sparse_mla_common import (
     BATCHES,
     Log,
     Shape,
@@ -23,23 +23,21 @@ from bench_sparse_mla import (
 
 def compare_jobs(shape: Shape, smoke: bool):
     """(B, label, variant, config) cells of --compare: merge variants at small B (two-kernel vs
-    PDL vs fused, fused also with fewer splits), then FP8 (first reshape path vs per-chunk
-    scales) vs bf16 on the memory-bound TP slices and V4-Flash."""
+    PDL), then FP8 (the reshape path vs per-chunk scales) vs bf16 on the memory-bound TP
+    slices and V4-Flash."""
     from dataclasses import replace
 
-    from servelab.kernels.sparse_mla.splitkv import default_config
+    from servelab.kernels.sparse_mla.defaults import default_config
 
-    def base(b):
+    def base(b, fp8_tile=None):
         # The Triton kernels' defaults: these cells compare merges and FP8 paths of those
         # kernels (the Gluon default would change the split kernel under them).
-        return default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
+        return default_config(b, shape.heads, shape.d_qk, fp8_tile, gluon=False)
 
     for b in [1, 3] if smoke else [1, 2, 4, 8]:
         c = base(b)
         yield b, "m-kernel", "splitkv", replace(c, merge="kernel")
         yield b, "m-pdl", "splitkv", replace(c, merge="pdl")
-        for t in (1, 2, 4):
-            yield b, f"m-fused-t{t}", "splitkv", replace(c, merge="fused", min_tiles_per_split=t)
         if b <= 2:  # the B=1 follow-up: half the partial bytes (16-bit or half the splits)
             yield b, "m-pdl-p16", "splitkv", replace(c, merge="pdl", partial_dtype="input")
             yield b, "m-pdl-t2", "splitkv", replace(c, merge="pdl", min_tiles_per_split=2)
@@ -47,15 +45,17 @@ def compare_jobs(shape: Shape, smoke: bool):
         batches = [1, 3] if smoke else [16, 32, 64, 128]
         if shape.name == "v4-flash":
             batches = BATCHES
+        tile = 128 if shape.d_qk == 576 else 64 if shape.d_qk == 512 else 16  # fp8_cache's
         for b in batches:
             c = base(b)
+            f = base(b, tile)
             yield b, "bf16", "splitkv", c
-            yield b, "fp8-old", "fp8", replace(c, fp8_chunked=False)
-            yield b, "fp8-new", "fp8", c
+            yield b, "fp8-old", "fp8", replace(f, kernel="triton")  # the reshape path
+            yield b, "fp8-new", "fp8", replace(f, kernel="triton_fp8_chunked")
             if shape.heads < 64 or smoke:  # geometry alternatives for the memory-bound slices
                 yield b, "bf16-w8", "splitkv", replace(c, num_warps=8)
                 for label, alt in FP8_ALTS.items():
-                    yield b, label, "fp8", replace(c, **alt)
+                    yield b, label, "fp8", replace(f, kernel="triton_fp8_chunked", **alt)
 
 
 # FP8 geometries tried on the TP slices next to the default (16 heads, 32 tokens, 4 warps,
@@ -111,8 +111,7 @@ def compare(log: Log, args, shapes, reps: int, pool: int) -> None:
     def us(key):
         return res.get(key, {}).get("us", nan)
 
-    mlabels = ["m-kernel", "m-pdl", "m-pdl-p16", "m-pdl-t2", "m-fused-t1", "m-fused-t2",
-               "m-fused-t4"]
+    mlabels = ["m-kernel", "m-pdl", "m-pdl-p16", "m-pdl-t2"]
     log.say("\nmerge: us per call (median; splits in brackets); best marked *")
     log.say(f"{'shape':17} {'B':>3} " + " ".join(f"{m[2:]:>14}" for m in mlabels))
     for shape in shapes:

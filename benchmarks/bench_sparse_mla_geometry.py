@@ -1,9 +1,10 @@
 """Split-kernel geometries side by side on one GPU: the shipped default against candidates.
 
 Each candidate is a `SplitConfig` (named below); every cell is first checked against the fp32
-reference (relative error, padding rows), then timed exactly like bench_sparse_mla.py (CUDA
-graphs of rotated inputs so the gathered rows come from HBM, median of replays; the roofline
-floor uses the same measured 4.24 TB/s and 701 TFLOP/s). All cells compile first, so GPU tests
+reference (relative error, padding rows), then timed exactly like bench_sparse_mla.py
+(sparse_mla_common.py: CUDA graphs of rotated inputs so the gathered rows come from HBM,
+median of replays; the same measured roofline ceilings). A candidate names its variant: one
+that cannot run here is an error, never timed as another. All cells compile first, so GPU tests
 can run meanwhile (--wait-file), and --budget-s stops starting new cells. A table is printed
 last; OUT/bench_sparse_mla.jsonl holds every cell with its p10/p90 and compiler report.
 
@@ -22,47 +23,53 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import sparse_mla_common as bsm
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_sparse_mla as bsm  # noqa: E402
 
 # A checked cell is timed only if its output is within this relative error of the fp32
 # reference (bf16 P in the P V dot gives ~2e-3) and its all-padding request is exactly (0, -inf).
 MAX_REL_ERR = 1e-2
 
 
+def _nh(h: int, nbuf: int, fp8: bool = False):
+    """The defaults' few-heads geometry for h <= 32 heads with an nbuf-deep ring."""
+    from servelab.kernels.sparse_mla.defaults import geometry
+
+    name = ("nh16" if h <= 16 else "nh32") + ("_fp8" if fp8 else "")
+    return replace(geometry(name), num_stages=nbuf)
+
+
 def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell); `split_costs` adds the
     default with 16-bit partials, a PDL merge, and half or twice the splits at B >= 16."""
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, GLUON_WS, default_config, nh_config
-    from servelab.kernels.sparse_mla.splitkv import SplitConfig as C
+    from servelab.kernels.sparse_mla import gluon_nh
+    from servelab.kernels.sparse_mla.defaults import default_config, geometry
+    from servelab.kernels.sparse_mla.geometry import SplitConfig as C
+    from servelab.kernels.sparse_mla.gluon_common import SMEM_LIMIT
 
     out = {"default": None}
-    dflt = default_config(b, shape.heads, shape.d_qk, torch.bfloat16)
+    dflt = default_config(b, shape.heads, shape.d_qk)
+    ws = geometry("gluon_ws")
     if split_costs and b >= 16:  # the split's other costs: partial dtype, merge, split count
         for label, kw in (("p16", dict(partial_dtype="input")), ("pdl", dict(merge="pdl")),
                           ("p16-pdl", dict(partial_dtype="input", merge="pdl")),
                           ("waves0.5", dict(waves=0.5)), ("waves2", dict(waves=2.0))):  # fmt: skip
             out[label] = replace(dflt, **kw)
-    if dflt != GLUON_WS:
-        out["ws"] = GLUON_WS  # the warp-specialised Gluon kernel, where it is not the default
+    if dflt != ws:
+        out["ws"] = ws  # the warp-specialised Gluon kernel, where it is not the default
     for bn, nk in ((32, 4), (32, 3), (16, 8)):  # its other tile / K-ring geometries
-        out[f"ws-bn{bn}-nk{nk}"] = C(64, bn, 4, nk, 1, prefetch_idx=False, kernel="ws")
-    tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, gluon=False)
+        out[f"ws-bn{bn}-nk{nk}"] = C(64, bn, 4, nk, 1, prefetch_idx=False, kernel="gluon_ws")
+    tl = default_config(b, shape.heads, shape.d_qk, gluon=False)
     if tl != dflt:
         out["tl"] = tl  # the Triton-only default, where the default now differs
-    if dflt.kernel != "gluon":
-        out["gluon"] = GLUON_WIDE  # the one-partition Gluon kernel (the default before ws)
     if shape.heads <= 32:  # the few-heads kernel (heads on wgmma N), the ring depths that fit
-        from servelab.kernels.sparse_mla import gluon_common, gluon_nh
-
         for nbuf in (2, 3):
-            cfg = nh_config(shape.heads, nbuf)
-            kc = gluon_common.consts(cfg, shape.d_v, shape.d_qk - shape.d_v,
-                                      -(-shape.topk // cfg.block_n), "")  # fmt: skip
-            fits = gluon_nh.smem_bytes(kc) <= gluon_common.SMEM_LIMIT
-            if fits and cfg != dflt:
+            cfg = _nh(shape.heads, nbuf)
+            d_tail = shape.d_qk - shape.d_v
+            kc = dict(D_V=shape.d_v, D_TAIL=d_tail, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                      BLOCK_T=max(16, 1 << max(d_tail - 1, 0).bit_length()), NBUF=nbuf,
+                      MAX_T=1 << (-(-shape.topk // cfg.block_n) - 1).bit_length())  # fmt: skip
+            if gluon_nh.smem_bytes(kc) <= SMEM_LIMIT and cfg != dflt:
                 out[f"nh-nb{nbuf}"] = cfg
     return out
 
@@ -70,16 +77,16 @@ def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
 def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
     """--fp8: label -> (variant, SplitConfig or None = that variant's default): the bf16
     default (the baseline of the FP8 goal), the FP8 default, and the FP8 kernels it is not."""
-    from servelab.kernels.sparse_mla.splitkv import GLUON_WIDE, default_config, nh_config
+    from servelab.kernels.sparse_mla.defaults import default_config, geometry
 
     out = {"bf16": ("splitkv", None), "fp8": ("fp8", None)}
     tile = 128 if shape.d_qk == 576 else 64  # bsm.fp8_cache's layouts
-    dflt = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, fp8_tile=tile)
-    tl = default_config(b, shape.heads, shape.d_qk, torch.bfloat16, fp8_tile=tile, gluon=False)
+    dflt = default_config(b, shape.heads, shape.d_qk, fp8_tile=tile)
+    tl = default_config(b, shape.heads, shape.d_qk, fp8_tile=tile, gluon=False)
     if tl != dflt:
         out["fp8-tl"] = ("fp8", tl)
-    if dflt.kernel != "gluon":
-        out["fp8-gluon"] = ("fp8", GLUON_WIDE)
+    if dflt.kernel != "gluon_fp8":
+        out["fp8-gluon"] = ("fp8", geometry("gluon_fp8"))
     else:  # the other partial dtype (16-bit ones are stored through the staging tile)
         if dflt.partial_dtype == "input":
             out["fp8-p32"] = ("fp8", replace(dflt, partial_dtype="fp32"))
@@ -87,8 +94,8 @@ def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
             out["fp8-p16"] = ("fp8", replace(dflt, partial_dtype="input"))
     if shape.heads <= 32:  # the few-heads kernel on the FP8 cache, its ring depths
         for nbuf in (1, 2, 3):
-            if nh_config(shape.heads, nbuf) != dflt:
-                out[f"fp8-nh-nb{nbuf}"] = ("fp8", nh_config(shape.heads, nbuf))
+            if _nh(shape.heads, nbuf, True) != dflt:
+                out[f"fp8-nh-nb{nbuf}"] = ("fp8", _nh(shape.heads, nbuf, True))
     return out
 
 
@@ -123,9 +130,11 @@ def main(argv: list[str]) -> int:
         shapes = [by_name[n] for n in args.shapes.split(",")]
         batches = [int(x) for x in args.batches.split(",")]
         reps, pool = args.reps, 1 << 20
+    from servelab.kernels.sparse_mla.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv
+    from servelab.kernels.sparse_mla.lab import Lab
     from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
-    from servelab.kernels.sparse_mla.splitkv import LAST_PATH, default_config, splitkv_decode
 
     dtype = torch.float16 if bsm.DEVICE == "cpu" else torch.bfloat16
     only = set(filter(None, args.only.split(",")))
@@ -145,21 +154,20 @@ def main(argv: list[str]) -> int:
                     jobs.append((shape, b, label, variant, cfg, ""))
             if str(b) not in args.drops.split(","):
                 continue
-            from servelab.kernels.sparse_mla.splitkv import GLUON_KERNELS, GLUON_WIDE, nh_config
-
-            nh = nh_config(shape.heads, 2) if shape.heads <= 32 else None
-            if args.fp8:  # where the FP8 Gluon kernel's time goes
+            nh = shape.heads <= 32
+            if args.fp8:  # where the FP8 Gluon kernels' time goes (lab diagnostics)
                 for drop in ("gather", "dots", "dequant"):
-                    jobs.append((shape, b, f"drop-{drop}", "fp8", GLUON_WIDE, drop))
-                    if nh is not None:
-                        jobs.append((shape, b, f"drop-nh-{drop}", "fp8", nh, drop))
-            elif (dflt := default_config(b, shape.heads, shape.d_qk, dtype)).kernel in (
-                GLUON_KERNELS
-            ):
-                for drop in ("gather", "dots"):  # where the Gluon kernel's time goes
-                    jobs.append((shape, b, f"drop-{drop}", "splitkv", None, drop))
-                    if nh is not None and dflt.kernel != "nh":  # (else: the line above)
-                        jobs.append((shape, b, f"drop-nh-{drop}", "splitkv", nh, drop))
+                    jobs.append((shape, b, f"drop-{drop}", "fp8", geometry("gluon_fp8"), drop))
+                    if nh:
+                        jobs.append((shape, b, f"drop-nh-{drop}", "fp8",
+                                     _nh(shape.heads, 2, True), drop))  # fmt: skip
+            else:  # where the 16-bit Gluon kernels' time goes
+                for drop in ("gather", "dots"):
+                    jobs.append((shape, b, f"drop-ws-{drop}", "splitkv", geometry("gluon_ws"),
+                                 drop))  # fmt: skip
+                    if nh:
+                        jobs.append((shape, b, f"drop-nh-{drop}", "splitkv", _nh(shape.heads, 2),
+                                     drop))  # fmt: skip
     # Check (and so compile) every cell against the fp32 reference, with padding.
     checks = {}
     for shape, b, label, variant, cfg, drop in jobs:
@@ -172,11 +180,11 @@ def main(argv: list[str]) -> int:
         idx[0, ::5] = -1
         idx[1, :] = -1  # all padding: out 0, lse -inf
         scale = shape.d_qk**-0.5
-        # Check the config that is timed: the default at this B (B >= 3 for the padding rows).
-        ccfg = cfg or default_config(b, shape.heads, shape.d_qk, dtype,
-                                     src.tile if variant == "fp8" else None)  # fmt: skip
+        # Check the config that is timed (the default: the rules at this B; B >= 3 for the
+        # padding rows, so the check's rule may differ: the timed cell's record says).
         try:
-            o, lg = splitkv_decode(q, src, idx, scale, shape.d_v, config=ccfg)
+            run = splitkv_launch(q, src, idx, scale, shape.d_v, config=cfg)
+            o, lg = run.out, run.lse
             ref_kv = dequantize_kv(src).to(dtype) if variant == "fp8" else kv
             ref_o, ref_l = sparse_mla_decode_reference(q, ref_kv, idx, scale, shape.d_v)
             rel = ((o.float() - ref_o).norm() / ref_o.norm()).item()
@@ -184,14 +192,7 @@ def main(argv: list[str]) -> int:
             pad_ok = bool(torch.all(o[1] == 0)) and bool(torch.all(torch.isneginf(lg[1])))
             checks[(shape.name, b, label)] = dict(
                 rel_err=rel, lse_err=(lg[fin] - ref_l[fin]).abs().max().item(), pad_ok=pad_ok,
-                path=dict(LAST_PATH))  # fmt: skip
-            # A Gluon candidate this launch cannot serve runs a Triton kernel on its geometry:
-            # never time that under the Gluon label.
-            want = ("_ws" if label.startswith("ws") else "_nh" if "nh" in label
-                    else "gluon" if "gluon" in label else "")  # fmt: skip
-            if want and want not in LAST_PATH["split"]:
-                checks[(shape.name, b, label)] = dict(
-                    error=f"ran {LAST_PATH['split']}, not the kernel its label names")
+                checked=run.ran.variant)  # fmt: skip
         except Exception as e:  # noqa: BLE001 - a config that does not compile is a result
             checks[(shape.name, b, label)] = dict(error=f"{type(e).__name__}: {str(e)[:160]}")
         log.say(f"check {shape.name} B={b} {label}: {checks[(shape.name, b, label)]}")
@@ -209,7 +210,8 @@ def main(argv: list[str]) -> int:
             log.say(f"time budget spent: skipping {shape.name} B={b} {label}")
             continue
         rec = bsm.run_cell(log, shape, b, data[shape.name], variant, reps, 128, cfg=cfg,
-                           drop=drop, label=label, cache=caches.get(shape.name))  # fmt: skip
+                           lab=Lab(drop=drop) if drop else None, label=label,
+                           cache=caches.get(shape.name))  # fmt: skip
         rec.update(checks[(shape.name, b, label)])
         res[(shape.name, b, label)] = rec
         log.say(f"{shape.name} B={b} {label}: {rec.get('us', float('nan')):.2f} us "

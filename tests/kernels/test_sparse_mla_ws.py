@@ -217,12 +217,12 @@ def test_phase_trace():
 
 
 def test_split_trace_summary_on_absolute_timestamps():
-    """benchmarks/bench_sparse_mla_probes.py's summary of a trace, on hand-made stamps at the
+    """benchmarks/sparse_mla_traces.py's summary of a split trace, on hand-made stamps at the
     globaltimer's real magnitude (~1.8e18 ns, 32 ns steps): the phases come out to the
     nanosecond (a float64 of the absolute time would round them to 256 ns), unstamped (-1)
     entries are skipped, and a program with fewer tiles counts only its own."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import bench_sparse_mla_probes as probes
+    import sparse_mla_traces as probes
 
     from servelab.kernels.sparse_mla.gluon_ws import TRACE_COLS, TRACE_LAYOUT
 

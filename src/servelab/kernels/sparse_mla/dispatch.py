@@ -107,7 +107,8 @@ def splitkv_launch(
     kernels = {"split": compiled}
     if not plan.single:
         kernels["merge"] = merge_mod.launch_merge((plan.o_dst, plan.lse_dst), p.out, p.lse,
-                                                  pdl=plan.merge == "pdl")  # fmt: skip
+                                                  pdl=plan.merge == "pdl",
+                                                  **(lab.merge or {}))  # fmt: skip
     ran = Ran(cfg.kernel, cfg.tile, plan.num_splits, plan.merge, plan.partials, rule,
               tuple(skipped), kernels)  # fmt: skip
     return SplitRun(p.out, p.lse, ran)

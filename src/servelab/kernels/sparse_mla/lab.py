@@ -39,6 +39,8 @@ class Lab:
       indices (shipped); False: at entry.
     - heads_first: gluon_ws's grid (head blocks, B, splits) where the programs outnumber the
       SMs (shipped, gluon_common.grid_order); False: (B, head blocks, splits).
+    - merge: keyword overrides of merge.launch_merge (its geometry: num_warps, block_dvc,
+      tile_elems, s_chunk, column_warps; and trace, the merge programs' SM and timer stamps).
     """
 
     drop: str = ""
@@ -46,6 +48,7 @@ class Lab:
     staged_stores: bool = True
     q_after_indices: bool = True
     heads_first: bool = True
+    merge: dict | None = None
 
     def __post_init__(self) -> None:
         if self.drop not in DROPS:
