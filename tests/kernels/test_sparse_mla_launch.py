@@ -221,11 +221,20 @@ def test_default_decisions_with_a_16_bit_cache():
         assert load().candidates(b, h, d_qk, None)[-1].config.kernel == "triton"
 
 
+def _anchors(page) -> set[str]:
+    """The heading anchors of a markdown page, as GitHub makes them."""
+    import re
+
+    text = page.read_text()
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#+ (.*)$", text, re.M)}  # fmt: skip
+
+
 def test_defaults_file_rests_on_measurements():
     """Every rule of every defaults file names a geometry whose variant exists and reads the
     rule's cache, and rests on a measurement where its choice was the faster (after_us <
     before_us), dated, with the benchmark that took it (a file in benchmarks/) and the lab
-    notebook page that writes it up (a file in docs/notes/)."""
+    notebook section that writes it up (a heading of a page in docs/notes/)."""
     import re
     from pathlib import Path
 
@@ -244,7 +253,8 @@ def test_defaults_file_rests_on_measurements():
             assert m.after_us < m.before_us, (f.name, r.index, m)
             assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", m.date), m
             assert (repo / m.command.split()[0]).is_file(), m.command
-            assert (repo / m.note.split("#")[0]).is_file(), m.note
+            page, anchor = m.note.split("#")
+            assert anchor in _anchors(repo / page), m.note
         last = d.rules[-1]
         assert (last.cache, last.heads, last.batch, last.d_qk) == (None,) * 4, last
         assert last.config.kernel == "triton"
