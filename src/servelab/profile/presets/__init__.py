@@ -90,7 +90,7 @@ def load_gpu(name: str, measured_peaks: bool = False) -> tuple[GpuSpec, dict]:
             raise UserError(f"GPU preset {path.stem} has no measured peaks; drop --measured-peaks")
         hbm = float(meas.get("hbm_bytes_s", hbm))
         flops.update({k: float(v) for k, v in meas.items() if k in ("bf16", "fp8", "fp4")})
-        src += "; measured peaks from this lab (KINDS.md, CONTEXT.md)"
+        src += "; measured peaks from this lab (the preset's [measured] rows, docs/FIELD.md)"
     spec = GpuSpec(
         name=doc["name"],
         hbm_bytes_s=hbm,
