@@ -41,7 +41,7 @@ from pathlib import Path
 
 from servelab.tune.timing import copy_rate_tbs, quartile_spread  # stdlib-only module (no torch)
 
-HBM_COPY_TBS = 4.24      # H200 device-to-device copy rate measured 2026-11-29 (CONTEXT.md)
+HBM_COPY_TBS = 4.24      # H200 device-to-device copy rate measured 2026-11-29 (docs/FIELD.md)
 HBM_PEAK_TBS = 4.8       # H200 datasheet
 REDUCTIONS = ("workspace", "atomic")
 REDUCE_ONLY = "splitk_reduce_only"

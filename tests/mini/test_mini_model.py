@@ -37,7 +37,7 @@ def test_shapes_and_sizes():
     tiny = get_config("tiny")
     n = sum(p.numel() for p in MiniModel(tiny).parameters())
     assert 1e6 < n < 5e6, n  # "a few million"; bf16 checkpoint <= 10 MB
-    flash = get_config("flash")  # V4-Flash attention shapes (CONTEXT.md)
+    flash = get_config("flash")  # V4-Flash attention shapes (docs/FIELD.md)
     assert (flash.n_heads, flash.kv_dim, flash.value_dim, flash.attend_k) == (64, 512, 512, 640)
 
 

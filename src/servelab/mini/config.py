@@ -67,7 +67,7 @@ class ModelConfig:
 # tiny: ~3M parameters, trained on the CPU-or-GPU in minutes; stored as bf16 (<= 10 MB).
 TINY = ModelConfig(name="tiny")
 
-# flash: the per-layer attention shapes of DeepSeek-V4-Flash (CONTEXT.md: 64 query heads,
+# flash: the per-layer attention shapes of DeepSeek-V4-Flash (docs/FIELD.md: 64 query heads,
 # 512-wide latent row = 448 + 64 rope, value = the whole row, window 128 + top-k 512) with few
 # layers and random weights, for speed work on the H200. Hidden 4096, q_lora 1024 and expert
 # width 2048 follow the GEMM shapes of the story.

@@ -15,7 +15,7 @@ FlashMLA's 584 because our scales are fp32 rather than 1-byte powers of two.
 Two split-KV kernels read this layout directly (the layout is the same for both; no tile
 change was needed):
 
-- the reshape path (splitkv.py, ``FP8=True``) dequantises each gathered tile to the query's
+- the reshape path (triton_split.py, ``FP8=True``) dequantises each gathered tile to the query's
   dtype in registers (through a reshape to [rows, tiles, tile]) and runs the same two
   tensor-core dots, so the values are exactly those of ``dequantize_kv`` rounded once to
   that dtype;
@@ -32,8 +32,9 @@ the values in its range: |q|, the dequantised values (and on the V4 layout the r
 value then carries an absolute error up to 2^-25 (plus up to 448 x 2^-25 from a subnormal
 scale), not a relative one; tests/lib/mla_check.py's bound counts both.
 
-``splitkv.default_config`` picks one per shape and batch from the H200 measurements. None
-reaches the bf16 kernel's speed yet (0.67-0.95x on the H200, 2026-11-30; docs/performance.md).
+The defaults file (defaults/h200.toml) picks one per shape and batch from the H200
+measurements. None reaches the bf16 kernel's speed yet (0.53-0.98x on the H200, 2026-12-01;
+docs/performance.md).
 """
 
 from __future__ import annotations

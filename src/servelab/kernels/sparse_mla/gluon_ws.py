@@ -346,7 +346,7 @@ if AVAILABLE:
         # q, issued by the scorer's warps before the partitions start; the scorer waits for it
         # just before its first score dot, so q's load overlaps the loader's first gathers
         # (H200, 2026-11-30, two interleaved timings: 1-2% faster at V4-Flash B = 32-128, up
-        # to 4% at H32, within the spread of repeated timings; docs/performance.md, seventh
+        # to 4% at H32, within the spread of repeated timings; docs/notes/sparse-mla.md, seventh
         # follow-up).
         q_smem = gl.allocate_shared_memory(dtype, [BLOCK_H, D_V], sh_q)
         if not Q_LATE:

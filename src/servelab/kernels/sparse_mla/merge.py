@@ -136,7 +136,7 @@ def _smid():
 # 32-split merge of d_v = 512 is one [32, 512] tile per head: with 4 warps Triton lays the
 # warps along the columns, so each thread sums all splits of its 4 columns in registers
 # (128 registers, no shared memory), where a [32, 256] tile reduced across warps through
-# shared memory. H200, 2026-11-30 (probes merge-trace, docs/performance.md): V4-Flash B = 1
+# shared memory. H200, 2026-11-30 (probes merge-trace, docs/notes/sparse-mla.md, eighth follow-up): V4-Flash B = 1
 # 8.09 -> 7.55 us, H32 7.41 -> 6.90, V4-Pro 11.75 -> 11.29, V3.2 14.73 -> 13.63; the merge's
 # programs ran 1.5 us instead of 2.3. Tiles of <= 16 splits are [S, 512] either way.
 MERGE_TILE_ELEMS = 16384
@@ -157,7 +157,7 @@ def merge_grid(partials_shape: tuple[int, ...], block_dvc: int | None = None,
 # 32 lanes (at most 4), so that Triton lays the warps along the columns and each thread sums
 # its columns' splits in registers, in unrolled chunks of at most 128 values per thread.
 # The default: column warps for 16-bit partials where that gives >= 2 warps (>= 512
-# columns). H200, 2026-11-30 (probes merge-trace, docs/performance.md): with 16-bit partials
+# columns). H200, 2026-11-30 (probes merge-trace, docs/notes/sparse-mla.md, eighth follow-up): with 16-bit partials
 # 4 warps put 8-value vectors across [2, 2] warps and reduced through shared memory, and the
 # merge's programs ran 3.3-9.6 us against 1.0-1.6 us with column warps (V4-Flash B = 64
 # 49.2 -> 31.4 us a call, B = 16 23.8 -> 19.2); one-warp programs (128 columns, the H16
