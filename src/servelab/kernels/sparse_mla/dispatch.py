@@ -1,6 +1,7 @@
 """Split-KV decode: choose a variant, launch it and the merge, and say what ran.
 
-A call is checked once (plan.Problem). With ``config`` it names its variant (config.kernel):
+A call is checked once (plan.Problem), and each variant tried gets one frozen LaunchPlan
+(normally one: the first rule serves). With ``config`` a call names its variant (config.kernel):
 that variant runs or the call raises. Without, the rules of the GPU's defaults file
 (defaults.py) that match the call are tried in order: a variant that cannot serve the launch
 (another GPU, a layout, a compile failure, shared memory) is skipped and the next rule runs.
@@ -95,8 +96,8 @@ def splitkv_launch(
         variant = VARIANTS[cfg.kernel]
         pdl_ok = variant.pdl_trigger and merge_mod.pdl_supported(p.device)
         plan = make_plan(p, cfg, num_splits, dflt.merge, pdl_ok, workspace)
-        ran, compiled, why = _try(plan, lab)
-        if ran:
+        ok, compiled, why = _try(plan, lab)
+        if ok:
             break
         if config is not None:
             raise ValueError(f"split kernel {cfg.kernel!r} cannot run this call: {why}; "
