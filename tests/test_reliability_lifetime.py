@@ -1,0 +1,173 @@
+"""Fault injection: kill -9 of the process that started engines or workers leaves no process
+behind (children, grandchildren in the group, and grandchildren that left it with setsid), and
+an experiment killed at random points resumes to exactly its planned runs, no duplicates.
+Real processes, real signals; the engines are the bench's scripted server."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from servelab.jobs import pid_alive
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="needs Linux /proc")
+
+
+def _with_marker(marker: str) -> list[int]:
+    """Live processes whose command line holds `marker`."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                cmd = (d / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker.encode() in cmd and pid_alive(int(d.name)):
+                out.append(int(d.name))
+    return out
+
+
+def _wait_gone(marker: str, timeout: float) -> list[int]:
+    deadline = time.time() + timeout
+    left = _with_marker(marker)
+    while left and time.time() < deadline:
+        time.sleep(0.1)
+        left = _with_marker(marker)
+    return left
+
+
+def _cleanup(marker: str) -> None:
+    for p in _with_marker(marker):
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+# A child in its own session (as deploy.py starts engines) that starts one grandchild in its
+# group and one that escapes it with setsid, as multi-process engines' workers may.
+TREE = textwrap.dedent("""
+    import os, subprocess, sys, time
+    marker, guarded = sys.argv[1], sys.argv[2] == "1"
+    from servelab import lifetime
+    child = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time; m = sys.argv[1];"
+         "nap = [sys.executable, '-c', 'import time; time.sleep(300)', m];"
+         "subprocess.Popen(nap); subprocess.Popen(nap, start_new_session=True);"
+         "time.sleep(300)", marker],
+        start_new_session=True, preexec_fn=lifetime.die_with_parent)
+    if guarded:
+        lifetime.guard(child.pid)
+    print("ready", flush=True)
+    time.sleep(300)
+""")
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_kill_9_of_the_starter_ends_the_whole_tree(guarded):
+    """With the watchdog, child and both grandchildren die within the grace period; without it
+    (the death signal alone, as before) the grandchildren are orphaned: the control case."""
+    marker = f"tree-{uuid.uuid4().hex[:8]}"
+    runner = subprocess.Popen([sys.executable, "-c", TREE, marker, "1" if guarded else "0"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert runner.stdout.readline().strip() == "ready"
+        deadline = time.time() + 10
+        while len(_with_marker(marker)) < 4 and time.time() < deadline:  # runner + child + 2
+            time.sleep(0.05)
+        assert len(_with_marker(marker)) == 4
+        time.sleep(1.0)  # the watchdog records descendants twice a second
+        runner.kill()
+        runner.wait()
+        left = _wait_gone(marker, 6.0)
+        if guarded:
+            assert left == [], f"orphans after kill -9: {left}"
+        else:
+            assert len(left) == 2  # the grandchildren: what the watchdog exists for
+    finally:
+        _cleanup(marker)
+
+
+def _experiment(tmp_path: Path, marker: str) -> Path:
+    """Two arms x two load points x two repetitions over a scripted server whose launch also
+    leaves a setsid grandchild behind (a stand-in for an engine's GPU worker)."""
+    boot = ("import os, subprocess, sys; subprocess.Popen([sys.executable, '-c', "
+            f"'import time; time.sleep(300)', '{marker}'], "
+            "start_new_session=True); os.execv(sys.executable, [sys.executable, '-m', "
+            "'servelab.bench.scripted_server', *sys.argv[1:]])")
+    f = tmp_path / "exp.toml"
+    f.write_text(textwrap.dedent(f"""
+        name = "kill9"
+        hypothesis = "a killed runner leaves nothing and resumes"
+        engine = "command"
+        command = [{sys.executable!r}, "-c", {boot!r}, "--host", "{{host}}",
+                   "--port", "{{port}}", "--model", "{marker}", "--no-log"]
+        baseline = "slow"
+        repetitions = 2
+        restart = "arm"
+        retries = 1
+
+        [base.flags]
+        ttft-ms = 5
+        gap-ms = 4
+
+        [arms.slow]
+        [arms.fast]
+        flags = {{ tokens-per-chunk = 2 }}
+
+        [load]
+        concurrency = [1, 4]
+
+        [workload]
+        input_len = 8
+        output_len = 9
+        num_prompts = 8
+
+        [timeouts]
+        ready_s = 30
+        teardown_s = 5
+    """))
+    return f
+
+
+def test_kill_9_of_run_at_random_points_then_resume(tmp_path):
+    """`servelab run` killed with -9 at three random moments: no engine or grandchild outlives
+    it; the final run resumes to exactly the 8 planned runs, each stored once."""
+    marker = f"run-{uuid.uuid4().hex[:8]}"
+    exp, db = _experiment(tmp_path, marker), tmp_path / "r.db"
+    env = {**os.environ, "SERVELAB_HOME": str(tmp_path / "home")}
+    cmd = [sys.executable, "-m", "servelab", "run", str(exp), "--store", str(db)]
+    rng = random.Random(20)
+    try:
+        for delay in sorted(rng.uniform(1.5, 6.0) for _ in range(3)):
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            p.kill()
+            p.wait()
+            left = _wait_gone(marker, 6.0)
+            assert left == [], f"kill -9 after {delay:.1f} s left {left}"
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert _wait_gone(marker, 6.0) == []
+    finally:
+        _cleanup(marker)
+    con = sqlite3.connect(db)
+    runs = con.execute("SELECT arm, load_key, repetition, status, load_point_id FROM runs "
+                       "WHERE experiment = 'kill9'").fetchall()
+    assert len(runs) == 8 and all(r[3] == "ok" for r in runs), runs
+    assert len({r[:3] for r in runs}) == 8
+    lp_ids = [r[4] for r in runs]
+    assert len(set(lp_ids)) == 8  # each run points at its own load point, none shared
+    con.close()
