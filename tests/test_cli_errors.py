@@ -60,6 +60,16 @@ def test_profile_settings_are_validated(tmp_path, trace):
     _one_line(servelab("profile", str(trace), "--rules", str(tmp_path)), 2, "cannot be read")
 
 
+def test_tune_without_cuda_is_one_line():
+    """Without a CUDA device and without --device cpu a worker used to die with a traceback."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    _one_line(servelab("tune", "fp8-gemm", "--shape", "128,256", "--batch-sizes", "1"), 2,
+              "--device cpu")
+
+
 def test_debug_shows_the_traceback(tmp_path, trace):
     r = servelab("profile", str(trace), "--json", str(tmp_path), "--debug")
     assert r.returncode == 2 and "Traceback" in r.stderr and "error: " in r.stderr

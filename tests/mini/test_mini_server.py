@@ -302,7 +302,10 @@ def test_cli_errors_are_one_line(server):
                          "--speculative-algorithm", "EAGLE"], "topk"),
                        (["--port", str(_port()), "--device", "tpu"], "cuda:N"),
                        (["--port", str(_port()), "--log-level", "loud"], "--log-level"),
-                       (["--port", str(_port()), "--weights", "/"], "is a directory")):
+                       (["--port", str(_port()), "--weights", "/"], "is a directory"),
+                       # used to start allocating ~180 GiB of KV cache
+                       (["--port", str(_port()), "--max-running-requests", "100000"],
+                        "KV cache")):
         res = subprocess.run([sys.executable, "-m", "servelab", "serve", *args],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, res.stderr

@@ -40,6 +40,10 @@ ORJSON_MAX_GZ_BYTES = 2 << 20
 # trace); at least MIN_INFLATED_LIMIT is always allowed for tiny files.
 MAX_GZ_RATIO = 200
 MIN_INFLATED_LIMIT = 64 << 20
+# The JSON parser's time grows with the square of one token's length (16 MB string: 2.6 s,
+# 64 MB: ~40 s, measured here with ijson's C backend); a trace's longest value is a kernel name
+# or a CPU op's args, kilobytes. A stretch this long without a quote is refused.
+MAX_TOKEN_BYTES = 4 << 20
 
 # Current Kineto names, and those of torch 1.8-1.12 ("Kernel", "Memcpy", "Runtime", ...).
 GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2, "Kernel": 0, "Memcpy": 1, "Memset": 2}
@@ -99,6 +103,10 @@ class TooLarge(Exception):
     """The decompressed input passed its bound."""
 
 
+class TokenTooLong(Exception):
+    """One JSON value is longer than MAX_TOKEN_BYTES."""
+
+
 def inflated_limit(path: Path, gz: bool) -> int | None:
     """How many bytes of JSON a trace file may hold once decompressed (None: not compressed)."""
     if not gz:
@@ -118,6 +126,7 @@ class _CountingReader(io.RawIOBase):
         self.raw = raw
         self.offset = 0
         self.limit = limit
+        self.since_quote = 0
 
     def readable(self) -> bool:
         return True
@@ -129,6 +138,10 @@ class _CountingReader(io.RawIOBase):
         self.offset += n
         if self.limit is not None and self.offset > self.limit:
             raise TooLarge(self.offset)
+        q = data.rfind(b'"')
+        self.since_quote = n - q - 1 if q >= 0 else self.since_quote + n
+        if self.since_quote > MAX_TOKEN_BYTES:
+            raise TokenTooLong(self.offset)
         return n
 
 
@@ -315,6 +328,12 @@ def _stream(p: Path, ing: _Ingest) -> None:
                 ing.add(i, ev)
     except UserError:
         raise
+    except TokenTooLong:
+        raise UserError(
+            f"{p}: more than {MAX_TOKEN_BYTES >> 20} MiB without a quote near byte "
+            f"{counter.offset:,} of the JSON: one value that long is not a trace's (kernel "
+            "names and op args are kilobytes); this file is not a Kineto trace"
+        ) from None
     except TooLarge:
         raise UserError(
             f"{p}: inflates to more than {counter.limit:,} bytes, {MAX_GZ_RATIO}x its "
