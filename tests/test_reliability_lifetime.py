@@ -171,3 +171,84 @@ def test_kill_9_of_run_at_random_points_then_resume(tmp_path):
     lp_ids = [r[4] for r in runs]
     assert len(set(lp_ids)) == 8  # each run points at its own load point, none shared
     con.close()
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def test_kill_9_of_tune_ends_its_workers_at_once(tmp_path):
+    """Tune workers lived 6-19 s after a kill -9 of `servelab tune`; now they die with it."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CPU-interpreter tuning run; the GPU run is the same code path")
+    out = tmp_path / "cfg"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SERVELAB_HOME": str(tmp_path / "home")}
+    p = subprocess.Popen([sys.executable, "-m", "servelab", "tune", "fp8-gemm", "--device", "cpu",
+                          "--shape", "128,256", "--batch-sizes", "1,2,3,4,5,6,7,8", "--gpus",
+                          "a,b", "--out", str(out), "--name", "k9"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list[int] = []
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:  # both workers up (the watchdog is the third child)
+            kids = [k for k in _children(p.pid) if b"lifetime" not in
+                    Path(f"/proc/{k}/cmdline").read_bytes()]
+            if len(kids) >= 2:
+                workers = kids
+                break
+            time.sleep(0.1)
+        assert len(workers) >= 2, "the workers did not start"
+        time.sleep(1.0)
+        p.kill()
+        p.wait()
+        t0 = time.time()
+        while any(pid_alive(w) for w in workers) and time.time() - t0 < 10:
+            time.sleep(0.05)
+        alive = [w for w in workers if pid_alive(w)]
+        assert not alive and time.time() - t0 < 3.0, (alive, time.time() - t0)
+    finally:
+        for w in workers:
+            try:
+                os.kill(w, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_kill_9_of_bench_leaves_a_consistent_store(tmp_path):
+    """`servelab bench` killed at random moments: the store passes its integrity check, every
+    stored load point's request file is there, and a new bench appends to it."""
+    from servelab.bench.scripted_harness import serve_in_thread
+    from servelab.bench.scripted_script import Script
+    from servelab.store import Store
+
+    db = tmp_path / "r.db"
+    env = {**os.environ, "SERVELAB_HOME": str(tmp_path / "home")}
+    rng = random.Random(7)
+    with serve_in_thread(Script(ttft_ms=2, gap_ms=2)) as h:
+        cmd = [sys.executable, "-m", "servelab", "bench", "--base-url", h.url, "--concurrency",
+               "1,2,4,8", "--num-prompts", "6", "--input-len", "8", "--output-len", "8",
+               "--quiet", "--store", str(db)]
+        for delay in (rng.uniform(1.0, 4.0) for _ in range(3)):
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            time.sleep(delay)
+            p.kill()
+            p.wait()
+        with Store(db) as st:  # opening for writing runs the integrity check
+            before = st.load_points()
+            for lp in before:
+                list(st.requests(lp))  # each file is whole (gzip written before the row)
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+    with Store(db) as st:
+        assert len(st.load_points()) == len(before) + 4
