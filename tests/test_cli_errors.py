@@ -60,14 +60,14 @@ def test_profile_settings_are_validated(tmp_path, trace):
     _one_line(servelab("profile", str(trace), "--rules", str(tmp_path)), 2, "cannot be read")
 
 
-def test_tune_without_cuda_is_one_line():
+def test_tune_without_cuda_is_one_line(monkeypatch, capsys):
     """Without a CUDA device and without --device cpu a worker used to die with a traceback."""
     import torch
 
-    if torch.cuda.is_available():
-        pytest.skip("a CUDA device is present")
-    _one_line(servelab("tune", "fp8-gemm", "--shape", "128,256", "--batch-sizes", "1"), 2,
-              "--device cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    code, _, err = _main(monkeypatch, capsys, "tune", "fp8-gemm", "--shape", "128,256",
+                         "--batch-sizes", "1", "--out", "/nonexistent/never-written")
+    assert code == 2 and err.count("\n") == 1 and "--device cpu" in err, err
 
 
 def test_debug_shows_the_traceback(tmp_path, trace):
@@ -109,16 +109,32 @@ VALUES = st.one_of(
             max_size=8))
 
 
-@settings(max_examples=12, deadline=None, derandomize=True,
+def _main(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The CLI's entry point in this process (its error policy is what is checked)."""
+    from servelab.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["servelab", *args])
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(verb=st.sampled_from(VERBS),
        rest=st.lists(st.one_of(st.sampled_from(FLAGS), VALUES), max_size=5))
-def test_generated_command_lines_never_traceback(tmp_path, verb, rest):
+def test_generated_command_lines_never_traceback(tmp_path, monkeypatch, capsys, verb, rest):
+    monkeypatch.setenv("SERVELAB_HOME", str(tmp_path / "h"))
+    monkeypatch.setenv("COLUMNS", "200")
     store = ["--store", str(tmp_path / "gen.db")] if verb[0] in ("results", "import") else []
-    r = servelab(*verb, *rest, *store, timeout=60, env={"SERVELAB_HOME": str(tmp_path / "h")})
-    assert r.returncode in (0, 1, 2), (verb, rest, r.returncode, r.stderr[-800:])
-    assert "Traceback" not in r.stderr + r.stdout, (verb, rest, r.stderr[-1500:])
-    if r.returncode:  # a one-line error, or the help of a group given no verb
-        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-        assert (lines and lines[-1].startswith("error: ")) or "Usage" in r.stdout + r.stderr, (
-            verb, rest, r.stderr[-800:])
+    code, out, err = _main(monkeypatch, capsys, *verb, *rest, *store)
+    assert code in (0, 1, 2), (verb, rest, code, err[-800:])
+    assert "Traceback" not in err + out and "internal error" not in err, (verb, rest, err[-1500:])
+    if code:  # a one-line error, or the help of a group given no verb
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert (lines and lines[-1].startswith("error: ")) or "Usage" in out + err, (
+            verb, rest, err[-800:])

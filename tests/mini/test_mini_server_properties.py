@@ -32,7 +32,7 @@ def url():
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [sys.executable, "-m", "servelab", "serve", "--port", str(port), "--config", "tiny",
-         "--max-running-requests", "2", "--context-length", "128",
+         "--max-running-requests", "2", "--context-length", "48",
          "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     line = ""
