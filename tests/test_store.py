@@ -113,3 +113,17 @@ def test_transaction_is_all_or_nothing_files_included(tmp_path):
             raise RuntimeError("second row failed")
         assert st.load_points() == []
         assert not list(st.requests_dir.glob("*.jsonl.gz"))
+
+
+def test_bench_refuses_a_damaged_store_before_measuring(tmp_path):
+    """`bench` used to measure, print 'stored as #14' and exit 0 into a damaged store."""
+    import subprocess
+    import sys
+
+    db = _damaged(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "servelab", "bench", "--base-url",
+                        "http://127.0.0.1:9", "--concurrency", "1", "--store", str(db)],
+                       capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "integrity check" in lines[0], r.stderr
+    assert "stored as" not in r.stdout
