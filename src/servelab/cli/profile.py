@@ -15,6 +15,7 @@ from pathlib import Path
 import typer
 from typer.core import TyperGroup
 
+from servelab.console import literal
 from servelab.errors import UserError
 
 
@@ -140,10 +141,10 @@ def _write_outputs(report: dict, vs: dict | None, json_out: str | None, html_out
         doc["vs"] = vs
     if json_out:
         atomic.write_text(json_out, json.dumps(doc, indent=1, default=str))
-        typer.echo(f"wrote {json_out}")
+        typer.echo(f"wrote {literal(json_out)}")
     if html_out:
         atomic.write_text(html_out, profile_html(doc, vs))
-        typer.echo(f"wrote {html_out}")
+        typer.echo(f"wrote {literal(html_out)}")
 
 
 def _analyze_and_print(trace, step_regex, rules, what_if, vs, json_out, html_out, top) -> None:
@@ -205,7 +206,7 @@ def register(app: typer.Typer) -> None:
         _check_outputs(json_out, html_out)
         files = capture(CaptureConfig(url, num_steps, Path(out), load, max_tokens, model, timeout))
         for f in files:
-            typer.echo(f"trace: {f}")
+            typer.echo(f"trace: {literal(f)}")
         _analyze_and_print(str(files[0]), None, None, None, None, json_out, html_out, 15)
 
     app.add_typer(prof, name="profile")
@@ -243,4 +244,4 @@ def register(app: typer.Typer) -> None:
             from servelab import atomic
 
             atomic.write_text(json_out, json.dumps(doc, indent=1, default=str))
-            typer.echo(f"wrote {json_out}")
+            typer.echo(f"wrote {literal(json_out)}")
