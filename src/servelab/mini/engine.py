@@ -21,16 +21,25 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from servelab.errors import UserError
 from servelab.mini import tokenizer as tk
 from servelab.mini.attention import get_backend
+from servelab.mini.capacity import check_kv_fits
 from servelab.mini.checkpoint import load_model
 from servelab.mini.model import KVCache, make_batch
 from servelab.mini.profiler import StepProfiler
+from servelab.mini.request import (  # noqa: F401 - Event, Stats: part of the engine's API
+    FINISH_REASONS,
+    Event,
+    Request,
+    Stats,
+    deliver,
+    stop_prefix_len,
+)
 from servelab.mini.sampling import (
     SamplingParams,
     accept_drafts,
@@ -38,6 +47,8 @@ from servelab.mini.sampling import (
     sample_row,
     target_probs,
 )
+
+UNHEALTHY_AFTER = 3  # consecutive failed steps before /health reports the engine failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,62 +77,6 @@ class EngineArgs:
         return self.speculative_num_steps if self.speculative_algorithm else 0
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """What one engine step produced for one request."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    spec_verify_ct: int
-    error: str | None = None  # why the engine failed this request (finish_reason "error")
-
-
-# vLLM's `finished_reason` label values, plus "error" for requests the engine failed
-FINISH_REASONS = ("stop", "length", "abort", "error")
-UNHEALTHY_AFTER = 3
-
-
-@dataclass(slots=True)
-class Request:
-    rid: int
-    prompt: list[int]
-    params: SamplingParams
-    callback: Callable[[Event], None]
-    gen: torch.Generator | None = None
-    slot: int = -1
-    out: list[int] = field(default_factory=list)
-    last: int = -1  # last sampled token, not yet in the main KV cache
-    pos: int = -1  # its position
-    drafts: list[int] = field(default_factory=list)
-    decoder: tk.StreamDecoder = field(default_factory=tk.StreamDecoder)
-    held: str = ""  # text held back because it may start a stop string
-    finish: str | None = None
-    spec_verify_ct: int = 0
-
-
-@dataclass(slots=True)
-class Stats:
-    """Lifetime counters, read by /metrics and /get_server_info."""
-
-    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    steps: int = 0
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_pos: list[int] = field(default_factory=list)
-
-    @property
-    def avg_spec_accept_length(self) -> float | None:
-        if not self.spec_num_drafts:
-            return None
-        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts
-
-
 class Engine:
     """Owns the model, the KV cache and the scheduler thread."""
 
@@ -148,7 +103,7 @@ class Engine:
             raise UserError(f"--context-length {args.context_length} is too long for config "
                             f"{self.cfg.name}: at most {self.cfg.max_position - self.k - 2}")
         dtype = self.model.head.weight.dtype
-        _check_kv_fits(self.cfg, args, self.ctx, dtype)
+        check_kv_fits(self.cfg, args, self.ctx, dtype)
         self.cache = KVCache(self.cfg, args.max_running_requests, self.ctx, args.device, dtype)
         self.device = torch.device(args.device)
         self.stats = Stats(spec_accepted_per_pos=[0] * self.k)
@@ -279,7 +234,7 @@ class Engine:
                 self._running, self._waiting = [], deque()
             for r in pending:
                 r.finish = "error"
-                _deliver(r, Event("", [], "error", len(r.prompt), len(r.out), r.spec_verify_ct,
+                deliver(r, Event("", [], "error", len(r.prompt), len(r.out), r.spec_verify_ct,
                                   f"engine stopped: {exc!r}"))
             traceback.print_exc()
 
@@ -493,7 +448,7 @@ class Engine:
                     text += piece[:hit]
                     r.finish = "stop"
                     break
-                keep = _stop_prefix_len(piece, p.stop)
+                keep = stop_prefix_len(piece, p.stop)
                 if keep:
                     piece, r.held = piece[:-keep], piece[-keep:]
             text += piece
@@ -506,14 +461,14 @@ class Engine:
         self.stats.generation_tokens += len(taken)
         if r.finish is not None:
             self._release(r)
-        if not _deliver(r, Event(text, taken, r.finish, len(r.prompt), len(r.out),
+        if not deliver(r, Event(text, taken, r.finish, len(r.prompt), len(r.out),
                                  r.spec_verify_ct)) and r.finish is None:
             self._fail(r, "its listener failed")
 
     def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
         r.finish = reason
         self._release(r)
-        _deliver(r, Event("", [], reason, len(r.prompt), len(r.out), r.spec_verify_ct, error))
+        deliver(r, Event("", [], reason, len(r.prompt), len(r.out), r.spec_verify_ct, error))
 
     def _fail(self, r: Request, why: str) -> None:
         """End one request with finish reason "error"; the engine goes on with the others."""
@@ -530,54 +485,3 @@ class Engine:
         if r in self._running:
             self._running.remove(r)
         self.stats.finished[r.finish if r.finish in FINISH_REASONS else "error"] += 1
-
-
-def _deliver(r: Request, ev: Event) -> bool:
-    """Hand an event to a request's listener; a failing listener must not stop the engine."""
-    try:
-        r.callback(ev)
-        return True
-    except Exception:  # noqa: BLE001 - e.g. the server's event loop is gone
-        traceback.print_exc()
-        return False
-
-
-def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
-
-
-def _free_bytes(device: str) -> int | None:
-    """Memory a new allocation can take on `device` (None when unknown)."""
-    if device.startswith("cuda"):
-        try:
-            return int(torch.cuda.mem_get_info(torch.device(device))[0])
-        except (RuntimeError, AssertionError):
-            return None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _check_kv_fits(cfg, args: EngineArgs, ctx: int, dtype: torch.dtype) -> None:
-    """Refuse a KV cache that cannot fit before allocating it (`--max-running-requests 100000`
-    used to start allocating tens of GB and die, or swap the machine)."""
-    rows = (args.max_running_requests + 1) * ctx
-    need = rows * (cfg.kv_dim + cfg.index_dim) * (cfg.n_layers + 1) * dtype.itemsize
-    free = _free_bytes(args.device)
-    if free is not None and need > 0.8 * free:
-        raise UserError(
-            f"--max-running-requests {args.max_running_requests} x --context-length "
-            f"{args.context_length} needs {need / 2**30:.1f} GiB of KV cache; {free / 2**30:.1f} "
-            f"GiB is free on {args.device}: lower one of them")
