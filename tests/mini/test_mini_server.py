@@ -168,6 +168,7 @@ def test_metrics_and_server_info_count_speculation(server):
     ("/v1/completions", None, b"[" * 100_000 + b"]" * 100_000, 400, "nested"),
     ("/v1/completions", None, b'{"prompt":"x","max_tokens":' + b"9" * 5000 + b"}", 400, "JSON"),
     ("/tokenize", {"prompt": 5}, None, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "model": ["a"]}, None, 400, "'model'"),  # was a 500
     ("/start_profile", {"num_steps": 0}, None, 400, "num_steps"),
     ("/v1/chat/completions", {"messages": "hi"}, None, 400, "messages"),
     ("/generate", {"sampling_params": {}}, None, 400, "text"),

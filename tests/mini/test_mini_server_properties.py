@@ -84,7 +84,9 @@ def _maybe(d: dict) -> st.SearchStrategy[dict]:
     return st.fixed_dictionaries({}, optional=d)
 
 
-sampling = {"temperature": numbers, "top_p": numbers, "seed": seeds, "stop": stops,
+models = st.one_of(st.none(), st.just("servelab-mini-tiny"), texts, st.lists(texts, max_size=2),
+                   st.integers(), st.dictionaries(st.text(max_size=2), st.integers(), max_size=1))
+sampling = {"model": models, "temperature": numbers, "top_p": numbers, "seed": seeds, "stop": stops,
             "ignore_eos": st.one_of(st.booleans(), st.integers(0, 1), st.none()),
             "n": small_ints, "stream": st.one_of(st.booleans(), st.just("yes")),
             "min_tokens": small_ints, "max_tokens": small_ints,

@@ -138,6 +138,9 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
 
     def check_model(body: dict) -> None:
         m = body.get("model")
+        if m is not None and not isinstance(m, str):
+            raise ApiError(400, f"'model' must be a string, got {type(m).__name__}",
+                           param="model")
         if m is not None and m not in names:
             raise ApiError(404, f"model {m!r} does not exist; this server serves {model_name!r}",
                            "model_not_found")
