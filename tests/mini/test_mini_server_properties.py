@@ -131,3 +131,18 @@ def test_chat_never_5xx(url, body):
 @given(body=generate)
 def test_generate_never_5xx(url, body):
     _check(url, "/generate", body)
+
+
+tokenize = _maybe({"model": models, "prompt": prompts, "text": prompts,
+                   "messages": st.one_of(st.none(), texts, st.lists(st.dictionaries(
+                       st.sampled_from(["role", "content"]), texts), max_size=2)),
+                   "add_special_tokens": st.one_of(st.booleans(), st.integers()),
+                   "return_token_strs": st.one_of(st.booleans(), texts)})
+detokenize = _maybe({"model": models, "tokens": prompts})
+
+
+@settings(SETTINGS, max_examples=30)
+@given(body=tokenize, detok=detokenize)
+def test_tokenize_and_detokenize_never_5xx(url, body, detok):
+    _check(url, "/tokenize", body)
+    _check(url, "/detokenize", detok)
