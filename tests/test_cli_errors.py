@@ -70,6 +70,24 @@ def test_tune_without_cuda_is_one_line(monkeypatch, capsys):
     assert code == 2 and err.count("\n") == 1 and "--device cpu" in err, err
 
 
+@pytest.mark.parametrize("args,needle", [
+    (["run", "{binary}", "--check"], "not UTF-8 text"),
+    (["demo", "--file", "{binary}"], "not UTF-8 text"),
+    (["tune", "fp8-gemm", "--device", "cpu", "--shape", "128,256", "--batch-sizes", "1",
+      "--out", "{file}"], "{file}"),
+])
+def test_files_of_the_wrong_kind_are_one_line(tmp_path, monkeypatch, capsys, args, needle):
+    """A binary experiment file, a file where a folder belongs: these used to traceback."""
+    binary, file = tmp_path / "x.toml", tmp_path / "plain"
+    binary.write_bytes(bytes(range(256)))
+    file.write_text("x")
+    monkeypatch.setenv("SERVELAB_HOME", str(tmp_path / "h"))
+    args = [a.format(binary=binary, file=file) for a in args]
+    code, _, err = _main(monkeypatch, capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: "), err
+    assert needle.format(file=file) in err
+
+
 def test_debug_shows_the_traceback(tmp_path, trace):
     r = servelab("profile", str(trace), "--json", str(tmp_path), "--debug")
     assert r.returncode == 2 and "Traceback" in r.stderr and "error: " in r.stderr
