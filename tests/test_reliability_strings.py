@@ -57,6 +57,17 @@ def test_results_list_and_show_print_stored_strings_literally(store):
     assert "[/]boom\\x1b[31m red: 1" in r.stdout
 
 
+def test_results_show_json_is_valid_and_terminal_safe(store):
+    import json
+
+    db, a, _ = store
+    r = servelab("results", "show", str(a), "--json", "--store", str(db))
+    assert r.returncode == 0, r.stderr
+    _clean(r.stdout)
+    doc = json.loads(r.stdout)
+    assert doc["model"] == HOSTILE_MODEL and doc["label"] == HOSTILE_LABEL  # same values
+
+
 def test_compare_prints_labels_literally(store):
     db, a, b = store
     r = servelab("compare", str(a), str(b), "--store", str(db))

@@ -71,6 +71,15 @@ def make_console(**kwargs: Any) -> LiteralConsole:
     return LiteralConsole(**kwargs)
 
 
+_JSON_UNSAFE = re.compile(f"[\x7f-\x9f{_BIDI}]")
+
+
+def json_text(doc: str) -> str:
+    """JSON text for a terminal: the C0 controls are already escaped by any JSON encoder; DEL,
+    C1 and the bidi overrides are escaped too (`\\u009b`), still valid JSON, same value."""
+    return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", doc)
+
+
 def legacy_markup(s: str) -> Text:
     """For callers that still mix Rich markup with outside text in one string (the experiment
     runner's progress lines): the markup when it parses, else the string literally; controls

@@ -72,7 +72,9 @@ def results_show(
                "summary": row.summary, "provenance": row.provenance}
         if recs is not None:
             doc["requests"] = recs
-        typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        from servelab.console import json_text
+
+        typer.echo(json_text(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()))
         return
     c = make_console()
     c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
