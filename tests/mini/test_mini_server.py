@@ -305,8 +305,9 @@ def test_cli_errors_are_one_line(server):
                        (["--port", str(_port()), "--log-level", "loud"], "--log-level"),
                        (["--port", str(_port()), "--weights", "/"], "is a directory"),
                        # used to start allocating ~180 GiB of KV cache
-                       (["--port", str(_port()), "--max-running-requests", "100000"],
-                        "KV cache")):
+                       (["--port", str(_port()), "--max-running-requests", "65536",
+                         "--context-length", "4000"], "KV cache"),  # ~700 GiB
+                       (["--port", str(_port()), "--seed", str(2**70)], "--seed")):  # was exit 1
         res = subprocess.run([sys.executable, "-m", "servelab", "serve", *args],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, res.stderr
