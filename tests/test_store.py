@@ -52,3 +52,78 @@ def test_corrupt_store_is_a_user_error(tmp_path):
     bad.write_bytes(b"this is not sqlite" * 100)
     with pytest.raises(UserError, match="not usable"):
         Store(bad)
+
+
+def _damaged(tmp_path):
+    """A store with rows, then 8 KB of garbage written into the middle of the file."""
+    db = tmp_path / "d.db"
+    with Store(db) as st:
+        for i in range(60):
+            st.add_load_point(summary={"pad": "x" * 2000, "i": i}, provenance={}, load_key="c=1")
+    con = sqlite3.connect(db)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    size = db.stat().st_size
+    with open(db, "r+b") as f:
+        f.seek(size // 2)
+        f.write(bytes(range(256)) * 32)
+    return db
+
+
+def test_damaged_store_is_refused_for_writing_with_a_recovery_hint(tmp_path):
+    """It used to accept writes (bench printed 'stored as #14', exit 0) and traceback on list."""
+    db = _damaged(tmp_path)
+    with pytest.raises(UserError, match=r"integrity check.*refused for writing.*\.recover"):
+        Store(db)
+    with Store(db, readonly=True) as st:  # readers open it and get one-line errors
+        assert st.damage
+        try:
+            st.load_points()
+        except UserError as exc:
+            assert "\n" not in str(exc)
+
+
+def test_provenance_and_logs_are_redacted_at_rest(tmp_path):
+    db = tmp_path / "r.db"
+    prov = {"env": {"HF_TOKEN": "hf_secret1", "NCCL_PROTO": "LL"},
+            "processes": [{"argv": ["sglang", "--api-key", "sk-secret2", "--port", "1"],
+                           "env": {"OPENAI_API_KEY": "sk-secret3"}}],
+            "server_info": {"api_key": "sk-secret4", "max_total_tokens": 8192},
+            "base_url": "http://user:pw-secret5@127.0.0.1:1"}
+    with Store(db) as st:
+        lp = st.add_load_point(summary={}, provenance=prov, load_key="c=1")
+        st.ensure_experiment("e", {}, "h")
+        st.add_run(experiment="e", arm="a", load_key="c=1", repetition=0, status="failed",
+                   error="launch failed: HF_TOKEN=hf_secret6", log_tail="--api-key sk-secret7 x")
+        row = st.load_point(lp)
+    raw = db.read_bytes() + (db.with_name("r.db-wal").read_bytes()
+                             if db.with_name("r.db-wal").exists() else b"")
+    for i in range(1, 8):
+        assert f"secret{i}".encode() not in raw, i
+    assert row.provenance["env"] == {"HF_TOKEN": "<redacted>", "NCCL_PROTO": "LL"}
+    assert row.provenance["server_info"]["max_total_tokens"] == 8192  # counts are not secrets
+    assert row.provenance["processes"][0]["argv"][3:] == ["--port", "1"]
+
+
+def test_transaction_is_all_or_nothing_files_included(tmp_path):
+    db = tmp_path / "r.db"
+    with Store(db) as st:
+        with pytest.raises(RuntimeError), st.transaction():
+            st.add_load_point(summary={}, provenance={}, load_key="c=1", requests=[{"a": 1}])
+            raise RuntimeError("second row failed")
+        assert st.load_points() == []
+        assert not list(st.requests_dir.glob("*.jsonl.gz"))
+
+
+def test_bench_refuses_a_damaged_store_before_measuring(tmp_path):
+    """`bench` used to measure, print 'stored as #14' and exit 0 into a damaged store."""
+    import subprocess
+    import sys
+
+    db = _damaged(tmp_path)
+    r = subprocess.run([sys.executable, "-m", "servelab", "bench", "--base-url",
+                        "http://127.0.0.1:9", "--concurrency", "1", "--store", str(db)],
+                       capture_output=True, text=True, timeout=120)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "integrity check" in lines[0], r.stderr
+    assert "stored as" not in r.stdout

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from servelab import atomic, paths
+from servelab.errors import UserError
 
 
 @dataclass
@@ -117,7 +118,12 @@ def log_path(name: str) -> Path:
 
 def detach(argv: list[str], name: str) -> tuple[int, Path]:
     """Re-run this servelab command line (without --detach) in a new session in the background;
-    returns its pid and log path."""
+    returns its pid and log path. A job of that name that is still running is refused: a second
+    copy would race the first over the same store rows and files."""
+    for st in read_all(name):
+        if st.state == "running":
+            raise UserError(f"job '{name}' is already running (pid {st.pid}); `servelab status "
+                            f"{name}` shows its progress")
     log = log_path(name)
     args = [a for a in argv if a != "--detach"]
     with open(log, "ab") as f:

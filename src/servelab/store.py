@@ -4,10 +4,18 @@ gzip-compressed JSONL files beside the database.
 One row per load point holds its summary (the `--output` JSON object of docs/METRICS.md) and its
 provenance. Experiments add a `runs` table: one row per (arm, load point, repetition), the unit of
 statistics, written as each run finishes so an interrupted experiment resumes where it stopped.
+
+Integrity: a store is checked (`PRAGMA quick_check`) when opened; one that fails is refused for
+writing with a one-line error that says how to recover (rows written into a damaged file may be
+lost or read back wrong). Reading a damaged store fails with the same one line, never a
+traceback. Several rows that belong together (one imported file) are written in one transaction
+(`Store.transaction`): all of them or none, per-request files included. Provenance and run logs
+are redacted (servelab.provenance.redact) before they are stored.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import sqlite3
 import time
@@ -21,6 +29,7 @@ import orjson
 
 from servelab import paths
 from servelab.errors import UserError
+from servelab.provenance import redact, redact_text
 
 SCHEMA_VERSION = 1
 
@@ -63,7 +72,20 @@ CREATE TABLE IF NOT EXISTS runs (
     UNIQUE (experiment, arm, load_key, repetition)
 );
 CREATE INDEX IF NOT EXISTS runs_by_experiment ON runs(experiment);
+CREATE TABLE IF NOT EXISTS imports (
+    sha256   TEXT PRIMARY KEY,            -- of the imported file's bytes: a re-import is refused
+    kind     TEXT NOT NULL,
+    path     TEXT NOT NULL,
+    created  REAL NOT NULL,
+    ids      TEXT NOT NULL                -- JSON list of the load point ids it created
+);
 """
+
+
+def recovery_hint(path: Path) -> str:
+    return (f"move it aside (mv {path} {path}.damaged) and start a new store, or salvage its "
+            f"rows with `sqlite3 {path} .recover | sqlite3 {path.with_suffix('.recovered.db')}`"
+            " and pass --store with that file")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,10 +130,18 @@ class Store:
     many readers at once (WAL); every write is its own transaction, so a crash loses at most the
     row being written."""
 
-    def __init__(self, path: str | Path | None = None) -> None:
+    def __init__(self, path: str | Path | None = None, *, readonly: bool = False) -> None:
         self.path = Path(path) if path else paths.default_store()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.is_dir():
+            raise UserError(f"results store {self.path} is a folder; pass --store with a file "
+                            f"name, e.g. {self.path / 'results.db'}")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"results store {self.path}: cannot create its folder "
+                            f"({exc.strerror})") from None
         self.requests_dir = self.path.parent / (self.path.stem + "-requests")
+        self._new_files: list[Path] | None = None  # per-request files of the open transaction
         try:
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -122,7 +152,60 @@ class Store:
                 (str(SCHEMA_VERSION),),
             )
         except sqlite3.DatabaseError as exc:
-            raise UserError(f"results store {self.path} is not usable: {exc}; pass --store with another path") from exc
+            raise UserError(f"results store {self.path} is not usable ({exc}); "
+                            f"{recovery_hint(self.path)}") from None
+        self.damage = self._integrity()
+        if self.damage and not readonly:
+            raise UserError(f"results store {self.path} failed its integrity check "
+                            f"({self.damage}); it is refused for writing: "
+                            f"{recovery_hint(self.path)}")
+
+    def _integrity(self) -> str | None:
+        """None when SQLite's quick_check passes, else its first complaint."""
+        try:
+            rows = self._db.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.DatabaseError as exc:
+            return str(exc)
+        first = rows[0][0] if rows else "no answer"
+        return None if first == "ok" else " ".join(str(first).split())[:200]
+
+    def _query(self, sql: str, args: Iterable[Any] = ()) -> list[tuple]:
+        """A read; a damaged file gives the one-line error with the recovery hint."""
+        try:
+            return self._db.execute(sql, tuple(args)).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise UserError(f"results store {self.path} cannot be read ({exc}); "
+                            f"{recovery_hint(self.path)}") from None
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Store]:
+        """Writes inside are committed together or not at all (per-request files too)."""
+        if self._new_files is not None:
+            raise RuntimeError("transactions do not nest")
+        self._db.execute("BEGIN IMMEDIATE")
+        self._new_files = []
+        try:
+            yield self
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            for f in self._new_files:
+                f.unlink(missing_ok=True)
+            raise
+        else:
+            self._db.execute("COMMIT")
+        finally:
+            self._new_files = None
+
+    # ---- imports -----------------------------------------------------------------------------
+
+    def imported(self, sha256: str) -> tuple[str, list[int]] | None:
+        """(path, load point ids) of an earlier import of the same bytes, or None."""
+        rows = self._query("SELECT path, ids FROM imports WHERE sha256 = ?", (sha256,))
+        return (rows[0][0], orjson.loads(rows[0][1])) if rows else None
+
+    def add_import(self, sha256: str, kind: str, path: str, ids: list[int]) -> None:
+        self._db.execute("INSERT INTO imports(sha256, kind, path, created, ids) VALUES (?,?,?,?,?)",
+                         (sha256, kind, path, time.time(), _dumps(ids)))
 
     def close(self) -> None:
         self._db.close()
@@ -160,19 +243,22 @@ class Store:
                 for rec in requests:
                     f.write(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
             tmp.replace(self.requests_dir / name)
+            if self._new_files is not None:
+                self._new_files.append(self.requests_dir / name)
             rel = f"{self.requests_dir.name}/{name}"
         cur = self._db.execute(
             "INSERT INTO load_points(created, source, label, base_url, model, load_key, concurrency,"
             " request_rate, summary, provenance, requests_path) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
             (
                 time.time(), source, label, base_url, model, load_key, concurrency, request_rate,
-                _dumps(summary), _dumps(provenance), rel,
+                _dumps(summary), _dumps(redact(provenance)), rel,
             ),
         )
         return int(cur.lastrowid)
 
     def load_point(self, lp_id: int) -> LoadPointRow:
-        row = self._db.execute("SELECT * FROM load_points WHERE id = ?", (lp_id,)).fetchone()
+        rows = self._query("SELECT * FROM load_points WHERE id = ?", (lp_id,))
+        row = rows[0] if rows else None
         if row is None:
             raise UserError(f"no load point with id {lp_id} in {self.path}; `servelab results list` shows the ids")
         return self._lp(row)
@@ -186,7 +272,7 @@ class Store:
         q += " ORDER BY id DESC"
         if limit:
             q += f" LIMIT {int(limit)}"
-        return [self._lp(r) for r in self._db.execute(q, args).fetchall()]
+        return [self._lp(r) for r in self._query(q, args)]
 
     def requests_file(self, lp: LoadPointRow) -> Path | None:
         """Where a load point's per-request records are kept (None when none were kept)."""
@@ -215,10 +301,15 @@ class Store:
 
     @staticmethod
     def _lp(r: tuple) -> LoadPointRow:
+        try:
+            summary, prov = orjson.loads(r[9]), orjson.loads(r[10])
+        except (orjson.JSONDecodeError, TypeError) as exc:
+            raise UserError(f"load point {r[0]}: its stored summary is damaged ({exc}); "
+                            "`servelab results list` shows the others") from None
         return LoadPointRow(
             id=r[0], created=r[1], source=r[2], label=r[3], base_url=r[4], model=r[5], load_key=r[6],
-            concurrency=r[7], request_rate=r[8], summary=orjson.loads(r[9]),
-            provenance=orjson.loads(r[10]), requests_path=r[11],
+            concurrency=r[7], request_rate=r[8], summary=summary,
+            provenance=prov, requests_path=r[11],
         )
 
     # ---- experiments and runs ----------------------------------------------------------------
@@ -280,15 +371,16 @@ class Store:
         cur = self._db.execute(
             "INSERT OR REPLACE INTO runs(experiment, arm, load_key, repetition, block, seq, status,"
             " load_point_id, error, log_tail, started, finished) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-            (experiment, arm, load_key, repetition, block, seq, status, load_point_id, error,
-             log_tail, started, finished if finished is not None else time.time()),
+            (experiment, arm, load_key, repetition, block, seq, status, load_point_id,
+             redact_text(error), redact_text(log_tail), started,
+             finished if finished is not None else time.time()),
         )
         return int(cur.lastrowid)
 
     def runs(self, experiment: str) -> list[RunRow]:
-        rows = self._db.execute(
+        rows = self._query(
             "SELECT id, experiment, arm, load_key, repetition, block, seq, status, load_point_id,"
             " error, log_tail, started, finished FROM runs WHERE experiment = ? ORDER BY seq, id",
             (experiment,),
-        ).fetchall()
+        )
         return [RunRow(*r) for r in rows]

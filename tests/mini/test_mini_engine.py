@@ -137,7 +137,8 @@ def test_acceptance_rule_samples_the_target_distribution():
 
 
 def test_engine_failure_ends_pending_requests():
-    """A crash in the engine thread must not leave clients waiting forever."""
+    """A failing forward must not leave clients waiting forever: the requests of the failed
+    batches end with "error"; the engine itself keeps serving (tests/mini/test_mini_faults.py)."""
     eng = engine(max_running_requests=1)
 
     def boom(*a, **k):
@@ -155,7 +156,8 @@ def test_engine_failure_ends_pending_requests():
     finally:
         eng.stop()
     assert [e.finish_reason for e in events] == ["error", "error"]
-    assert isinstance(eng.error, RuntimeError)
+    assert all("injected" in e.error for e in events)
+    assert eng.error is None  # the scheduler loop lives on
 
 
 KERNEL_CHECK = """

@@ -150,7 +150,26 @@ def test_metrics_and_server_info_count_speculation(server):
     ("/v1/completions", {"prompt": "x" * 600}, None, 400, "context length"),
     ("/v1/completions", {"prompt": "x", "model": "gpt-9"}, None, 404, "does not exist"),
     ("/v1/completions", {"prompt": "x", "temperature": -1}, None, 400, "temperature"),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, None, 400, "'max_tokens' must be >= 1"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 0}, None, 400, "'max_tokens'"),
+    # each of these used to kill the engine for good or answer a plain-text 500
+    ("/v1/completions", None, b'{"prompt":"hi","max_tokens":4,"temperature":NaN}', 400,
+     "'temperature': must be a finite number"),
+    ("/v1/completions", None, b'{"prompt":"hi","max_tokens":4,"top_p":Infinity}', 400, "top_p"),
+    ("/generate", None, b'{"text":"hi","sampling_params":{"temperature":NaN}}', 400,
+     "sampling_params.temperature"),
+    ("/v1/completions", None, b'{"prompt":"\\ud800 hi","max_tokens":2}', 400, "surrogate"),
+    ("/v1/chat/completions", None,
+     b'{"messages":[{"role":"user","content":"\\udfff"}],"max_tokens":2}', 400, "surrogate"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**70, "max_tokens": 2}, None, 400, "'seed'"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": True}, None, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "stop": [""]}, None, 400, "'stop'"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 9, "max_tokens": 3}, None, 400,
+     "min_tokens"),
+    ("/v1/completions", None, b"[" * 100_000 + b"]" * 100_000, 400, "nested"),
+    ("/v1/completions", None, b'{"prompt":"x","max_tokens":' + b"9" * 5000 + b"}", 400, "JSON"),
+    ("/tokenize", {"prompt": 5}, None, 400, "prompt"),
+    ("/v1/completions", {"prompt": "x", "model": ["a"]}, None, 400, "'model'"),  # was a 500
+    ("/start_profile", {"num_steps": 0}, None, 400, "num_steps"),
     ("/v1/chat/completions", {"messages": "hi"}, None, 400, "messages"),
     ("/generate", {"sampling_params": {}}, None, 400, "text"),
     ("/detokenize", {"tokens": [1, 99999]}, None, 400, "tokens"),
@@ -161,6 +180,71 @@ def test_bad_requests_get_4xx_and_server_survives(server, path, body, raw, statu
     assert st == status and word in err["error"]["message"], err
     st, ok = call(url, "/v1/completions", {"prompt": "ok", "max_tokens": 2})
     assert st == 200 and ok["usage"]["completion_tokens"] >= 1
+
+
+def test_oversized_body_is_refused_before_it_is_read(server):
+    """A body above the bound gets 413 from its Content-Length (the 9 MB are never read), and
+    one that lies about its length is cut off at the bound while streaming."""
+    url, _ = server
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                  b"\r\nContent-Length: 9437184\r\n\r\n{")
+        s.settimeout(10)
+        head = ""
+        while "}}" not in head:  # the JSON error body ends the answer
+            part = s.recv(65536).decode(errors="replace")
+            if not part:
+                break
+            head += part
+    assert head.startswith("HTTP/1.1 413") and "larger than" in head, head[:300]
+    st, ok = call(url, "/v1/completions", {"prompt": "ok", "max_tokens": 2})
+    assert st == 200
+
+
+def test_server_info_under_both_names(server):
+    """SGLang 0.5 serves /server_info (its bench reads acceptance from there) and keeps
+    /get_server_info: the same body under both."""
+    url, _ = server
+    st1, a = call(url, "/server_info")
+    st2, b = call(url, "/get_server_info")
+    assert st1 == st2 == 200
+    for d in (a, b):  # the lifetime stats move between the two calls; the rest must not
+        d["internal_states"][0].pop("stats")
+    assert a == b and a["speculative_algorithm"] == "EAGLE"
+
+
+def test_metrics_tell_finished_from_aborted(server):
+    """vllm:request_success_total carries vLLM's finished_reason label: a dropped stream counts
+    as "abort", never as a success (it used to count in one unlabelled total)."""
+    url, _ = server
+    port = int(url.rsplit(":", 1)[1])
+
+    def by_reason() -> dict[str, float]:
+        out: dict[str, float] = {}
+        for ln in call(url, "/metrics")[1].splitlines():
+            if ln.startswith("vllm:request_success_total{"):
+                reason = ln.split('finished_reason="')[1].split('"')[0]
+                out[reason] = float(ln.rsplit(" ", 1)[1])
+        return out
+
+    before = by_reason()
+    assert set(before) == {"stop", "length", "abort", "error"}
+    st, _ = call(url, "/v1/completions", {"prompt": "a", "max_tokens": 3, "ignore_eos": True})
+    assert st == 200
+    body = json.dumps({"prompt": "x", "max_tokens": 400, "ignore_eos": True, "stream": True})
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+        assert b"data:" in s.recv(4096) + s.recv(4096)
+    deadline = time.time() + 20
+    after = by_reason()
+    while after["abort"] == before["abort"] and time.time() < deadline:
+        time.sleep(0.1)
+        after = by_reason()
+    assert after["length"] - before["length"] == 1
+    assert after["abort"] - before["abort"] == 1
+    assert after["stop"] == before["stop"] and after["error"] == before["error"]
 
 
 def test_profile_writes_chrome_trace(server, tmp_path):
@@ -219,7 +303,11 @@ def test_cli_errors_are_one_line(server):
                          "--speculative-algorithm", "EAGLE"], "topk"),
                        (["--port", str(_port()), "--device", "tpu"], "cuda:N"),
                        (["--port", str(_port()), "--log-level", "loud"], "--log-level"),
-                       (["--port", str(_port()), "--weights", "/"], "is a directory")):
+                       (["--port", str(_port()), "--weights", "/"], "is a directory"),
+                       # used to start allocating ~180 GiB of KV cache
+                       (["--port", str(_port()), "--max-running-requests", "65536",
+                         "--context-length", "4000"], "KV cache"),  # ~700 GiB
+                       (["--port", str(_port()), "--seed", str(2**70)], "--seed")):  # was exit 1
         res = subprocess.run([sys.executable, "-m", "servelab", "serve", *args],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, res.stderr

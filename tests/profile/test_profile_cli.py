@@ -193,3 +193,101 @@ def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _bomb(path: Path, head: bytes, body: bytes, repeat: int, tail: bytes) -> None:
+    import gzip
+
+    with gzip.open(path, "wb", compresslevel=9) as f:
+        f.write(head)
+        for _ in range(repeat):  # never the whole inflated text in memory here
+            f.write(body)
+        f.write(tail)
+
+
+@pytest.mark.parametrize("kind", ["one huge value", "many events"])
+def test_a_decompression_bomb_is_refused_with_bounded_memory(tmp_path, kind):
+    """A ~1 MB .json.gz that inflates to 1 GB took `profile` to 2 GB RSS (inflated whole); now
+    the whole-file path reads at most 16 MB, the stream stops at 200x the file's size, and a
+    value longer than 4 MiB (whose parse time grows with its square) is refused."""
+    bomb = tmp_path / "bomb.json.gz"
+    if kind == "one huge value":
+        _bomb(bomb, b'{"traceEvents": [{"name": "', b"a" * (1 << 20), 64, b'"}]}')  # 64 MiB
+    else:
+        ev = b'{"ph": "X", "cat": "cpu_op", "name": "' + b"o" * 1000 + b'", "ts": 1},'
+        _bomb(bomb, b'{"traceEvents": [', ev * 100, 1000, b'{"name": "end"}]}')  # 103 MB
+    assert bomb.stat().st_size < 1 << 20  # inflates > 100x: bounded by the ratio
+    code = (
+        "from servelab.errors import UserError\n"
+        "from servelab.profile.trace import read_trace\n"
+        "try:\n"
+        f"    read_trace({str(bomb)!r})\n"
+        "except UserError as e:\n"
+        "    print('refused:', e)\n"
+        # VmHWM, not ru_maxrss: the latter keeps the parent's peak across fork + exec
+        "hwm = [ln for ln in open('/proc/self/status') if ln.startswith('VmHWM')][0]\n"
+        "print('maxrss_kb', hwm.split()[1])\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    word = "not a Kineto trace" if kind == "one huge value" else "decompression bomb"
+    assert "refused:" in r.stdout and word in r.stdout, r.stdout + r.stderr
+    rss_mb = int(r.stdout.split("maxrss_kb")[1]) / 1024
+    assert rss_mb < 300, f"peak RSS {rss_mb:.0f} MB"
+
+
+class _StuckProfiler(BaseHTTPRequestHandler):
+    """Starts a profile and never writes a trace; records /stop_profile."""
+
+    calls: list = []
+
+    def log_message(self, *a):  # quiet
+        pass
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.calls.append(self.path)
+        reply = b"{}" if self.path != "/v1/completions" else b'{"choices": [{"text": "x"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+
+def test_capture_that_times_out_or_is_interrupted_stops_the_profile(tmp_path):
+    """The server was left profiling, and refused the next capture ('already running')."""
+    import os
+    import signal
+    import time
+
+    _StuckProfiler.calls = []
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _StuckProfiler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        res = runner.invoke(app, ["profile", "capture", "--url", url, "--out", str(tmp_path),
+                                  "--timeout", "1", "--load", "0"])
+        assert res.exit_code != 0 and "no trace file appeared" in str(res.exception)
+        assert _StuckProfiler.calls == ["/start_profile", "/stop_profile"]
+        _StuckProfiler.calls = []
+        p = subprocess.Popen([sys.executable, "-m", "servelab", "profile", "capture", "--url",
+                              url, "--out", str(tmp_path), "--timeout", "60", "--load", "1"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 30
+        while "/v1/completions" not in _StuckProfiler.calls and time.time() < deadline:
+            time.sleep(0.05)
+        os.kill(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        assert "/stop_profile" in _StuckProfiler.calls, (_StuckProfiler.calls, err)
+        assert "Traceback" not in err
+    finally:
+        srv.shutdown()
+
+
+def test_capture_settings_are_validated():
+    from servelab.errors import UserError
+    from servelab.profile.capture import CaptureConfig
+
+    for kw, word in (({"load": -1}, "--load"), ({"num_steps": 0}, "--num-steps"),
+                     ({"timeout_s": float("nan")}, "--timeout"), ({"url": "notaurl"}, "URL")):
+        args = {"url": "http://127.0.0.1:1", "num_steps": 4, "out_dir": Path("."), **kw}
+        with pytest.raises(UserError, match=word):
+            CaptureConfig(**args)

@@ -4,13 +4,22 @@ mapped to ours (docs/METRICS.md has the table).
 
 Their "ITL" is the raw gap between streamed chunks, which is our `chunk_gap_ms`, not our per-token
 `itl_ms` (left null: it cannot be recovered without per-chunk token counts). Their per-request
-times are in seconds; ours in ms.
+times are in seconds; ours in ms. Every statistic the file holds is kept: every percentile they
+wrote (`p95_ttft_ms` as `ttft_ms.p95`), goodput and its SLOs, measured and peak concurrency,
+the server's arguments (SGLang's `server_info`, into provenance where secrets are redacted).
+
+An import is all or nothing and idempotent: every entry of the file is validated (types, finite
+non-negative numbers, bounded counts, per-request lists of one length) before anything is
+stored; the rows are then written in one transaction together with the file's SHA-256, so the
+same file imported again is reported as such instead of stored twice.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -22,38 +31,169 @@ from servelab.errors import UserError
 # our metric -> the name stem they use in `{stat}_{stem}_ms`
 _SGLANG_STEMS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "chunk_gap_ms": "itl", "e2e_ms": "e2e_latency"}
 _VLLM_STEMS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "chunk_gap_ms": "itl", "e2e_ms": "e2el"}
+MAX_COUNT = 10**9  # requests or tokens of one benchmark: more is a corrupt file, not a result
+MAX_FILE_BYTES = 1 << 30
+
+# The protocol a benchmark spoke, by the `backend` / `endpoint_type` / `api` names of SGLang,
+# vLLM and servelab: results over the same protocol compare, whatever tool measured them.
+PROTOCOLS = {
+    "openai-completions": ("completions", "openai", "vllm", "sglang-oai", "lmdeploy",
+                           "openai-completions", "tgi", "deepspeed-mii"),
+    "openai-chat": ("chat", "openai-chat", "sglang-oai-chat", "vllm-chat", "openai-chat-completions"),
+    "sglang-generate": ("sglang", "sglang-native", "generate"),
+}
+_PROTOCOL_OF = {name: proto for proto, names in PROTOCOLS.items() for name in names}
 
 
-def _num(x: Any) -> float | None:
-    if isinstance(x, bool) or not isinstance(x, int | float):
+def protocol_of(api: Any) -> str | None:
+    """The protocol family of a tool's backend name (None when unknown or missing)."""
+    return _PROTOCOL_OF.get(api.lower()) if isinstance(api, str) else None
+
+
+class _Bad(Exception):
+    """A field of one entry is invalid (turned into a UserError naming file and entry)."""
+
+
+def _num(obj: dict[str, Any], key: str, *, lo: float | None = 0.0, hi: float | None = None,
+         nan_ok: bool = True) -> float | None:
+    """A finite number within [lo, hi], or None when absent, null or NaN (tools write NaN for
+    'no data'); anything else is an error naming the field."""
+    x = obj.get(key)
+    if x is None:
         return None
-    return float(x) if math.isfinite(x) else None
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        raise _Bad(f"'{key}' must be a number, got {_show(x)}")
+    if isinstance(x, float) and math.isnan(x):
+        if nan_ok:
+            return None
+        raise _Bad(f"'{key}' must be a number, got NaN")
+    if math.isinf(x) or (lo is not None and x < lo) or (hi is not None and x > hi):
+        want = f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
+        raise _Bad(f"'{key}' must be a finite number {want}, got {_show(x)}")
+    return float(x)
+
+
+def _count(obj: dict[str, Any], key: str, required: bool = False) -> int | None:
+    x = obj.get(key)
+    if x is None and not required:
+        return None
+    if isinstance(x, bool) or not isinstance(x, int | float) or (
+            isinstance(x, float) and not x.is_integer()) or not 0 <= x <= MAX_COUNT:
+        raise _Bad(f"'{key}' must be a whole number in [0, {MAX_COUNT:,}], got {_show(x)}")
+    return int(x)
+
+
+def _text(obj: dict[str, Any], key: str) -> str | None:
+    x = obj.get(key)
+    if x is None:
+        return None
+    if not isinstance(x, str):
+        raise _Bad(f"'{key}' must be a string, got {_show(x)}")
+    return x
+
+
+def _show(x: Any) -> str:
+    r = repr(x)
+    return r if len(r) <= 40 else r[:37] + "..."
 
 
 def _stats(obj: dict[str, Any], stem: str) -> dict[str, float | None]:
-    return {k: _num(obj.get(f"{k}_{stem}_ms")) for k in STAT_KEYS}
+    """mean/median/std and every `p{N}` percentile they wrote for one metric."""
+    out: dict[str, float | None] = {k: _num(obj, f"{k}_{stem}_ms") for k in STAT_KEYS}
+    pat = re.compile(rf"p(\d+(?:\.\d+)?)_{re.escape(stem)}_ms")
+    for key in obj:
+        m = pat.fullmatch(key)
+        if m and f"p{m.group(1)}" not in out:
+            out[f"p{m.group(1)}"] = _num(obj, key)
+    return out
 
 
-def _load(path: Path) -> list[dict[str, Any]]:
-    # Python's json, not orjson: these tools write `Infinity`/`NaN` (json.dumps of request_rate=inf)
-    text = path.read_text(errors="replace")
-    try:
-        obj = json.loads(text)
-        objs = obj if isinstance(obj, list) else [obj]
-    except json.JSONDecodeError:
-        try:
-            objs = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: neither JSON nor JSONL ({exc})") from None
-    objs = [o for o in objs if isinstance(o, dict)]
-    if not objs:
-        raise UserError(f"{path}: no result object found")
-    return objs
+def _ok_num(x: Any) -> bool:
+    return (not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x)
+            and x >= 0)
 
 
-def _load_key(concurrency: Any, rate: Any) -> tuple[str, int | None, float | None]:
-    c = int(concurrency) if _num(concurrency) is not None else None
-    r = _num(rate) if not isinstance(rate, str) else None
+def _seconds_list(obj: dict[str, Any], key: str, n: int | None, nested: bool = False) -> list | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list):
+        raise _Bad(f"'{key}' must be a list, got {_show(v)}")
+    if n is not None and len(v) != n:
+        raise _Bad(f"'{key}' has {len(v)} entries, 'ttfts' has {n}: the per-request lists "
+                   "must have one entry per request")
+    for i, x in enumerate(v):
+        good = (isinstance(x, list) and all(_ok_num(y) for y in x)) if nested and isinstance(
+            x, list) else _ok_num(x)
+        if not good:
+            raise _Bad(f"'{key}'[{i}] must be a non-negative number"
+                       f"{' or a list of them' if nested else ''}, got {_show(x)}")
+    return v
+
+
+def _int_list(obj: dict[str, Any], key: str, n: int | None) -> list[int] | None:
+    v = obj.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list) or (n is not None and len(v) != n):
+        raise _Bad(f"'{key}' must be a list with one whole number per request, got {_show(v)}")
+    for i, x in enumerate(v):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
+            raise _Bad(f"'{key}'[{i}] must be a whole number >= 0, got {_show(x)}")
+    return v
+
+
+def _errors(obj: dict[str, Any]) -> list[str] | None:
+    v = obj.get("errors")
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(e, str) or e is None for e in v):
+        raise _Bad(f"'errors' must be a list of strings, got {_show(v)}")
+    return [e or "" for e in v]
+
+
+def _reason(err: str) -> str:
+    """The grouping key of an error message: its last non-blank line (a traceback's exception)."""
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    return lines[-1][:80] if lines else "(no message)"
+
+
+def _records(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-request records from the detail lists, when the file has them (seconds -> ms)."""
+    ttfts = _seconds_list(obj, "ttfts", None)
+    if ttfts is None:
+        return []
+    n = len(ttfts)
+    itls = _seconds_list(obj, "itls", None, nested=True) or []
+    nested = bool(itls) and isinstance(itls[0], list)  # per request (SGLang, old vLLM) or flat
+    if nested and len(itls) != n:
+        raise _Bad(f"'itls' has {len(itls)} entries, 'ttfts' has {n}")
+    ins = _int_list(obj, "input_lens", n) or [None] * n
+    outs = _int_list(obj, "output_lens", n) or [None] * n
+    lats = (_seconds_list(obj, "latencies", n) or _seconds_list(obj, "e2e_latencies", n)
+            or [None] * n)
+    errs = _errors(obj) or [""] * n
+    if len(errs) != n:
+        raise _Bad(f"'errors' has {len(errs)} entries, 'ttfts' has {n}")
+    recs = []
+    for i in range(n):
+        gaps = [g * 1e3 for g in itls[i]] if nested else []
+        ok = not errs[i] and ttfts[i] > 0
+        out = outs[i]
+        tpot = (sum(gaps) / (out - 1)) if ok and gaps and isinstance(out, int) and out > 1 else None
+        recs.append({"index": i, "ok": ok,
+                     "error": (errs[i][:300] or "unknown error") if not ok else None,
+                     "ttft_ms": ttfts[i] * 1e3 if ok else None, "tpot_ms": tpot,
+                     "e2e_ms": lats[i] * 1e3 if ok and lats[i] is not None else None,
+                     "chunk_gap_ms": gaps, "input_tokens": ins[i], "output_tokens": out})
+    return recs
+
+
+def _load_key(obj: dict[str, Any]) -> tuple[str, int | None, float | None]:
+    c = _count(obj, "max_concurrency")
+    rate = obj.get("request_rate")
+    r = None if isinstance(rate, str) or (isinstance(rate, float) and math.isinf(rate)) else \
+        _num(obj, "request_rate")
     if c is not None:
         return f"c={c}", c, r
     if r is not None:
@@ -61,115 +201,166 @@ def _load_key(concurrency: Any, rate: Any) -> tuple[str, int | None, float | Non
     return "rate=inf", None, None
 
 
-def _records(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-request records from the detail lists, when the file has them (seconds -> ms)."""
-    ttfts = obj.get("ttfts")
-    if not isinstance(ttfts, list):
-        return []
-    n = len(ttfts)
-    itls = obj.get("itls") if isinstance(obj.get("itls"), list) else []
-    nested = bool(itls) and isinstance(itls[0], list)  # per request (SGLang, old vLLM) or flat
-    ins = obj.get("input_lens") or [None] * n
-    outs = obj.get("output_lens") or [None] * n
-    lats = obj.get("latencies") or obj.get("e2e_latencies") or []
-    errs = obj.get("errors") or [""] * n
-    recs = []
-    for i in range(n):
-        gaps = [g * 1e3 for g in itls[i]] if nested and i < len(itls) else []
-        err = errs[i] if i < len(errs) and len(errs) == n else ""
-        ok = not err and _num(ttfts[i]) is not None and (ttfts[i] or 0) > 0
-        out = outs[i] if i < len(outs) else None
-        tpot = (sum(gaps) / (out - 1)) if ok and gaps and isinstance(out, int) and out > 1 else None
-        recs.append({"index": i, "ok": ok, "error": (str(err)[:300] or None) if not ok else None,
-                     "ttft_ms": ttfts[i] * 1e3 if ok else None, "tpot_ms": tpot,
-                     "e2e_ms": lats[i] * 1e3 if ok and i < len(lats) and len(lats) == n else None,
-                     "chunk_gap_ms": gaps, "input_tokens": ins[i] if i < len(ins) else None,
-                     "output_tokens": out})
-    return recs
+def _slos(obj: dict[str, Any]) -> dict[str, float] | None:
+    """SGLang's `goodput_slos_ms` ({ttft, tpot, e2el} in ms) as our `goodput_slo` keys."""
+    v = obj.get("goodput_slos_ms", obj.get("goodput"))
+    if v is None:
+        return None
+    names = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2e": "e2e_ms"}
+    if not isinstance(v, dict) or not all(k in names for k in v):
+        raise _Bad(f"'goodput_slos_ms' must map ttft/tpot/e2el to milliseconds, got {_show(v)}")
+    return {names[k]: _num(v, k) for k in v}
 
 
 def _common(obj: dict[str, Any], stems: dict[str, str]) -> dict[str, Any]:
-    """The fields both tools write alike: latency stats, totals and throughputs, the failed count
-    from `errors`, the grouped error messages and the load point."""
-    duration = _num(obj.get("duration"))
+    """The fields both tools write alike: latency stats, totals and throughputs, failures,
+    goodput, concurrency and the load point."""
+    duration = _num(obj, "duration")
+    if duration is None or duration <= 0:
+        raise _Bad(f"'duration' must be a positive number of seconds, got {_show(obj.get('duration'))}")
+    completed = _count(obj, "completed", required=True)
     s: dict[str, Any] = {m: _stats(obj, stem) for m, stem in stems.items()}
     s["itl_ms"] = dict.fromkeys(STAT_KEYS)  # their ITL is per chunk: see chunk_gap_ms
-    tin, tout = _num(obj.get("total_input_tokens")), _num(obj.get("total_output_tokens"))
+    tin = _count(obj, "total_input_tokens") if obj.get("total_input_tokens") is not None else \
+        _count(obj, "total_input")
+    tout = _count(obj, "total_output_tokens") if obj.get("total_output_tokens") is not None else \
+        _count(obj, "total_output")
     s.update({
-        "duration_s": duration, "completed": obj.get("completed"),
+        "duration_s": duration, "completed": completed,
         "total_input_tokens": tin, "total_output_tokens": tout,
-        "output_throughput_tok_s": _num(obj.get("output_throughput")),
-        "input_throughput_tok_s": _num(obj.get("input_throughput"))
-        or (tin / duration if tin is not None and duration else None),
-        "request_throughput_req_s": _num(obj.get("request_throughput")),
+        "output_throughput_tok_s": _num(obj, "output_throughput"),
+        "input_throughput_tok_s": _num(obj, "input_throughput")
+        or (tin / duration if tin is not None else None),
+        "request_throughput_req_s": _num(obj, "request_throughput"),
+        "peak_output_throughput_tok_s": _num(obj, "max_output_tokens_per_s"),
+        "measured_concurrency": _num(obj, "concurrency"),
+        "peak_concurrency": _num(obj, "max_concurrent_requests"),
+        "goodput_req_s": _num(obj, "request_goodput"),
+        "goodput_slo": _slos(obj),
+        "slo_attainment": _num(obj, "slo_attainment", hi=1.0),
         "input_len_exact": False, "input_len_source": None,
     })
-    tot = _num(obj.get("total_token_throughput")) or _num(obj.get("total_throughput"))
-    if tot is None and tin is not None and tout is not None and duration:
+    tot = _num(obj, "total_token_throughput")
+    tot = tot if tot is not None else _num(obj, "total_throughput")
+    if tot is None and tin is not None and tout is not None:
         tot = (tin + tout) / duration
     s["total_throughput_tok_s"] = tot
-    errs = [e for e in obj.get("errors") or [] if e]
-    key, c, r = _load_key(obj.get("max_concurrency"), obj.get("request_rate"))
+    errs = _errors(obj)
+    failed = _count(obj, "failed")
+    bad = [e for e in errs or [] if e]
+    if failed is None and errs is not None:
+        failed = len(bad)
     s.update({
-        "failed": len(errs) if "errors" in obj else None,
-        "failure_reasons": dict(Counter(str(e).strip().splitlines()[-1][:80] for e in errs)),
-        "load_key": key, "concurrency": c, "request_rate": r,
+        "failed": failed,  # None when the file says nothing about failures: unknown, not 0
+        "failure_reasons": dict(Counter(_reason(e) for e in bad)),
     })
+    key, c, r = _load_key(obj)
+    s.update({"load_key": key, "concurrency": c, "request_rate": r})
     return s
 
 
 def from_sglang(obj: dict[str, Any]) -> dict[str, Any]:
     """Our summary from one line of `python -m sglang.bench_serving --output-file`."""
     s = _common(obj, _SGLANG_STEMS)
-    acc = _num(obj.get("accept_length"))
+    acc = _num(obj, "accept_length")
     s.update({
-        "goodput_req_s": None, "goodput_slo": None,
         "accept_length": acc, "accept_length_source": "metrics:sglang" if acc else None,
         "accept_rate": None,
-        "api": obj.get("backend"), "dataset": obj.get("dataset_name"),
-        "input_len": obj.get("random_input_len"), "output_len": obj.get("random_output_len"),
+        "api": _text(obj, "backend"), "dataset": _text(obj, "dataset_name"),
+        "input_len": _count(obj, "random_input_len"), "output_len": _count(obj, "random_output_len"),
         "imported_from": "sglang.bench_serving",
     })
+    s["protocol"] = protocol_of(s["api"])
     return s
 
 
 def from_vllm(obj: dict[str, Any]) -> dict[str, Any]:
     """Our summary from a `vllm bench serve --save-result` (benchmark_serving.py) JSON."""
     s = _common(obj, _VLLM_STEMS)
-    acc = _num(obj.get("spec_decode_acceptance_length"))
-    rate = _num(obj.get("spec_decode_acceptance_rate"))
-    if isinstance(obj.get("failed"), int):  # vLLM counts failures itself; else count `errors`
-        s["failed"] = obj["failed"]
+    acc = _num(obj, "spec_decode_acceptance_length")
+    rate = _num(obj, "spec_decode_acceptance_rate", hi=100.0)
     s.update({
-        "goodput_req_s": _num(obj.get("request_goodput")), "goodput_slo": None,
         "accept_length": acc, "accept_length_source": "metrics:vllm" if acc else None,
         "accept_rate": rate / 100.0 if rate is not None else None,
-        "burstiness": _num(obj.get("burstiness")),
-        "api": obj.get("backend") or obj.get("endpoint_type"), "model": obj.get("model_id"),
+        "burstiness": _num(obj, "burstiness"),
+        "api": _text(obj, "backend") or _text(obj, "endpoint_type"),
+        "model": _text(obj, "model_id"),
+        "num_prompts": _count(obj, "num_prompts"),
         "imported_from": "vllm.benchmark_serving",
     })
+    s["protocol"] = protocol_of(s["api"])
     return s
 
 
-def import_file(store: Any, kind: str, path: str | Path, label: str | None = None) -> list[int]:
-    """Import every result in the file as one load point each; the new row ids."""
+def _load(path: Path) -> tuple[list[dict[str, Any]], bytes]:
+    """The result objects of the file and its bytes."""
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise UserError(f"{path}: {path.stat().st_size:,} bytes is larger than any benchmark "
+                        f"result ({MAX_FILE_BYTES:,} at most)")
+    data = path.read_bytes()
+    # Python's json, not orjson: these tools write `Infinity`/`NaN` (json.dumps of request_rate=inf)
+    text = data.decode("utf-8", errors="replace")
+    try:
+        obj = json.loads(text)
+        objs = obj if isinstance(obj, list) else [obj]
+    except (ValueError, RecursionError):
+        objs = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                objs.append(json.loads(line))
+            except (ValueError, RecursionError) as exc:
+                raise UserError(f"{path}: line {n} is not JSON ({str(exc)[:120]}); nothing "
+                                "was imported") from None
+    if not objs or not all(isinstance(o, dict) for o in objs):
+        raise UserError(f"{path}: expected JSON objects (one per line for SGLang); nothing was "
+                        "imported")
+    return objs, data
+
+
+def import_file(store: Any, kind: str, path: str | Path,
+                label: str | None = None) -> tuple[list[int], bool]:
+    """Import every result in the file as one load point each, all or none. Returns the row ids
+    and whether the same bytes had been imported before (then nothing new is stored)."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: no such file")
     conv = {"sglang": from_sglang, "vllm": from_vllm}.get(kind)
     if conv is None:
         raise UserError(f"cannot import {kind!r} results; use sglang or vllm")
-    ids = []
-    for i, obj in enumerate(_load(p)):
+    objs, data = _load(p)
+    sha = hashlib.sha256(data).hexdigest()
+    seen = store.imported(sha)
+    if seen is not None:
+        return seen[1], True
+    rows = []
+    for i, obj in enumerate(objs):
+        where = f"{p}: entry {i + 1} of {len(objs)}"
         if "duration" not in obj or "completed" not in obj:
-            raise UserError(f"{p}: entry {i} has no 'duration'/'completed': not a {kind} benchmark result")
-        summary = conv(obj)
+            raise UserError(f"{where} has no 'duration'/'completed': not a {kind} benchmark "
+                            "result; nothing was imported")
+        try:
+            summary = conv(obj)
+            model = _text(obj, "model_id") or _text(obj, "model")
+            info = obj.get("server_info")
+            if info is not None and not isinstance(info, dict):
+                raise _Bad(f"'server_info' must be an object, got {_show(info)}")
+            records = _records(obj)
+        except _Bad as exc:
+            raise UserError(f"{where}: {exc}; nothing was imported") from None
         prov = provenance.collect(imported_from=str(p.resolve()), import_kind=kind,
-                                  original_date=obj.get("date"), original_model=obj.get("model_id"))
-        ids.append(store.add_load_point(
-            summary=summary, provenance=prov, load_key=summary["load_key"], source=f"import:{kind}",
-            label=label or p.name, model=obj.get("model_id") or obj.get("model"),
-            concurrency=summary["concurrency"], request_rate=summary["request_rate"],
-            requests=_records(obj) or None,
-        ))
-    return ids
+                                  import_sha256=sha, original_date=_text(obj, "date"),
+                                  original_model=model, server_info=info)
+        rows.append((summary, prov, model, records))
+    ids = []
+    with store.transaction():
+        for summary, prov, model, records in rows:
+            ids.append(store.add_load_point(
+                summary=summary, provenance=prov, load_key=summary["load_key"],
+                source=f"import:{kind}", label=label or p.name, model=model,
+                concurrency=summary["concurrency"], request_rate=summary["request_rate"],
+                requests=records or None,
+            ))
+        store.add_import(sha, kind, str(p.resolve()), ids)
+    return ids, False

@@ -1,7 +1,13 @@
-"""Rich tables of load-point summaries (the `bench` summary and `results show|list`)."""
+"""Tables of load-point summaries (the `bench` summary and `results show|list`).
+
+Every cell is a plain string: the console prints it literally (servelab.console), so a label,
+model id or error message from outside is shown as it is. Missing values show as "-", never
+as "None" or 0; percentiles beyond ours (an imported file's p95) get their own column.
+"""
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -16,20 +22,40 @@ def _f(x: Any, nd: int = 2) -> str:
     return str(x)
 
 
+NAMES = {"ttft_ms": "TTFT ms", "tpot_ms": "TPOT ms", "itl_ms": "ITL ms (per token)",
+         "chunk_gap_ms": "chunk gap ms", "e2e_ms": "E2E ms"}
+
+
+def _columns(s: dict[str, Any]) -> list[str]:
+    """mean, median, every percentile some metric has (p90, p95, p99, ...), std."""
+    pcts = {"p90", "p99"}
+    for key in NAMES:
+        st = s.get(key)
+        if isinstance(st, dict):
+            pcts |= {k for k, v in st.items() if k.startswith("p") and v is not None}
+
+    def rank(k: str) -> float:
+        try:
+            return float(k[1:])
+        except ValueError:
+            return math.inf
+
+    return ["mean", "median", *sorted(pcts, key=rank), "std"]
+
+
 def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
     """Latency stats (ms) and throughput of one load point."""
     t = Table(title=title or f"load point {s.get('load_key')}", title_justify="left")
     t.add_column("metric")
-    for k in ("mean", "median", "p90", "p99", "std"):
+    cols = _columns(s)
+    for k in cols:
         t.add_column(k, justify="right")
-    names = {"ttft_ms": "TTFT ms", "tpot_ms": "TPOT ms", "itl_ms": "ITL ms (per token)",
-             "chunk_gap_ms": "chunk gap ms", "e2e_ms": "E2E ms"}
-    for key, name in names.items():
-        st = s.get(key) or {}
-        t.add_row(name, *(_f(st.get(k)) for k in ("mean", "median", "p90", "p99", "std")))
+    for key, name in NAMES.items():
+        st = s.get(key) if isinstance(s.get(key), dict) else {}
+        t.add_row(name, *(_f(st.get(k)) for k in cols))
     t.add_section()
     rows = [
-        ("completed / failed", f"{s.get('completed')} / {s.get('failed')}"),
+        ("completed / failed", f"{_f(s.get('completed'))} / {_f(s.get('failed'))}"),
         ("failure reasons", ", ".join(f"{k}: {v}" for k, v in (s.get("failure_reasons") or {}).items()) or "-"),
         ("output tok/s", _f(s.get("output_throughput_tok_s"), 1)),
         ("total tok/s", _f(s.get("total_throughput_tok_s"), 1)),
@@ -41,7 +67,7 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
          f"APPROXIMATE ({s.get('input_len_source') or 'unknown'})"),
     ]
     for name, val in rows:
-        t.add_row(name, val, "", "", "", "")
+        t.add_row(name, val, *([""] * (len(cols) - 1)))
     return t
 
 
@@ -55,7 +81,7 @@ def list_table(rows: list[Any]) -> Table:
         s = r.summary
         t.add_row(str(r.id), time.strftime("%m-%d %H:%M", time.gmtime(r.created)), r.source,
                   r.label or "-", r.model or "-", r.load_key,
-                  f"{s.get('completed')}/{s.get('failed')}", _f(s.get("output_throughput_tok_s"), 1),
+                  f"{_f(s.get('completed'))}/{_f(s.get('failed'))}", _f(s.get("output_throughput_tok_s"), 1),
                   _f((s.get("ttft_ms") or {}).get("median")), _f((s.get("tpot_ms") or {}).get("median")),
                   _f(s.get("accept_length")))
     return t

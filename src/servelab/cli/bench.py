@@ -122,23 +122,24 @@ def register(app: typer.Typer) -> None:
             util = res.summary.get("client_cpu_util")
             # under ~1 s (e.g. every request refused at once) start-up CPU dominates the ratio
             if util is not None and util > 0.8 and res.summary["duration_s"] >= 1.0:
-                console.print(f"[yellow]warning: the client used {util:.0%} of a core during this "
-                              "load point: it may limit what was measured (see docs/METRICS.md)[/yellow]")
+                console.print(f"warning: the client used {util:.0%} of a core during this "
+                              "load point: it may limit what was measured (see docs/METRICS.md)",
+                              style="yellow")
             mism = res.summary.get("output_len_mismatch")
             if mism:  # e.g. a server that ignores ignore_eos/min_tokens
                 by_chunks = "chunks" in (res.summary.get("output_tokens_source") or {})
                 why = ("counted one token per chunk: the server sent no usage; --tokenizer "
                        "counts the text") if by_chunks else \
                     "does the server honour ignore_eos / min_tokens?"
-                console.print(f"[yellow]warning: {mism} of {res.summary['completed']} completed "
+                console.print(f"warning: {mism} of {res.summary['completed']} completed "
                               f"requests returned another output length than asked ({why})"
-                              "[/yellow]")
+                              "", style="yellow")
             if res.summary["issued"] == 0:
-                console.print("[red]no request was sent: --max-duration ended the load point "
-                              "before the first one[/red]")
+                console.print("no request was sent: --max-duration ended the load point "
+                              "before the first one", style="red")
             elif res.summary["completed"] == 0:
                 reasons = ", ".join(f"{k} x{v}" for k, v in res.summary["failure_reasons"].items())
-                console.print(f"[red]every request failed ({reasons})[/red]")
+                console.print(f"every request failed ({reasons})", style="red")
             # one example per reason: 'http_400 x100' alone does not say the model name was wrong
             seen: set[str] = set()
             for rec in res.records:

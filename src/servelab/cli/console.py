@@ -1,18 +1,7 @@
-"""The CLI's Rich console: the terminal's width on a terminal; 160 columns when output goes to a
-file or a CI log (Rich would use 80 and fold every table cell into several lines)."""
+"""The CLI's console: servelab.console (literal text, no markup), re-exported for the verbs."""
 
 from __future__ import annotations
 
-import os
-import sys
+from servelab.console import PIPE_WIDTH, legacy_markup, literal, make_console
 
-from rich.console import Console
-
-PIPE_WIDTH = 160
-
-
-def make_console(**kwargs) -> Console:
-    """A Console for CLI output; `kwargs` go to rich.console.Console."""
-    if "width" not in kwargs and not sys.stdout.isatty() and not os.environ.get("COLUMNS"):
-        kwargs["width"] = PIPE_WIDTH
-    return Console(**kwargs)
+__all__ = ["PIPE_WIDTH", "legacy_markup", "literal", "make_console"]

@@ -32,7 +32,7 @@ def _attribution(console, data) -> None:
     for line in headline(data.analysis, data.primary):
         console.print(line, highlight=False)
     for w in data.analysis.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        console.print(f"warning: {w}", style="yellow")
 
 
 def run_file(spec, store_path: Path | None, console, quiet: bool = False):
@@ -45,12 +45,13 @@ def run_file(spec, store_path: Path | None, console, quiet: bool = False):
         TimeRemainingColumn,
     )
 
+    from servelab.console import legacy_markup
     from servelab.experiment.runner import Runner
     from servelab.store import Store
 
     with Store(store_path) as store:
         with Progress(
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             TextColumn("{task.completed}/{task.total}"),
             TimeElapsedColumn(),
@@ -66,7 +67,7 @@ def run_file(spec, store_path: Path | None, console, quiet: bool = False):
             return Runner(
                 spec,
                 store,
-                say=lambda s: console.print(s, highlight=False),
+                say=lambda s: console.print(legacy_markup(s)),
                 on_progress=on_progress,
             ).run(job_log=_detached_log(spec.name))
 
@@ -187,7 +188,7 @@ def register(app: typer.Typer) -> None:
         title = f"B = {res.b_name} vs A = {res.a_name} ({res.load_key})"
         console.print(_verdict_table(title, res.rows, lambda r: r[-1].split(" ")[0]))
         for w in res.warnings:
-            console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+            console.print(f"warning: {w}", style="yellow")
 
     @app.command("demo")
     def demo(

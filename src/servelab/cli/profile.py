@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import typer
 from typer.core import TyperGroup
 
+from servelab.console import literal
 from servelab.errors import UserError
 
 
@@ -40,7 +42,7 @@ def _print_report(r: dict, vs: dict | None, top: int) -> None:
     from servelab.cli.console import make_console
 
     con = make_console()  # pipes: wide, so rows stay on one line
-    con.print(f"[bold]{r['verdict']}[/bold]")
+    con.print(r["verdict"], style="bold")
     n = max(r["n_steps"], 1)
     g = r["cuda_graphs"]
     con.print(
@@ -53,9 +55,9 @@ def _print_report(r: dict, vs: dict | None, top: int) -> None:
     )
     if r["outside_steps"]["n_activities"]:
         con.print(
-            f"[dim]{r['outside_steps']['n_activities']} GPU activities "
+            f"{r['outside_steps']['n_activities']} GPU activities "
             f"({_fmt(r['outside_steps']['time_us'])} us) were launched outside every step "
-            "and are not counted[/dim]"
+            "and are not counted", style="dim"
         )
     if r["n_steps"] > 12:
         walls = sorted(s["wall_us"] for s in r["steps"])
@@ -94,7 +96,7 @@ def _print_report(r: dict, vs: dict | None, top: int) -> None:
     if r.get("what_if"):
         w = r["what_if"]
         con.print(
-            f"[bold]what-if {', '.join(w['specs'])}[/bold]: step {_fmt(w['per_step_us'])} us -> "
+            f"what-if {', '.join(w['specs'])}: step {_fmt(w['per_step_us'])} us -> "
             f"{_fmt(w['new_per_step_us'])} us, speedup {_fmt(w['speedup'], 3)}x ({w['note']})"
         )
     if vs:
@@ -115,6 +117,20 @@ def _print_report(r: dict, vs: dict | None, top: int) -> None:
         con.print(t)
 
 
+def _check_outputs(*outs: str | None) -> None:
+    """Refuse an output path that cannot be written before the work, not after it."""
+    for out in outs:
+        if not out:
+            continue
+        p = Path(out)
+        if p.is_dir():
+            raise UserError(f"{out} is a folder; give a file name, e.g. {p / 'profile.json'}")
+        if not p.parent.is_dir():
+            raise UserError(f"{out}: its folder {p.parent} does not exist")
+        if not os.access(p.parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise UserError(f"{out}: cannot write there; give a path you can write")
+
+
 def _write_outputs(report: dict, vs: dict | None, json_out: str | None, html_out: str | None) -> None:
     from servelab import atomic
     from servelab.profile.analyze import public
@@ -125,10 +141,10 @@ def _write_outputs(report: dict, vs: dict | None, json_out: str | None, html_out
         doc["vs"] = vs
     if json_out:
         atomic.write_text(json_out, json.dumps(doc, indent=1, default=str))
-        typer.echo(f"wrote {json_out}")
+        typer.echo(f"wrote {literal(json_out)}")
     if html_out:
         atomic.write_text(html_out, profile_html(doc, vs))
-        typer.echo(f"wrote {html_out}")
+        typer.echo(f"wrote {literal(html_out)}")
 
 
 def _analyze_and_print(trace, step_regex, rules, what_if, vs, json_out, html_out, top) -> None:
@@ -167,6 +183,9 @@ def register(app: typer.Typer) -> None:
         top: int = typer.Option(15, "--top", help="Kernels to list."),
     ) -> None:
         """Analyse TRACE (also: `servelab profile TRACE ...`)."""
+        if top < 1:
+            raise UserError(f"--top must be >= 1, got {top}")
+        _check_outputs(json_out, html_out)
         _analyze_and_print(trace, step_regex, rules, what_if, vs, json_out, html_out, top)
 
     @prof.command("capture")
@@ -184,9 +203,10 @@ def register(app: typer.Typer) -> None:
         """Ask a server for a trace of --num-steps forward steps, then analyse it."""
         from servelab.profile.capture import CaptureConfig, capture
 
+        _check_outputs(json_out, html_out)
         files = capture(CaptureConfig(url, num_steps, Path(out), load, max_tokens, model, timeout))
         for f in files:
-            typer.echo(f"trace: {f}")
+            typer.echo(f"trace: {literal(f)}")
         _analyze_and_print(str(files[0]), None, None, None, None, json_out, html_out, 15)
 
     app.add_typer(prof, name="profile")
@@ -211,6 +231,8 @@ def register(app: typer.Typer) -> None:
         """Roofline tokens/s ceiling of decode for a model on GPUs, per batch size."""
         from servelab.profile.ceiling_report import ceiling_report, print_ceiling
 
+        _check_outputs(json_out)
+
         try:
             batches = [int(x) for x in batch.split(",") if x.strip()]
         except ValueError:
@@ -222,4 +244,4 @@ def register(app: typer.Typer) -> None:
             from servelab import atomic
 
             atomic.write_text(json_out, json.dumps(doc, indent=1, default=str))
-            typer.echo(f"wrote {json_out}")
+            typer.echo(f"wrote {literal(json_out)}")

@@ -30,9 +30,13 @@ def results_list(
     n = parse_number(limit, int, "--limit")
     if n is None or n < 1:
         raise UserError(f"--limit must be >= 1, got {limit}")
-    with Store(store) as st:
+    with Store(store, readonly=True) as st:
+        damage = st.damage
         rows = st.load_points(source=source, limit=n)
     console = make_console()
+    if damage:
+        console.print(f"warning: {st.path} failed its integrity check ({damage}); it is read "
+                      "but refused for writing", style="yellow")
     if not rows:
         if source:  # said 'none stored yet' while other sources had rows
             console.print(f"no load points with source {source!r}; sources are bench, "
@@ -59,7 +63,7 @@ def results_show(
     from servelab.store import Store
 
     i = parse_number(lp_id, int, "ID")
-    with Store(store) as st:
+    with Store(store, readonly=True) as st:
         row = st.load_point(i)
         recs = list(st.requests(row)) if requests else None
     if as_json:
@@ -68,11 +72,16 @@ def results_show(
                "summary": row.summary, "provenance": row.provenance}
         if recs is not None:
             doc["requests"] = recs
-        typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+        from servelab.console import json_text
+
+        typer.echo(json_text(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()))
         return
     c = make_console()
     c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
                                               f"{row.model or ''} {row.load_key}"))
+    for k in ("peak_concurrency", "measured_concurrency", "slo_attainment"):
+        if row.summary.get(k) is not None:
+            c.print(f"{k.replace('_', ' ')}: {row.summary[k]:g}")
     prov = row.provenance
     if prov.get("import_kind"):  # not measured by us: say where it came from
         c.print(f"imported {prov.get('time_utc', '?')} from {prov.get('imported_from', '?')} "
@@ -84,11 +93,17 @@ def results_show(
 
 def _import(kind: str, file: str, label: str | None, store: str | None) -> None:
     from servelab.bench.importers import import_file
+    from servelab.console import literal
     from servelab.store import Store
 
     with Store(store) as st:
-        ids = import_file(st, kind, file, label=label)
-    typer.echo(f"imported {len(ids)} load point(s) from {file}: ids {', '.join(map(str, ids))}")
+        ids, before = import_file(st, kind, file, label=label)
+    where = literal(file)
+    if before:
+        typer.echo(f"{where} was imported before (same content) as ids "
+                   f"{', '.join(map(str, ids))}; nothing new was stored")
+        return
+    typer.echo(f"imported {len(ids)} load point(s) from {where}: ids {', '.join(map(str, ids))}")
 
 
 @import_app.command("sglang")

@@ -66,6 +66,14 @@ def register(app: typer.Typer) -> None:
         gpu_ids = tuple(g.strip() for g in gpus.split(",") if g.strip()) if gpus else None
         if device == "cpu" and not gpu_ids:
             gpu_ids = ("cpu",)
+        if device not in ("cpu", "cuda"):
+            raise UserError(f"--device {device}: choose cuda or cpu")
+        if device == "cuda" and not ray:  # checked here: a worker would fail with a traceback
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UserError("--device cuda but torch sees no CUDA device; tune on a GPU "
+                                "machine, or pass --device cpu (timings meaningless)")
         job_name = name or f"tune-{out.resolve().name}"
         spec = job.TuneSpec(
             shapes=shapes, out_dir=out, batch_sizes=bs, search=search, gpus=gpu_ids or ("0",),

@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from servelab.bench.importers import protocol_of
 from servelab.errors import UserError
 from servelab.experiment.stats import bootstrap_ratio, path_value
 from servelab.experiment.stats import verdict as ci_verdict
@@ -37,7 +38,7 @@ _ROWS: tuple[tuple[str, str | None, str, bool | None, str | None], ...] = (
     ("completed", None, "completed requests", None, None),
     ("failed", None, "failed requests", None, None),
 )
-_CHECKED = ("input_len", "output_len", "dataset", "num_prompts", "api", "seed")
+_CHECKED = ("input_len", "output_len", "dataset", "num_prompts", "protocol", "seed")
 
 
 @dataclass
@@ -74,6 +75,8 @@ def _side(store: Store, ref: str) -> Side:
         doc = orjson.loads(path.read_bytes())
     except orjson.JSONDecodeError as exc:
         raise UserError(f"{path} is not JSON ({exc})") from None
+    except OSError as exc:
+        raise UserError(f"{path} cannot be read ({exc.strerror})") from None
     if isinstance(doc, dict) and isinstance(doc.get("load_points"), list):
         items = doc["load_points"]
     elif isinstance(doc, dict) and "output_throughput_tok_s" in doc:
@@ -84,6 +87,9 @@ def _side(store: Store, ref: str) -> Side:
         raise UserError(f"{path}: no load points found (expected `servelab bench --output` JSON)")
     points: dict[str, tuple[dict[str, Any], list[dict[str, Any]] | None]] = {}
     for s in items:
+        if not isinstance(s, dict):
+            raise UserError(f"{path}: a load point is {type(s).__name__}, not an object; "
+                            "expected `servelab bench --output` JSON")
         key = s.get("load_key") or (f"c={s['concurrency']}" if s.get("concurrency") else "?")
         recs = None
         if s.get("store_id"):
@@ -99,8 +105,23 @@ def _fmt(x: float) -> str:
     return "n/a" if not math.isfinite(x) else f"{x:.4g}"
 
 
+def _protocol(s: dict[str, Any]) -> str | None:
+    return s.get("protocol") or protocol_of(s.get("api"))
+
+
+def check_noise_band(noise_band: Any) -> float:
+    """The noise band as a fraction in [0, 1): a negative one turned "better" into "worse" and
+    NaN turned +21% into "within noise"."""
+    if isinstance(noise_band, bool) or not isinstance(noise_band, int | float) or not (
+            math.isfinite(noise_band) and 0 <= noise_band < 1):
+        raise UserError(f"--noise-band must be a fraction in [0, 1), e.g. 0.02 for +-2%; got "
+                        f"{noise_band}")
+    return float(noise_band)
+
+
 def compare(store: Store, a: str, b: str, *, noise_band: float = 0.02) -> CompareResult:
     """B relative to A for every load point the two share (or the single one of each)."""
+    noise_band = check_noise_band(noise_band)
     sa, sb = _side(store, a), _side(store, b)
     warnings: list[str] = []
     keys = [k for k in sa.points if k in sb.points]
@@ -116,6 +137,12 @@ def compare(store: Store, a: str, b: str, *, noise_band: float = 0.02) -> Compar
     rows = [["load", "metric", "A", "B", "B/A", "change [95% CI over requests]", "verdict"]]
     for key, (sum_a, rec_a), (sum_b, rec_b) in pairs:
         for f in _CHECKED:
+            if f == "protocol":  # the wire protocol, whichever tool spoke it (vllm == openai)
+                pa, pb = _protocol(sum_a), _protocol(sum_b)
+                if pa != pb:
+                    warnings.append(f"{key}: protocol differs: {pa or 'unknown'} in A, "
+                                    f"{pb or 'unknown'} in B; these results do not compare")
+                continue
             if sum_a.get(f) != sum_b.get(f):
                 warnings.append(
                     f"{key}: workload differs: {f} is {sum_a.get(f)!r} in A, "

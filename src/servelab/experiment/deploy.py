@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from servelab import lifetime
 from servelab.engines.base import Engine, ProcessConfig, ProcessPlan
 from servelab.jobs import pid_alive
 
@@ -221,7 +222,7 @@ class Deployment:
                 try:
                     proc = subprocess.Popen(
                         plan.argv,
-                        env={**self.base_env, **plan.env},
+                        env={**self.base_env, **plan.env, **lifetime.tag()},
                         stdout=log_file,
                         stderr=subprocess.STDOUT,
                         stdin=subprocess.DEVNULL,
@@ -233,6 +234,7 @@ class Deployment:
                     raise DeployError(
                         f"cannot start the {plan.role} process ({plan.argv[0]}): {exc.strerror}"
                     ) from None
+                lifetime.guard(proc.pid)  # kill -9 of the runner: the watchdog ends the group
                 self.running.append(_Running(plan, proc, log_path, log_file))
                 self._wait_ready(self.running[-1], stop_check)
         except BaseException:
@@ -322,6 +324,7 @@ class Deployment:
         _signal_all(r.proc.pid, victims, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             r.proc.wait(timeout=10)
+        lifetime.release(r.proc.pid)
         r.log_file.close()
 
     def _wait_gpu(self) -> None:

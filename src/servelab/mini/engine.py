@@ -7,6 +7,11 @@ last token. With speculation (topk 1) it feeds [last, d_1..d_k] for every reques
 forward, keeps the longest accepted prefix plus one token, then runs the MTP head over the new
 positions to draft the next k tokens (the MTP head reused autoregressively for k > 1).
 Requests finish by EOS, a stop string, or max_tokens; their slot is freed for the next waiter.
+
+Failures are isolated: a request whose own work fails (its sampling, its stop strings, its
+callback) finishes with reason "error" and the others go on; a batched forward that fails ends
+the requests of that batch only, and the engine keeps serving. /health reports the engine as
+failed only after `UNHEALTHY_AFTER` consecutive failed steps (a broken device, not a bad request).
 """
 
 from __future__ import annotations
@@ -16,16 +21,25 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from servelab.errors import UserError
 from servelab.mini import tokenizer as tk
 from servelab.mini.attention import get_backend
+from servelab.mini.capacity import check_kv_fits
 from servelab.mini.checkpoint import load_model
 from servelab.mini.model import KVCache, make_batch
 from servelab.mini.profiler import StepProfiler
+from servelab.mini.request import (  # noqa: F401 - Event, Stats: part of the engine's API
+    FINISH_REASONS,
+    Event,
+    Request,
+    Stats,
+    deliver,
+    stop_prefix_len,
+)
 from servelab.mini.sampling import (
     SamplingParams,
     accept_drafts,
@@ -33,6 +47,8 @@ from servelab.mini.sampling import (
     sample_row,
     target_probs,
 )
+
+UNHEALTHY_AFTER = 3  # consecutive failed steps before /health reports the engine failed
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,56 +77,6 @@ class EngineArgs:
         return self.speculative_num_steps if self.speculative_algorithm else 0
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """What one engine step produced for one request."""
-
-    text: str
-    token_ids: list[int]
-    finish_reason: str | None
-    prompt_tokens: int
-    completion_tokens: int
-    spec_verify_ct: int
-
-
-@dataclass(slots=True)
-class Request:
-    rid: int
-    prompt: list[int]
-    params: SamplingParams
-    callback: Callable[[Event], None]
-    gen: torch.Generator | None = None
-    slot: int = -1
-    out: list[int] = field(default_factory=list)
-    last: int = -1  # last sampled token, not yet in the main KV cache
-    pos: int = -1  # its position
-    drafts: list[int] = field(default_factory=list)
-    decoder: tk.StreamDecoder = field(default_factory=tk.StreamDecoder)
-    held: str = ""  # text held back because it may start a stop string
-    finish: str | None = None
-    spec_verify_ct: int = 0
-
-
-@dataclass(slots=True)
-class Stats:
-    """Lifetime counters, read by /metrics and /get_server_info."""
-
-    requests_finished: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    steps: int = 0
-    spec_num_drafts: int = 0
-    spec_num_draft_tokens: int = 0
-    spec_num_accepted_tokens: int = 0
-    spec_accepted_per_pos: list[int] = field(default_factory=list)
-
-    @property
-    def avg_spec_accept_length(self) -> float | None:
-        if not self.spec_num_drafts:
-            return None
-        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts
-
-
 class Engine:
     """Owns the model, the KV cache and the scheduler thread."""
 
@@ -137,6 +103,7 @@ class Engine:
             raise UserError(f"--context-length {args.context_length} is too long for config "
                             f"{self.cfg.name}: at most {self.cfg.max_position - self.k - 2}")
         dtype = self.model.head.weight.dtype
+        check_kv_fits(self.cfg, args, self.ctx, dtype)
         self.cache = KVCache(self.cfg, args.max_running_requests, self.ctx, args.device, dtype)
         self.device = torch.device(args.device)
         self.stats = Stats(spec_accepted_per_pos=[0] * self.k)
@@ -154,7 +121,9 @@ class Engine:
         self._next_id = 0
         self._stop = False
         self._thread: threading.Thread | None = None
-        self.error: BaseException | None = None
+        self.error: BaseException | None = None  # the scheduler loop itself died
+        self.failed_steps = 0  # consecutive steps whose batched forward failed
+        self.last_failure: str | None = None
 
     # ---- public API --------------------------------------------------------------------------
     def submit(self, prompt: list[int], params: SamplingParams,
@@ -168,13 +137,17 @@ class Engine:
         gen = None
         if not params.greedy:
             gen = torch.Generator()
-            gen.manual_seed(params.seed if params.seed is not None else
-                            int(torch.randint(0, 2**62, ()).item()))
+            try:
+                gen.manual_seed(params.seed if params.seed is not None else
+                                int(torch.randint(0, 2**62, ()).item()))
+            except (RuntimeError, OverflowError, ValueError) as exc:
+                raise UserError(f"seed {params.seed} is not usable: {exc}") from None
         with self._cond:
             rid = self._next_id
             self._next_id += 1
             if self.error is not None:  # the engine thread died: answer at once
-                callback(Event("", [], "error", len(prompt), 0, 0))
+                callback(Event("", [], "error", len(prompt), 0, 0,
+                               f"engine stopped: {self.error!r}"))
                 return rid
             self._waiting.append(Request(rid, list(prompt), params, callback, gen))
             self._cond.notify()
@@ -185,6 +158,15 @@ class Engine:
         with self._cond:
             self._aborts.add(rid)
             self._cond.notify()
+
+    def unhealthy(self) -> str | None:
+        """Why the engine cannot serve (None when it can): its loop died, or its last
+        `UNHEALTHY_AFTER` steps all failed."""
+        if self.error is not None:
+            return repr(self.error)
+        if self.failed_steps >= UNHEALTHY_AFTER:
+            return f"the last {self.failed_steps} steps failed: {self.last_failure}"
+        return None
 
     @property
     def num_running(self) -> int:
@@ -252,7 +234,8 @@ class Engine:
                 self._running, self._waiting = [], deque()
             for r in pending:
                 r.finish = "error"
-                r.callback(Event("", [], "error", len(r.prompt), len(r.out), r.spec_verify_ct))
+                deliver(r, Event("", [], "error", len(r.prompt), len(r.out), r.spec_verify_ct,
+                                  f"engine stopped: {exc!r}"))
             traceback.print_exc()
 
     def step(self) -> bool:
@@ -274,13 +257,29 @@ class Engine:
                 self._running.append(r)
         if not self._running:
             return False
+        ok = True
         with torch.inference_mode(), self.profiler.step(self._step_name(new)):
             if new:
-                self._prefill(new)
+                ok = self._guarded(self._prefill, new)
             if self._running:
-                self._decode()
+                ok = self._guarded(self._decode, list(self._running)) and ok
+        self.failed_steps = 0 if ok else self.failed_steps + 1
         self.stats.steps += 1
         return True
+
+    def _guarded(self, fn: Callable[[list[Request]], None], reqs: list[Request]) -> bool:
+        """Run a batched phase; if it fails, the live requests of that batch fail (and only
+        they), their slots are freed and the engine goes on. False when it failed."""
+        try:
+            fn(reqs)
+            return True
+        except Exception as exc:  # noqa: BLE001 - isolated per batch, reported per request
+            self.last_failure = f"{type(exc).__name__}: {str(exc)[:200]}"
+            traceback.print_exc()
+            for r in reqs:
+                if r.finish is None:
+                    self._fail(r, self.last_failure)
+            return False
 
     def _step_name(self, new: list[Request]) -> str:
         if new:
@@ -325,13 +324,15 @@ class Engine:
         firsts = self._sample(reqs, logits[rows])
         for r, t in zip(reqs, firsts, strict=True):
             self.stats.prompt_tokens += len(r.prompt)
+            if t is None:
+                continue
             r.last, r.pos = t, len(r.prompt)
             self._append(r, [t])
         if self.k:
             # MTP over every prompt position i: (h_i, t_{i+1}); the last row drafts t_{S+1}.
             nxt = []
             for r, t in zip(reqs, firsts, strict=True):
-                nxt += r.prompt[1:] + [t]
+                nxt += r.prompt[1:] + [t if t is not None else tk.EOS]
             drafts, m = self._mtp(hidden, nxt, slots, positions, fb)
             self._set_drafts(reqs, [drafts[i] for i in last_rows], m[rows])
 
@@ -355,21 +356,27 @@ class Engine:
                  for r, o in zip(reqs, offsets, strict=True)]
         return torch.tensor(allow, device=self.device)
 
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int]:
-        """One token per request from logits [len(reqs), V]."""
+    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int | None]:
+        """One token per request from logits [len(reqs), V]; None for a request whose sampling
+        failed (that request is failed, the others keep their tokens)."""
         logits = mask_logits(logits, self._allow_eos(reqs, [0] * len(reqs)))
-        out = logits.argmax(-1).tolist()
+        out: list[int | None] = list(logits.argmax(-1).tolist())
         for i, r in enumerate(reqs):
             if not r.params.greedy:
-                out[i] = sample_row(target_probs(logits[i:i + 1], r.params)[0].cpu(), r.gen)
+                try:
+                    out[i] = sample_row(target_probs(logits[i:i + 1], r.params)[0].cpu(), r.gen)
+                except Exception as exc:  # noqa: BLE001 - this request only
+                    self._fail(r, f"sampling failed: {type(exc).__name__}: {str(exc)[:200]}")
+                    out[i] = None
         return out
 
-    def _decode(self) -> None:
-        reqs = list(self._running)
+    def _decode(self, reqs: list[Request]) -> None:
         if not self.k:
             logits, _, _ = self._forward([r.last for r in reqs], [r.slot for r in reqs],
                                          [r.pos for r in reqs])
             for r, t in zip(reqs, self._sample(reqs, logits), strict=True):
+                if t is None:
+                    continue
                 r.last, r.pos = t, r.pos + 1
                 self._append(r, [t])
             return
@@ -387,7 +394,12 @@ class Engine:
             logits = logits.cpu()
         m_rows, m_tokens, m_slots, m_pos, last_rows, live = [], [], [], [], [], []
         for i, r in enumerate(reqs):
-            got = accept_drafts(logits[i * (k + 1):(i + 1) * (k + 1)], r.drafts, r.params, r.gen)
+            try:
+                got = accept_drafts(logits[i * (k + 1):(i + 1) * (k + 1)], r.drafts, r.params,
+                                    r.gen)
+            except Exception as exc:  # noqa: BLE001 - this request only
+                self._fail(r, f"sampling failed: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
             a = len(got) - 1
             st = self.stats
             st.spec_num_drafts += 1
@@ -436,7 +448,7 @@ class Engine:
                     text += piece[:hit]
                     r.finish = "stop"
                     break
-                keep = _stop_prefix_len(piece, p.stop)
+                keep = stop_prefix_len(piece, p.stop)
                 if keep:
                     piece, r.held = piece[:-keep], piece[-keep:]
             text += piece
@@ -449,12 +461,22 @@ class Engine:
         self.stats.generation_tokens += len(taken)
         if r.finish is not None:
             self._release(r)
-        r.callback(Event(text, taken, r.finish, len(r.prompt), len(r.out), r.spec_verify_ct))
+        if not deliver(r, Event(text, taken, r.finish, len(r.prompt), len(r.out),
+                                 r.spec_verify_ct)) and r.finish is None:
+            self._fail(r, "its listener failed")
 
-    def _finish(self, r: Request, reason: str) -> None:
+    def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
         r.finish = reason
         self._release(r)
-        r.callback(Event("", [], reason, len(r.prompt), len(r.out), r.spec_verify_ct))
+        deliver(r, Event("", [], reason, len(r.prompt), len(r.out), r.spec_verify_ct, error))
+
+    def _fail(self, r: Request, why: str) -> None:
+        """End one request with finish reason "error"; the engine goes on with the others."""
+        if r.finish is None:
+            with self._cond:
+                if r in self._waiting:
+                    self._waiting.remove(r)
+            self._finish(r, "error", why)
 
     def _release(self, r: Request) -> None:
         if r.slot >= 0:
@@ -462,15 +484,4 @@ class Engine:
             r.slot = -1
         if r in self._running:
             self._running.remove(r)
-        self.stats.requests_finished += 1
-
-
-def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of some stop string."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
+        self.stats.finished[r.finish if r.finish in FINISH_REASONS else "error"] += 1

@@ -1,6 +1,8 @@
 """Prometheus exposition of the engine's lifetime counters, read at scrape time.
 
-Names follow vLLM (`vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
+Names follow vLLM (`vllm:request_success_total{finished_reason}` with vLLM's reasons "stop",
+"length", "abort", plus "error" for requests the engine failed, so that a scraper that wants
+completed requests sums stop + length, as it would on vLLM; `vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
 `..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total{position}`,
 `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_requests_running`) and
 SGLang (`sglang:spec_accept_length`, `sglang:num_running_reqs`, `sglang:num_queue_reqs`), so the
@@ -33,7 +35,11 @@ class _EngineCollector:
             g.add_metric(val, v)
             return g
 
-        yield counter("vllm:request_success", "Finished requests.", st.requests_finished)
+        done = CounterMetricFamily("vllm:request_success", "Finished requests by reason.",
+                                   labels=[*lab, "finished_reason"])
+        for reason, v in st.finished.items():
+            done.add_metric([*val, reason], v)
+        yield done
         yield counter("vllm:prompt_tokens", "Prefilled prompt tokens.", st.prompt_tokens)
         yield counter("vllm:generation_tokens", "Generated tokens.", st.generation_tokens)
         yield gauge("vllm:num_requests_running", "Requests in slots.", e.num_running)

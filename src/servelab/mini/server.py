@@ -1,10 +1,13 @@
 """HTTP API of the embedded engine, shaped like SGLang's and vLLM's so one client serves all:
 OpenAI `/v1/completions` and `/v1/chat/completions` (SSE streaming or not, `usage`,
 `stream_options.include_usage`), SGLang `/generate` (cumulative text + `meta_info` with
-`spec_verify_ct`), `/v1/models`, `/health`, `/tokenize`, `/detokenize`, `/get_server_info`,
-`/metrics` (Prometheus; vLLM spec-decode counter names), `/start_profile`, `/stop_profile`.
+`spec_verify_ct`), `/v1/models`, `/health`, `/tokenize`, `/detokenize`, `/server_info` (and
+its older name `/get_server_info`, the same body), `/metrics` (Prometheus; vLLM metric names),
+`/start_profile`, `/stop_profile`.
 
-Bad requests get a 4xx with an OpenAI-style error body; the engine keeps serving.
+Bodies are validated by protocol.py before they reach the engine: bad requests get a 4xx with an
+OpenAI-style error body. A request that still fails inside the engine fails alone (the engine
+aborts it and keeps serving); anything unexpected here is a JSON 500, never a plain-text page.
 """
 
 from __future__ import annotations
@@ -27,20 +30,40 @@ from servelab.errors import UserError
 from servelab.mini import tokenizer as tk
 from servelab.mini.engine import Engine, EngineArgs, Event
 from servelab.mini.metrics import render_metrics
-from servelab.mini.protocol import ApiError, parse_chat, parse_completion, parse_generate
+from servelab.mini.protocol import (
+    MAX_BODY_BYTES,
+    ApiError,
+    DetokenizeRequest,
+    StartProfileRequest,
+    TokenizeRequest,
+    parse,
+    parse_chat,
+    parse_completion,
+    parse_generate,
+)
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": None,
+def _error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param,
                                    "code": status}}, status_code=status)
 
 
 async def _body(request: Request) -> dict:
-    raw = await request.body()
+    size = request.headers.get("content-length")
+    if size is not None and size.isdigit() and int(size) > MAX_BODY_BYTES:
+        raise ApiError(413, f"request body of {int(size):,} bytes is larger than the "
+                            f"{MAX_BODY_BYTES:,} this server accepts")
+    raw = bytearray()
+    async for chunk in request.stream():  # bounded even without (or with a lying) Content-Length
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise ApiError(413, f"request body is larger than the {MAX_BODY_BYTES:,} bytes this "
+                                "server accepts")
     try:
         body = json.loads(raw) if raw else {}
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"request body is not valid JSON: {exc}") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, bad UTF-8, huge ints, nesting
+        msg = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise ApiError(400, f"request body is not valid JSON: {msg}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     return body
@@ -60,7 +83,7 @@ class _Stream:
         try:
             self.rid = engine.submit(prompt, params, self._put)
         except UserError as exc:
-            raise ApiError(400, str(exc)) from exc
+            raise ApiError(400, str(exc)) from None
         self.done = False
 
     def _put(self, ev: Event) -> None:
@@ -94,10 +117,30 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
 
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.kind)
+        return _error(exc.status, exc.message, exc.kind, exc.param)
+
+    @app.exception_handler(Exception)
+    async def _internal(_request: Request, exc: Exception) -> JSONResponse:
+        # a bug of ours, not of the request: JSON like every other answer, and the engine serves on
+        return _error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}",
+                      "server_error")
+
+    def failed_message(ev: Event) -> str:
+        return (f"the engine failed on this request ({ev.error or 'unknown error'}); it was "
+                "aborted and the server keeps serving")
+
+    def failed(ev: Event) -> JSONResponse:
+        return _error(500, failed_message(ev), "server_error")
+
+    def stream_error(ev: Event) -> dict:
+        return {"error": {"message": failed_message(ev), "type": "server_error", "param": None,
+                          "code": 500}}
 
     def check_model(body: dict) -> None:
         m = body.get("model")
+        if m is not None and not isinstance(m, str):
+            raise ApiError(400, f"'model' must be a string, got {type(m).__name__}",
+                           param="model")
         if m is not None and m not in names:
             raise ApiError(404, f"model {m!r} does not exist; this server serves {model_name!r}",
                            "model_not_found")
@@ -117,7 +160,7 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
         if not stream:
             content, last = await st.collect()
             if last.finish_reason == "error":
-                return _error(500, f"engine failed: {engine.error!r}", "server_error")
+                return failed(last)
             choice = ({"index": 0, "message": {"role": "assistant", "content": content},
                        "finish_reason": last.finish_reason} if chat else
                       {"index": 0, "text": content, "logprobs": None,
@@ -144,6 +187,9 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
             last = None
             async for ev in st.events():
                 last = ev
+                if ev.finish_reason == "error":  # as vLLM: an error object, then [DONE]
+                    yield _sse(stream_error(ev))
+                    break
                 if ev.text or ev.finish_reason is not None:
                     yield _sse(chunk(ev.text, ev.finish_reason))
             if include_usage and last is not None:
@@ -180,11 +226,16 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
 
         if not stream:
             text, last = await st.collect()
+            if last.finish_reason == "error":
+                return failed(last)
             return JSONResponse({"text": text, "meta_info": meta(last)})
 
         async def gen() -> AsyncIterator[bytes]:
             text = ""
             async for ev in st.events():
+                if ev.finish_reason == "error":
+                    yield _sse(stream_error(ev))
+                    break
                 text += ev.text
                 if ev.text or ev.finish_reason is not None:
                     yield _sse({"text": text, "meta_info": meta(ev)})
@@ -200,36 +251,38 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if engine.error is not None:
-            return _error(503, f"engine failed: {engine.error!r}", "server_error")
+        bad = engine.unhealthy()
+        if bad is not None:
+            return _error(503, f"engine failed: {bad}", "server_error")
         return Response(status_code=200)
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:
         body = await _body(request)
         check_model(body)
-        add = body.get("add_special_tokens", True)
-        if "messages" in body:
-            ids = tk.apply_chat_template(body["messages"])
+        r = parse(TokenizeRequest, body)
+        if r.messages is not None:
+            ids = tk.apply_chat_template([m.model_dump() for m in r.messages])
         else:
-            text = body.get("prompt", body.get("text"))
-            if not isinstance(text, str):
-                raise ApiError(400, "/tokenize needs 'prompt' (a string) or 'messages'")
-            ids = tk.encode(text, add_bos=bool(add))
+            text = r.prompt if r.prompt is not None else r.text
+            if text is None:
+                raise ApiError(400, "/tokenize needs 'prompt' (a string) or 'messages'",
+                               param="prompt")
+            ids = tk.encode(text, add_bos=r.add_special_tokens)
         return {"tokens": ids, "count": len(ids), "max_model_len": engine.args.context_length,
-                "token_strs": [tk.token_str(t) for t in ids] if body.get("return_token_strs")
-                else None}
+                "token_strs": [tk.token_str(t) for t in ids] if r.return_token_strs else None}
 
     @app.post("/detokenize")
     async def detokenize(request: Request) -> dict:
         body = await _body(request)
-        ids = body.get("tokens")
-        if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < 
-                                                engine.cfg.vocab_size for t in ids):
-            raise ApiError(400, f"'tokens' must be a list of ints in [0, {engine.cfg.vocab_size})")
+        ids = parse(DetokenizeRequest, body).tokens
+        if not all(0 <= t < engine.cfg.vocab_size for t in ids):
+            raise ApiError(400, f"'tokens' must be a list of ints in [0, {engine.cfg.vocab_size})",
+                           param="tokens")
         return {"prompt": tk.decode(ids)}
 
-    @app.get("/get_server_info")
+    @app.get("/server_info")
+    @app.get("/get_server_info")  # the older name (SGLang < 0.5 and its benches read this one)
     async def server_info() -> dict:
         st = engine.stats
         return {**server_args, "version": __version__, "engine": "servelab-mini",
@@ -247,12 +300,10 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
 
     @app.post("/start_profile")
     async def start_profile(request: Request) -> Response:
-        body = await _body(request)
-        out = body.get("output_dir") or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
-        steps = body.get("num_steps")
-        if steps is not None and (not isinstance(steps, int) or steps < 1):
-            raise ApiError(400, "'num_steps' must be a positive integer")
-        acts = body.get("activities") or ["CPU", "GPU"]
+        r = parse(StartProfileRequest, await _body(request))
+        out = r.output_dir or os.environ.get("SGLANG_TORCH_PROFILER_DIR", "/tmp")
+        steps = r.num_steps
+        acts = r.activities or ["CPU", "GPU"]
         res = await run_in_threadpool(lambda: engine.profiler.request(
             "start", engine.wake, output_dir=str(out), num_steps=steps, activities=list(acts)))
         return JSONResponse(res, status_code=400 if "error" in res else 200)

@@ -97,8 +97,10 @@ def load_rules(user_file: str | Path | None = None) -> Rules:
             doc = tomllib.load(f)
     except FileNotFoundError:
         raise UserError(f"rules file {p} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"rules file {p} is not valid TOML: {exc}") from None
+    except OSError as exc:  # a folder, no permission
+        raise UserError(f"rules file {p} cannot be read: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"rules file {p} is not valid TOML text: {exc}") from None
     user, ufallback, replace = _parse_rules(doc, str(p))
     rules = user if replace else user + builtin
     return Rules(rules, ufallback or fallback or "other")

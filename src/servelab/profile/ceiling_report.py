@@ -89,11 +89,11 @@ def print_ceiling(doc: dict[str, Any]) -> None:
     """Print the bounds as a table, warnings first."""
     from rich.table import Table
 
-    from servelab.cli.console import make_console
+    from servelab.console import make_console
 
     con = make_console()
     for w in doc["warnings"]:
-        con.print(f"[yellow]warning: {w}[/yellow]")
+        con.print(f"warning: {w}", style="yellow")
     mtp = doc["mtp"]
     title = (
         f"{doc['model']} on {doc['tp']} x {doc['gpu']}, context {doc['context']}, "
@@ -124,6 +124,6 @@ def print_ceiling(doc: dict[str, Any]) -> None:
         t.add_row(*row)
     con.print(t)
     for n in sorted({n for r in doc["bounds"] for n in r["notes"]}):
-        con.print(f"[dim]note: {n}[/dim]")
-    con.print(f"[dim]model: {doc['sources']['model']['source']}[/dim]")
-    con.print(f"[dim]gpu: {doc['sources']['gpu']['source']}[/dim]")
+        con.print(f"note: {n}", style="dim")
+    con.print(f"model: {doc['sources']['model']['source']}", style="dim")
+    con.print(f"gpu: {doc['sources']['gpu']['source']}", style="dim")

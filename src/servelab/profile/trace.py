@@ -10,12 +10,18 @@ one event at a time: memory grows with the number of GPU activities and launches
 columns, interned names), not with the size of the JSON (which is dominated by CPU ops and their
 args). A truncated or corrupt file raises `UserError` naming the event number, the last good
 event and the byte offset.
+
+Decompressed input is bounded by what it inflates to, not by the file's size: the whole-file
+path reads at most `ORJSON_MAX_BYTES` of JSON (a 1 MB gzip that inflates to 1 GB used to be
+inflated whole, 2 GB RSS), and a gzip may inflate to at most `MAX_GZ_RATIO` x its size
+(real Kineto traces inflate ~10-20x; `SERVELAB_TRACE_MAX_RATIO` raises the bound).
 """
 
 from __future__ import annotations
 
 import gzip
 import io
+import os
 import re
 import zlib
 from array import array
@@ -30,6 +36,14 @@ from servelab.errors import UserError
 # holds ~10x the file in memory; streaming stays at ~20 MB RSS for any size.
 ORJSON_MAX_BYTES = 16 << 20
 ORJSON_MAX_GZ_BYTES = 2 << 20
+# A gzip inflating beyond this many times its size is refused (a decompression bomb, not a
+# trace); at least MIN_INFLATED_LIMIT is always allowed for tiny files.
+MAX_GZ_RATIO = 200
+MIN_INFLATED_LIMIT = 64 << 20
+# The JSON parser's time grows with the square of one token's length (16 MB string: 2.6 s,
+# 64 MB: ~40 s, measured here with ijson's C backend); a trace's longest value is a kernel name
+# or a CPU op's args, kilobytes. A stretch this long without a quote is refused.
+MAX_TOKEN_BYTES = 4 << 20
 
 # Current Kineto names, and those of torch 1.8-1.12 ("Kernel", "Memcpy", "Runtime", ...).
 GPU_CATEGORIES = {"kernel": 0, "gpu_memcpy": 1, "gpu_memset": 2, "Kernel": 0, "Memcpy": 1, "Memset": 2}
@@ -85,12 +99,34 @@ class Trace:
         return len(self.ts_us)
 
 
-class _CountingReader(io.RawIOBase):
-    """Counts bytes handed to the JSON parser, so an error can name its byte offset."""
+class TooLarge(Exception):
+    """The decompressed input passed its bound."""
 
-    def __init__(self, raw: Any) -> None:
+
+class TokenTooLong(Exception):
+    """One JSON value is longer than MAX_TOKEN_BYTES."""
+
+
+def inflated_limit(path: Path, gz: bool) -> int | None:
+    """How many bytes of JSON a trace file may hold once decompressed (None: not compressed)."""
+    if not gz:
+        return None
+    try:
+        ratio = float(os.environ.get("SERVELAB_TRACE_MAX_RATIO", MAX_GZ_RATIO))
+    except ValueError:
+        raise UserError("SERVELAB_TRACE_MAX_RATIO must be a number, e.g. 500") from None
+    return max(MIN_INFLATED_LIMIT, int(ratio * path.stat().st_size))
+
+
+class _CountingReader(io.RawIOBase):
+    """Counts bytes handed to the JSON parser, so an error can name its byte offset, and stops
+    at `limit` decompressed bytes."""
+
+    def __init__(self, raw: Any, limit: int | None = None) -> None:
         self.raw = raw
         self.offset = 0
+        self.limit = limit
+        self.since_quote = 0
 
     def readable(self) -> bool:
         return True
@@ -100,6 +136,12 @@ class _CountingReader(io.RawIOBase):
         n = len(data)
         b[:n] = data
         self.offset += n
+        if self.limit is not None and self.offset > self.limit:
+            raise TooLarge(self.offset)
+        q = data.rfind(b'"')
+        self.since_quote = n - q - 1 if q >= 0 else self.since_quote + n
+        if self.since_quote > MAX_TOKEN_BYTES:
+            raise TokenTooLong(self.offset)
         return n
 
 
@@ -235,11 +277,14 @@ def read_trace(
         streaming = size > (ORJSON_MAX_GZ_BYTES if gz else ORJSON_MAX_BYTES)
     trace = Trace(path=str(p))
     ing = _Ingest(trace, keep)
+    doc = None
     if not streaming:
         try:
             doc = _load_whole(p, gz)
         except (ValueError, EOFError, OSError, zlib.error):
             streaming = True  # re-read streaming: it names the event and offset of the damage
+        if doc is None:
+            streaming = True  # inflates past what is parsed whole: stream it (bounded memory)
         else:
             events = doc.get("traceEvents") if isinstance(doc, dict) else doc
             if not isinstance(events, list):
@@ -254,9 +299,16 @@ def read_trace(
 
 
 def _load_whole(p: Path, gz: bool) -> Any:
+    """The parsed document, or None when the JSON is larger than ORJSON_MAX_BYTES."""
     import orjson
 
-    data = gzip.decompress(p.read_bytes()) if gz else p.read_bytes()
+    if gz:
+        with gzip.open(p, "rb") as f:
+            data = f.read(ORJSON_MAX_BYTES + 1)
+        if len(data) > ORJSON_MAX_BYTES:
+            return None
+    else:
+        data = p.read_bytes()
     return orjson.loads(data)
 
 
@@ -268,14 +320,26 @@ def _stream(p: Path, ing: _Ingest) -> None:
     counter = _CountingReader(io.BytesIO())
     try:  # a damaged gzip header or an empty gzip stream fails already here
         prefix = "item" if _first_char(p) == b"[" else "traceEvents.item"
-        raw, _ = _open_raw(p)
-        counter = _CountingReader(raw)
+        raw, gz = _open_raw(p)
+        counter = _CountingReader(raw, inflated_limit(p, gz))
         buffered = io.BufferedReader(counter, buffer_size=1 << 20)
         with raw:
             for i, ev in enumerate(ijson.items(buffered, prefix, use_float=True)):
                 ing.add(i, ev)
     except UserError:
         raise
+    except TokenTooLong:
+        raise UserError(
+            f"{p}: more than {MAX_TOKEN_BYTES >> 20} MiB without a quote near byte "
+            f"{counter.offset:,} of the JSON: one value that long is not a trace's (kernel "
+            "names and op args are kilobytes); this file is not a Kineto trace"
+        ) from None
+    except TooLarge:
+        raise UserError(
+            f"{p}: inflates to more than {counter.limit:,} bytes, {MAX_GZ_RATIO}x its "
+            f"{p.stat().st_size:,} compressed bytes: a decompression bomb, not a trace; if it "
+            "is a real trace, set SERVELAB_TRACE_MAX_RATIO higher"
+        ) from None
     except (ijson.JSONError, EOFError, OSError, zlib.error, ValueError) as exc:
         last = f"last good event #{i}: {ing.last_good()}" if i >= 0 else "no event read whole"
         what = "truncated" if _looks_truncated(exc) else "corrupt"

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from servelab import lifetime
 from servelab.tune import formats
 from servelab.tune.space import Config
 
@@ -228,9 +229,12 @@ class LocalPool:
     def _start(self, slot: int) -> None:
         self.inboxes[slot] = self.ctx.Queue()
         # not a daemon: daemonic processes may not start the compile pool's processes
-        p = self.ctx.Process(target=_worker_main, daemon=False, args=(
-            slot, self.gpus[slot], len(self.gpus), self.spec, self.inboxes[slot], self.outbox))
+        # run_tied: the worker dies with this process (it lived on 6-19 s after a kill -9)
+        p = self.ctx.Process(target=lifetime.run_tied, daemon=False, args=(
+            os.getpid(), _worker_main, slot, self.gpus[slot], len(self.gpus), self.spec,
+            self.inboxes[slot], self.outbox))
         p.start()
+        lifetime.guard(p.pid, group=False)  # and so do its compile workers
         self.procs[slot] = p
 
     def start(self) -> dict[str, Any]:

@@ -1,0 +1,90 @@
+"""What one request is to the engine: its record while it runs, the events it emits, the
+reasons it can finish with (vLLM's `finished_reason` values plus "error"), and the lifetime
+counters /metrics and /server_info read. Delivery to a listener never raises into the engine."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from servelab.mini import tokenizer as tk
+from servelab.mini.sampling import SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What one engine step produced for one request."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    spec_verify_ct: int
+    error: str | None = None  # why the engine failed this request (finish_reason "error")
+
+
+# vLLM's `finished_reason` label values, plus "error" for requests the engine failed
+FINISH_REASONS = ("stop", "length", "abort", "error")
+
+
+@dataclass(slots=True)
+class Request:
+    rid: int
+    prompt: list[int]
+    params: SamplingParams
+    callback: Callable[[Event], None]
+    gen: torch.Generator | None = None
+    slot: int = -1
+    out: list[int] = field(default_factory=list)
+    last: int = -1  # last sampled token, not yet in the main KV cache
+    pos: int = -1  # its position
+    drafts: list[int] = field(default_factory=list)
+    decoder: tk.StreamDecoder = field(default_factory=tk.StreamDecoder)
+    held: str = ""  # text held back because it may start a stop string
+    finish: str | None = None
+    spec_verify_ct: int = 0
+
+
+@dataclass(slots=True)
+class Stats:
+    """Lifetime counters, read by /metrics and /get_server_info."""
+
+    finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    steps: int = 0
+    spec_num_drafts: int = 0
+    spec_num_draft_tokens: int = 0
+    spec_num_accepted_tokens: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    @property
+    def avg_spec_accept_length(self) -> float | None:
+        if not self.spec_num_drafts:
+            return None
+        return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts
+
+
+def deliver(r: Request, ev: Event) -> bool:
+    """Hand an event to a request's listener; a failing listener must not stop the engine."""
+    try:
+        r.callback(ev)
+        return True
+    except Exception:  # noqa: BLE001 - e.g. the server's event loop is gone
+        traceback.print_exc()
+        return False
+
+
+def stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of some stop string."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best

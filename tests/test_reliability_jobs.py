@@ -1,0 +1,22 @@
+"""A second `--detach` of a job that is still running is refused (it said "started", exit 0,
+and two copies raced over the same store rows and files)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from servelab import jobs
+from servelab.errors import UserError
+
+
+def test_detaching_a_running_job_again_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("SERVELAB_HOME", str(tmp_path))
+    job = jobs.Job("exp-a", "experiment", total=4)  # this process: alive, state running
+    with pytest.raises(UserError, match="already running.*servelab status exp-a"):
+        jobs.detach(["run", "exp.toml"], "exp-a")
+    job.finish()
+    pid, log = jobs.detach(["--version"], "exp-a")  # finished: a new run may start
+    os.waitpid(pid, 0)
+    assert "servelab" in log.read_text()
