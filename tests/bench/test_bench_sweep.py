@@ -180,3 +180,21 @@ def test_a_load_point_with_nothing_completed_is_a_clear_error():
 def test_bad_sweep_config(kw, needle):
     with pytest.raises(UserError, match=needle):
         SweepConfig(**kw)
+
+
+def test_none_met_down_to_a_thousandth_of_saturation():
+    measure, calls = model(lambda r: 500.0)
+    res = sweep(measure, SweepConfig(slo=parse_slo("ttft_p99_ms=100"), max_points=30))
+    cap = res.capacity
+    assert cap.status == "none_met" and cap.low_req_s == 0.0
+    assert cap.high_req_s < 2 * R_SAT * 1e-3 and calls[-1].request_rate == cap.high_req_s
+    assert cap.describe().startswith("< ") and "no measured rate met" in cap.describe()
+
+
+def test_point_cap_before_the_saturated_rate_is_tried():
+    measure, calls = model(lambda r: 60.0)
+    res = sweep(measure, SweepConfig(slo=parse_slo("ttft_p99_ms=100"), max_points=5))
+    cap = res.capacity
+    assert len(calls) == 5 and cap.status == "unresolved"
+    assert cap.low_req_s == 16.0 and cap.high_req_s is None
+    assert "bracket width open" in cap.describe() and "before the saturated rate was tried" in cap.notes[0]

@@ -93,7 +93,8 @@ class SweepPoint:
 class Capacity:
     """The SLO capacity in requests/s: `low` met every SLO, `high` (the smallest measured rate
     above it) missed one. `high` None: no measured rate missed (status `above_saturation`);
-    `low` 0.0: none met (`unmet_at_synchronous`, `none_met`)."""
+    `low` 0.0: none met (`unmet_at_synchronous`, `none_met`); None: `unresolved` before any
+    open-loop rate met."""
 
     status: str  # one of STATUSES
     low_req_s: float | None
@@ -111,12 +112,13 @@ class Capacity:
     def describe(self) -> str:
         """One line for people."""
         lo, hi = self.low_req_s, self.high_req_s
-        if self.status in ("bracketed", "unresolved"):
-            s = f"{lo:.4g} - {hi:.4g} req/s"
+        if self.status == "bracketed":
+            return f"{lo:.4g} - {hi:.4g} req/s (bracket width {self.width:.1%} <= {self.precision:.1%})"
+        if self.status == "unresolved":
             w = self.width
-            s += f" (bracket width {w:.1%}" if w is not None else " ("
-            return s + (f", asked {self.precision:.1%})" if self.status == "unresolved"
-                        else f" <= {self.precision:.1%})")
+            return (f"{'?' if lo is None else f'{lo:.4g}'} - {'?' if hi is None else f'{hi:.4g}'}"
+                    f" req/s (unresolved: bracket width {'open' if w is None else f'{w:.1%}'}, "
+                    f"asked {self.precision:.1%})")
         if self.status == "above_saturation":
             return f">= {lo:.4g} req/s (every rate met the SLOs, up to the saturated rate)"
         if self.status == "unmet_at_synchronous":
@@ -206,12 +208,13 @@ def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
         missed = sorted(p.load.request_rate for p in open_loop if not p.check.met)  # type: ignore[union-attr,misc]
         full = len(points) >= cfg.max_points
         if not missed:
-            if _round(top) not in met and not full:
-                rate(top, "refine")
-                continue
-            if not met:  # the cap left no room for any open-loop rate
-                return Capacity("unresolved", None, None, cfg.precision,
-                                ("--sweep-max-points left no room for an open-loop rate",))
+            if _round(top) not in met:
+                if not full:
+                    rate(top, "refine")
+                    continue
+                return Capacity("unresolved", met[-1] if met else None, None, cfg.precision,
+                                ("--sweep-max-points was reached before the saturated rate "
+                                 "was tried",))
             return Capacity("above_saturation", met[-1], None, cfg.precision,
                             (f"every measured rate met the SLOs, up to {met[-1]:.4g} req/s; "
                              "no sustained rate exceeds the saturated throughput",))
@@ -227,7 +230,8 @@ def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
         if lo is not None and hi - lo <= cfg.precision * lo:
             return Capacity("bracketed", lo, hi, cfg.precision, notes)
         nxt = _round((lo + hi) / 2 if lo is not None else hi / 2)
-        if full or nxt in (lo, hi) or (lo is None and nxt < floor):
-            status = "unresolved" if lo is not None else "none_met"
-            return Capacity(status, lo if lo is not None else 0.0, hi, cfg.precision, notes)
+        if lo is None and nxt < floor:
+            return Capacity("none_met", 0.0, hi, cfg.precision, notes)
+        if full or nxt in (lo, hi):
+            return Capacity("unresolved", lo, hi, cfg.precision, notes)
         rate(nxt, "refine")
