@@ -207,7 +207,8 @@ def register(app: typer.Typer) -> None:
         no_store: bool = typer.Option(False, "--no-store", help="Do not write to the results store."),
         quiet: bool = typer.Option(False, "--quiet", help="No live progress."),
     ) -> None:
-        """Measure a running OpenAI-compatible or SGLang server under load.
+        """Measure a running OpenAI-compatible or SGLang server under load: at the load points
+        given, or a capacity sweep under SLOs (--sweep --slo ttft_p99_ms=2000,tpot_p99_ms=50).
 
         Sends `Authorization: Bearer $SERVELAB_API_KEY` (or $OPENAI_API_KEY) when set.
         """
