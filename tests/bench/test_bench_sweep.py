@@ -10,7 +10,7 @@ import pytest
 
 from servelab.bench.config import LoadPoint
 from servelab.bench.slo import parse_slo
-from servelab.bench.sweep import SweepConfig, sweep
+from servelab.bench.sweep import SweepConfig, first_crossing, sweep
 from servelab.errors import UserError
 
 R_SYNC, R_SAT = 4.0, 20.0
@@ -198,3 +198,12 @@ def test_point_cap_before_the_saturated_rate_is_tried():
     assert len(calls) == 5 and cap.status == "unresolved"
     assert cap.low_req_s == 16.0 and cap.high_req_s is None
     assert "bracket width open" in cap.describe() and "before the saturated rate was tried" in cap.notes[0]
+
+
+def test_first_crossing_of_stored_verdicts():
+    assert first_crossing([(4.0, True), (8.0, True), (12.0, False), (16.0, False)]) == (8.0, 12.0, ())
+    lo, hi, notes = first_crossing([(4.0, True), (8.0, False), (12.0, True)])
+    assert (lo, hi) == (4.0, 8.0) and "met the SLOs again (up to 12)" in notes[0]
+    assert first_crossing([(4.0, True), (8.0, True)]) == (8.0, None, ())
+    assert first_crossing([(4.0, False)]) == (None, 4.0, ())
+    assert first_crossing([]) == (None, None, ())

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import os
 import sys
 from collections import deque
 
@@ -64,6 +65,16 @@ def simulate_law(arrivals_ms: np.ndarray, n_out: int, s: Script) -> tuple[np.nda
     return ttft, tpot
 
 
+def timing_miss(msg: str) -> None:
+    """A timing check missed. On an oversubscribed machine (load average above 2 per CPU) the
+    server process is routinely off-CPU for several ms, so its steps run late and the law is
+    not what it served: skip with the evidence. Otherwise it is a failure."""
+    load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+    if load > 2 * cpus:
+        pytest.skip(f"machine oversubscribed (load average {load:.1f} on {cpus} CPUs): {msg}")
+    pytest.fail(msg)
+
+
 def test_simulation_matches_the_law_by_hand():
     s = Script(ttft_ms=20, gap_ms=10, max_running=2, gap_per_running_ms=5)
     # three at once with two slots: two share the batch (step 15 ms), the third waits for a slot
@@ -80,8 +91,9 @@ def test_closed_loop_tpot_follows_the_batch_slowdown():
         tpot = {c: run_load_point(cfg, LoadPoint(concurrency=c), progress=False).summary["tpot_ms"]
                 for c in (1, 4)}
     # every request of a wave is in a slot for all its steps: TPOT = gap + k (b - 1)
-    assert tpot[1]["median"] == pytest.approx(10.0, abs=1.0)
-    assert tpot[4]["median"] == pytest.approx(10.0 + 5.0 * 3, abs=1.5)
+    if abs(tpot[1]["median"] - 10.0) > 1.0 or abs(tpot[4]["median"] - 25.0) > 1.5:
+        timing_miss(f"TPOT medians {tpot[1]['median']:.2f} (c=1, law 10) and "
+                    f"{tpot[4]['median']:.2f} ms (c=4, law 25)")
 
 
 def test_slots_queue_first_in_first_out():
@@ -143,7 +155,8 @@ def test_sweep_brackets_the_true_capacity(monkeypatch, capsys, tmp_path):
     # the truth, with the client's timing noise as a tolerance of 2 ms on the TPOT limit
     lo_truth = reference_capacity(38.0, 100.0, n_req, n_out, s, seed, 1.0, 60.0)
     hi_truth = reference_capacity(42.0, 100.0, n_req, n_out, s, seed, 1.0, 60.0)
-    assert cap["low_req_s"] <= hi_truth and cap["high_req_s"] >= lo_truth, (cap, lo_truth, hi_truth)
+    if not (cap["low_req_s"] <= hi_truth and cap["high_req_s"] >= lo_truth):
+        timing_miss(f"bracket {cap} misses the law's capacity [{lo_truth:.2f}, {hi_truth:.2f}]")
     assert "capacity: " in text and " req/s (bracket width" in text
     # every point is an ordinary stored load point, linked by the sweep id
     with Store(db) as st:

@@ -30,7 +30,7 @@ returned load-point summary, so `servelab bench --sweep` and experiments share i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -198,6 +198,26 @@ def sweep(measure: Measure, cfg: SweepConfig,
     return result(_refine(points, cfg, top, rate))
 
 
+def first_crossing(rated: Iterable[tuple[float, bool]]
+                   ) -> tuple[float | None, float | None, tuple[str, ...]]:
+    """(rate, met every SLO) pairs -> (low, high, notes): `high` the smallest rate that missed,
+    `low` the largest rate below it that met (None where there is none). Reusable on stored
+    load points judged against other SLOs."""
+    met = sorted(r for r, ok in rated if ok)
+    missed = sorted(r for r, ok in rated if not ok)
+    if not missed:
+        return (met[-1] if met else None), None, ()
+    hi = missed[0]
+    below = [r for r in met if r < hi]
+    above = [r for r in met if r > hi]
+    notes: tuple[str, ...] = ()
+    if above:
+        notes = (f"{len(above)} rate(s) above {hi:.4g} req/s met the SLOs again (up to "
+                 f"{above[-1]:.4g}): noise or a non-monotone server; the bracket is the first "
+                 "crossing",)
+    return (below[-1] if below else None), hi, notes
+
+
 def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
             rate: Callable[[float, str], SweepPoint]) -> Capacity:
     """Bisect the first SLO crossing among the open-loop rates until it is `precision` wide."""
@@ -218,15 +238,8 @@ def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
             return Capacity("above_saturation", met[-1], None, cfg.precision,
                             (f"every measured rate met the SLOs, up to {met[-1]:.4g} req/s; "
                              "no sustained rate exceeds the saturated throughput",))
-        hi = missed[0]
-        below = [r for r in met if r < hi]
-        lo = below[-1] if below else None
-        notes = ()
-        above = [r for r in met if r > hi]
-        if above:
-            notes = (f"{len(above)} rate(s) above {hi:.4g} req/s met the SLOs again (up to "
-                     f"{above[-1]:.4g}): noise or a non-monotone server; the bracket is the "
-                     "first crossing",)
+        lo, hi, notes = first_crossing([(r, True) for r in met] + [(r, False) for r in missed])
+        assert hi is not None
         if lo is not None and hi - lo <= cfg.precision * lo:
             return Capacity("bracketed", lo, hi, cfg.precision, notes)
         nxt = _round((lo + hi) / 2 if lo is not None else hi / 2)
