@@ -103,3 +103,12 @@ def test_goodput_of_percentile_slos_uses_their_limits():
     assert s.describe() == ("ttft_p99_ms <= 2000, ttft_median_ms <= 500, tpot_p99_ms <= 50, "
                             "itl_p99_ms <= 80")
     assert "for 0.99 of requests" in SloSet((Slo("ttft_ms", None, 1.0),)).describe()
+
+
+def test_tail_slos_warn_about_small_samples():
+    s = parse_slo("ttft_p99_ms=200,tpot_p95_ms=50,e2e_median_ms=900")
+    assert s.sample_note(100) is None
+    note = s.sample_note(40)
+    assert note.startswith("ttft_p99_ms judged over 40 requests") and ">= 100" in note
+    assert "tpot_p95_ms, " not in note
+    assert "ttft_p99_ms, tpot_p95_ms" in s.sample_note(10) and parse_slo("ttft:5").sample_note(3) is None

@@ -207,3 +207,14 @@ def test_first_crossing_of_stored_verdicts():
     assert first_crossing([(4.0, True), (8.0, True)]) == (8.0, None, ())
     assert first_crossing([(4.0, False)]) == (None, 4.0, ())
     assert first_crossing([]) == (None, None, ())
+
+
+def test_sweep_notes_a_sample_too_small_for_p99():
+    measure, _ = model(queue_like)  # 100 requests completed per point: enough for p99
+    assert not sweep(measure, SweepConfig(slo=parse_slo("ttft_p99_ms=150"))).notes
+
+    def few(load: LoadPoint) -> dict:
+        return {**measure(load), "completed": 30}
+
+    res = sweep(few, SweepConfig(slo=parse_slo("ttft_p99_ms=150")))
+    assert any("judged over 30 requests" in n for n in res.notes)

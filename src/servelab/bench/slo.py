@@ -37,6 +37,8 @@ _STATS = {"mean": "mean", "median": "median", "p50": "median", "p90": "p90", "p9
           "p99": "p99"}
 # the share of requests a statistic may lose to failures before it stops describing the load
 _FAILED_SHARE = {"mean": 0.0, "median": 0.5, "p90": 0.10, "p95": 0.05, "p99": 0.01}
+# requests per load point below which a tail statistic is its slowest value or two
+_MIN_N = {"p90": 10, "p95": 20, "p99": 100}
 _KEY_RE = re.compile(r"(ttft|tpot|itl|e2el|e2e)(?:_(mean|median|p50|p90|p95|p99))?(?:_ms)?")
 _EXAMPLE = "ttft_p99_ms=2000,tpot_p99_ms=50 (or per request: 'ttft:500 tpot:50')"
 
@@ -123,6 +125,17 @@ class SloSet:
         if pr:
             parts.append(f"{' and '.join(pr)} for {self.attainment:.4g} of requests")
         return ", ".join(parts)
+
+    def sample_note(self, n: int) -> str | None:
+        """A warning when `n` requests per load point are too few for a tail SLO: a pX over
+        fewer than 100 / (100 - X) values is interpolated between the slowest ones, so the
+        verdict rests on one or two requests."""
+        short = [s.key for s in self.slos if s.stat in _MIN_N and n < _MIN_N[s.stat]]
+        if not short:
+            return None
+        need = max(_MIN_N[s.stat] for s in self.slos if s.key in short)  # type: ignore[index]
+        return (f"{', '.join(short)} judged over {n} requests: too few for that tail (a verdict "
+                f"resting on the slowest one or two); use --num-prompts >= {need}")
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (the sweep's `--output` and summaries)."""

@@ -195,7 +195,12 @@ def sweep(measure: Measure, cfg: SweepConfig,
             rate(r_sync + (top - r_sync) * i / (cfg.grid_rates + 1), "grid")
     if cfg.slo is None:
         return result(None)
-    return result(_refine(points, cfg, top, rate))
+    capacity = _refine(points, cfg, top, rate)
+    n = min((p.summary.get("completed") or 0) for p in points)
+    short = cfg.slo.sample_note(n)
+    if short:
+        notes.append(short)
+    return result(capacity)
 
 
 def first_crossing(rated: Iterable[tuple[float, bool]]
