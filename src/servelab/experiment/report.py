@@ -4,6 +4,7 @@ the attribution table, plots, warnings, the provenance of every run, and a decis
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import math
 import time
@@ -13,10 +14,8 @@ from typing import Any
 
 from servelab import atomic, paths
 from servelab.errors import UserError
-from servelab.experiment import plots
-from servelab.experiment.schedule import baseline_first
-from servelab.experiment.spec import LoadSpec
-from servelab.experiment.stats import METRICS, Analysis, RunValue, analyze, headline
+from servelab.experiment import evidence, plots
+from servelab.experiment.stats import METRICS, Analysis, headline
 from servelab.store import LoadPointRow, RunRow, Store
 
 EFFECT_METRICS = ("output_throughput_tok_s", "ttft_ms", "tpot_ms")
@@ -29,6 +28,9 @@ class ExperimentData:
     runs: list[RunRow]
     load_points: dict[int, LoadPointRow]
     analysis: Analysis
+    flagged: dict[int, str] = dataclasses.field(default_factory=dict)  # block -> interference reason
+    excluded: list[int] = dataclasses.field(default_factory=list)  # blocks repeated, left out of statistics
+    blocks_used: int = 0
 
     @property
     def primary(self) -> str:
@@ -36,19 +38,12 @@ class ExperimentData:
 
 
 def collect(store: Store, name: str, noise_band: float | None = None) -> ExperimentData:
-    """Everything stored about an experiment, with its statistics."""
-    spec = store.experiment(name)
-    runs = store.runs(name)
-    lps = {r.load_point_id: store.load_point(r.load_point_id) for r in runs if r.load_point_id}
-    baseline = spec.get("baseline") or next(iter(spec["arms"]))
-    arms = baseline_first(list(spec["arms"]), baseline)
+    """Everything stored about an experiment, with its statistics (evidence.gather: the same
+    runs and rule the runner decided with)."""
+    ev = evidence.gather(store, name, noise_band)
+    spec, runs, lps, an = ev.spec, ev.runs, ev.load_points, ev.analysis
     ok = [r for r in runs if r.status == "ok" and r.load_point_id in lps]
-    values = [
-        RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary) for r in ok
-    ]
-    band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
-    load_keys = [key for key, _, _ in LoadSpec.model_validate(spec["load"]).keys()]
-    an = analyze(values, baseline=baseline, arms=arms, load_keys=load_keys, noise_band=band)
+    baseline = an.baseline
     an.warnings += aa_notes(
         spec, an, baseline, data_metric=spec.get("primary_metric", "output_throughput_tok_s")
     )
@@ -60,7 +55,46 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
             f"{store.path.parent / 'results-requests'} moved or deleted): the TTFT/TPOT "
             f"distribution plots leave them out; every table and effect uses the stored summaries"
         )
-    return ExperimentData(name, spec, runs, lps, an)
+    return ExperimentData(name, spec, runs, lps, an, ev.flagged, ev.excluded, ev.blocks_used)
+
+
+def stopping_lines(data: ExperimentData) -> list[str]:
+    """The stopping rule and what it decided (adaptive repetitions), and every block the
+    machine disturbed: paused before, repeated (left out of the statistics) or kept."""
+    from servelab.experiment import sequential as seq
+    from servelab.experiment.stats import undecided
+
+    an, out = data.analysis, []
+    if an.design is not None:
+        d = an.design
+        und = undecided(an, data.primary)
+        out.append(
+            f"adaptive repetitions: {data.blocks_used} blocks used (min {d.min_n}, max "
+            f"{d.max_n}); rule: {seq.RULE}; familywise alpha {d.alpha:g} over {d.effects} "
+            f"primary effects (each look at nominal level {d.gamma:.2g})"
+        )
+        out.append(
+            "every primary effect decided"
+            if not und
+            else "left undecided (budget or maximum reached): "
+            + ", ".join(f"{a} at {lk}" for a, lk in und)
+        )
+    for b, why in sorted(data.flagged.items()):
+        fate = (
+            "repeated: left out of the statistics, stored and listed below"
+            if b in data.excluded
+            else "kept in the statistics"
+        )
+        out.append(f"interference in block {b + 1} ({why}): {fate}")
+    for r in data.runs:
+        lp = data.load_points.get(r.load_point_id) if r.load_point_id else None
+        inter = (lp.provenance.get("interference") or {}) if lp else {}
+        if inter.get("paused_s"):
+            out.append(
+                f"paused {inter['paused_s']:.0f} s before block {(r.block or 0) + 1} "
+                f"({inter.get('pause_reason') or 'the machine was busy'})"
+            )
+    return out
 
 
 def mixed_provenance(provs: list[dict[str, Any]]) -> list[str]:
