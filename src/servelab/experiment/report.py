@@ -15,6 +15,7 @@ from typing import Any
 from servelab import atomic, paths
 from servelab.errors import UserError
 from servelab.experiment import evidence, plots
+from servelab.experiment.noise_notes import interference_cells, stopping_lines
 from servelab.experiment.stats import METRICS, Analysis, headline
 from servelab.store import LoadPointRow, RunRow, Store
 
@@ -56,45 +57,6 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
             f"distribution plots leave them out; every table and effect uses the stored summaries"
         )
     return ExperimentData(name, spec, runs, lps, an, ev.flagged, ev.excluded, ev.blocks_used)
-
-
-def stopping_lines(data: ExperimentData) -> list[str]:
-    """The stopping rule and what it decided (adaptive repetitions), and every block the
-    machine disturbed: paused before, repeated (left out of the statistics) or kept."""
-    from servelab.experiment import sequential as seq
-    from servelab.experiment.stats import undecided
-
-    an, out = data.analysis, []
-    if an.design is not None:
-        d = an.design
-        und = undecided(an, data.primary)
-        out.append(
-            f"adaptive repetitions: {data.blocks_used} blocks used (min {d.min_n}, max "
-            f"{d.max_n}); rule: {seq.RULE}; familywise alpha {d.alpha:g} over {d.effects} "
-            f"primary effects (each look at nominal level {d.gamma:.2g})"
-        )
-        out.append(
-            "every primary effect decided"
-            if not und
-            else "left undecided (budget or maximum reached): "
-            + ", ".join(f"{a} at {lk}" for a, lk in und)
-        )
-    for b, why in sorted(data.flagged.items()):
-        fate = (
-            "repeated: left out of the statistics, stored and listed below"
-            if b in data.excluded
-            else "kept in the statistics"
-        )
-        out.append(f"interference in block {b + 1} ({why}): {fate}")
-    for r in data.runs:
-        lp = data.load_points.get(r.load_point_id) if r.load_point_id else None
-        inter = (lp.provenance.get("interference") or {}) if lp else {}
-        if inter.get("paused_s"):
-            out.append(
-                f"paused {inter['paused_s']:.0f} s before block {(r.block or 0) + 1} "
-                f"({inter.get('pause_reason') or 'the machine was busy'})"
-            )
-    return out
 
 
 def mixed_provenance(provs: list[dict[str, Any]]) -> list[str]:
@@ -213,6 +175,11 @@ _PROV_COLUMNS = (
     ("duration_s", "s"),
     ("git", "git"),
     ("host", "host"),
+    ("other_cpu", "other CPU (cores)"),
+    ("steal", "steal"),
+    ("load1", "load 1 min"),
+    ("cores", "cores (client / engine)"),
+    ("flagged", "interference"),
 )
 
 _DECISION_TODO = "(to fill in: adopt / reject / measure more)"
@@ -244,6 +211,7 @@ def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
                 "error": r.error or "",
                 "log_tail": r.log_tail or "",
                 "load_point_id": r.load_point_id,
+                **interference_cells(prov, r.block, data.excluded),
             }
         )
     return out
@@ -273,6 +241,9 @@ def markdown(data: ExperimentData) -> str:
         _md_table(spread_rows(data)),
         "",
     ]
+    stops = stopping_lines(data)
+    if stops:
+        lines += ["## Stopping rule and interference", ""] + [f"- {x}" for x in stops] + [""]
     if data.analysis.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in data.analysis.warnings] + [""]
     lines += (
@@ -392,6 +363,13 @@ def render_html(data: ExperimentData, store: Store) -> str:
         _html_table(attribution_rows(data), verdict_col=5),
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
     ]
+    stops = stopping_lines(data)
+    if stops:
+        parts.append(
+            "<h2>Stopping rule and interference</h2><ul>"
+            + "".join(f"<li>{html.escape(x)}</li>" for x in stops)
+            + "</ul>"
+        )
     if an.warnings:
         parts.append(
             "<div class='warn'><b>Warnings</b><ul>"
