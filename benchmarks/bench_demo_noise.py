@@ -121,8 +121,10 @@ def main() -> None:
                     f"{rec['utc']} {kind} {i}: rc {rec['rc']} {rec['wall_s']} s, load "
                     f"{rec['load1_before']:.1f}->{rec['load1_after']:.1f}, blocks "
                     f"{rec.get('blocks_used')}: "
-                    + ", ".join(f"{k} {v['verdict']} ({(v['ratio'] - 1) * 100:+.1f}%)"
-                                for k, v in eff.items()),
+                    + ", ".join(
+                        f"{k} {v['verdict']} ({(v['ratio'] - 1) * 100:+.1f}%)"
+                        for k, v in eff.items()
+                    ),
                     flush=True,
                 )
     finally:

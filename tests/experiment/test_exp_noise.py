@@ -81,8 +81,9 @@ def _spec(tmp_path: Path, scripted, name: str, extra: str, **kw) -> spec_mod.Exp
 
 @pytest.mark.skipif(len(pinning.available()) < 2, reason="pinning needs 2 usable cores")
 def test_client_and_engines_run_on_the_cores_the_plan_gives(tmp_path, scripted, live_procs):
-    spec = _spec(tmp_path, scripted, "pin", "[noise]\npin = true\n", reps=1, loads="[2]",
-                 restart="block")
+    spec = _spec(
+        tmp_path, scripted, "pin", "[noise]\npin = true\n", reps=1, loads="[2]", restart="block"
+    )
     seen: list[tuple[str, list[int] | None, list[list[int] | None]]] = []
 
     def measure(url, spec, run) -> Measurement:

@@ -42,7 +42,9 @@ def test_known_effect_streams_decide_the_right_way():
     assert not any(b.verdict == seq.WORSE for b in up)
     assert all(b.decided_at is None or 5 <= b.decided_at <= 15 for b in up)
     # the same ratios on a metric where lower is better (latency) are a regression
-    down = [seq.confidence_sequence(r, design, 0.02, False) for r in _streams(rng, 300, 15, 0.26, 0.1)]
+    down = [
+        seq.confidence_sequence(r, design, 0.02, False) for r in _streams(rng, 300, 15, 0.26, 0.1)
+    ]
     assert sum(b.verdict == seq.WORSE for b in down) >= 0.95 * 300
     assert not any(b.verdict == seq.BETTER for b in down)
 
@@ -89,16 +91,16 @@ def test_analyze_uses_the_sequence_for_every_directional_metric():
     for b in range(8):
         f = 1.0 + 0.01 * ((b * 7) % 5 - 2)
         runs.append(
-            RunValue("a", "c=1", b, b, {"output_throughput_tok_s": 100 * f, "tpot_ms": {"median": 10}})
+            RunValue(
+                "a", "c=1", b, b, {"output_throughput_tok_s": 100 * f, "tpot_ms": {"median": 10}}
+            )
         )
         runs.append(
             RunValue(
                 "b", "c=1", b, b, {"output_throughput_tok_s": 150 / f, "tpot_ms": {"median": 7 * f}}
             )
         )
-    an = analyze(
-        runs, baseline="a", arms=["a", "b"], load_keys=["c=1"], design=seq.Design(5, 10)
-    )
+    an = analyze(runs, baseline="a", arms=["a", "b"], load_keys=["c=1"], design=seq.Design(5, 10))
     e = an.effects[("b", "c=1", "output_throughput_tok_s")]
     assert e.rule == "sequential" and e.verdict == "better" and e.decided_at == 5
     assert e.ci_low < 1.5 < e.ci_high
