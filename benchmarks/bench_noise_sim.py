@@ -11,8 +11,9 @@ runs on the 2-core VM (docs/EXPERIMENTS.md gives the numbers it rests on):
   throughput (one run, not its partner: a burst is shorter than a block).
 
 For each rule it reports the A/A false-positive rate (a verdict of better or worse between
-identical arms), the power against a true +20% effect (verdict better), and the cost (blocks
-run until the decision). Rules: fixed repetitions (3, 5, 10 blocks) with servelab's bootstrap CI
+identical arms), the power against a true +20% effect (verdict better), the cost (blocks
+run until the decision), and how often the rule's interval missed the true ratio at any look
+(band 0: the error rate the rule promises to keep at alpha, peeking included). Rules: fixed repetitions (3, 5, 10 blocks) with servelab's bootstrap CI
 and noise band, and adaptive repetitions (sequential.py) with the same band.
 
     python benchmarks/bench_noise_sim.py --experiments 1000 --out /tmp/noise_sim.json
@@ -84,6 +85,7 @@ class Cell:
     called_worse: float
     no_change: float
     mean_blocks: float
+    excludes_truth: float  # the interval missed the true ratio (band 0): the rule's own error
 
 
 def simulate(noise: Noise, effect: float, n_exp: int, band: float, seed: int) -> list[Cell]:
@@ -94,17 +96,30 @@ def simulate(noise: Noise, effect: float, n_exp: int, band: float, seed: int) ->
         "adaptive 5-20 (1 effect)": seq.Design(5, 20, 0.05, 1),
     }
     tallies: dict[str, list] = {f"fixed {n}": [] for n in (3, 5, 10)}
+    tallies["naive peeking 3-10"] = []
     tallies.update({k: [] for k in designs})
+    log_e = math.log(effect)
     for i in range(n_exp):
-        x = blocks(rng, noise, 20, math.log(effect))
+        x = blocks(rng, noise, 20, log_e)
         for n in (3, 5, 10):
-            tallies[f"fixed {n}"].append((fixed_verdict(x, n, band, i), n))
+            miss = fixed_verdict(x - log_e, n, 0.0, i) in ("better", "worse")
+            tallies[f"fixed {n}"].append((fixed_verdict(x, n, band, i), n, miss))
+        # the peeking problem: a fixed-n 95% CI recomputed after every block, stopping at the
+        # first verdict; its error is the chance that ANY look excluded the truth
+        v, used, miss = "within noise", 10, False
+        for n in range(3, 11):
+            miss = miss or fixed_verdict(x - log_e, n, 0.0, i) in ("better", "worse")
+            if v == "within noise" and (got := fixed_verdict(x, n, band, i)) != "within noise":
+                v, used = got, n
+        tallies["naive peeking 3-10"].append((v, used, miss))
         for name, d in designs.items():
             b = seq.confidence_sequence(x, d, band, True)
-            tallies[name].append((b.verdict, b.decided_at or d.max_n))
+            truth = seq.confidence_sequence(x - log_e, d, 0.0, True)
+            miss = truth.verdict in (seq.BETTER, seq.WORSE)
+            tallies[name].append((b.verdict, b.decided_at or d.max_n, miss))
     cells = []
     for rule, vs in tallies.items():
-        v = [a for a, _ in vs]
+        v = [a for a, _, _ in vs]
         cells.append(
             Cell(
                 noise.name,
@@ -114,7 +129,8 @@ def simulate(noise: Noise, effect: float, n_exp: int, band: float, seed: int) ->
                 v.count("better") / n_exp,
                 v.count("worse") / n_exp,
                 (v.count("no change")) / n_exp,
-                float(np.mean([c for _, c in vs])),
+                float(np.mean([c for _, c, _ in vs])),
+                float(np.mean([m for _, _, m in vs])),
             )
         )
     return cells
@@ -142,7 +158,8 @@ def main() -> None:
             fx = next(c for c in cells if (c.noise, c.rule, c.effect) == (noise.name, rule, 1.2))
             print(
                 f"| {noise.name} | {rule} | {(aa.called_better + aa.called_worse) * 100:.1f}% "
-                f"| {fx.called_better * 100:.1f}% | {aa.mean_blocks:.1f} / {fx.mean_blocks:.1f} |"
+                f"| {fx.called_better * 100:.1f}% | {aa.mean_blocks:.1f} / {fx.mean_blocks:.1f} "
+                f"| {aa.excludes_truth * 100:.1f}% / {fx.excludes_truth * 100:.1f}% |"
             )
     with open(a.out, "w") as f:
         json.dump(

@@ -442,7 +442,8 @@ class Runner:
         self.say(
             f"{'ok' if status == 'ok' else '[red]failed[/red]'} {p.describe()}: "
             f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
-            f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s)"
+            f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s; other "
+            f"processes {_fmt(inter.get('other_cpu_cores'))} cores)"
             + (f": {error}" if error else "")
         )
         return status
