@@ -4,6 +4,7 @@ the attribution table, plots, warnings, the provenance of every run, and a decis
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import math
 import time
@@ -13,10 +14,9 @@ from typing import Any
 
 from servelab import atomic, paths
 from servelab.errors import UserError
-from servelab.experiment import plots
-from servelab.experiment.schedule import baseline_first
-from servelab.experiment.spec import LoadSpec
-from servelab.experiment.stats import METRICS, Analysis, RunValue, analyze, headline
+from servelab.experiment import evidence, plots
+from servelab.experiment.noise_notes import interference_cells, stopping_lines
+from servelab.experiment.stats import METRICS, Analysis, headline
 from servelab.store import LoadPointRow, RunRow, Store
 
 EFFECT_METRICS = ("output_throughput_tok_s", "ttft_ms", "tpot_ms")
@@ -29,6 +29,9 @@ class ExperimentData:
     runs: list[RunRow]
     load_points: dict[int, LoadPointRow]
     analysis: Analysis
+    flagged: dict[int, str] = dataclasses.field(default_factory=dict)  # block -> interference reason
+    excluded: list[int] = dataclasses.field(default_factory=list)  # blocks repeated, left out of statistics
+    blocks_used: int = 0
 
     @property
     def primary(self) -> str:
@@ -36,19 +39,12 @@ class ExperimentData:
 
 
 def collect(store: Store, name: str, noise_band: float | None = None) -> ExperimentData:
-    """Everything stored about an experiment, with its statistics."""
-    spec = store.experiment(name)
-    runs = store.runs(name)
-    lps = {r.load_point_id: store.load_point(r.load_point_id) for r in runs if r.load_point_id}
-    baseline = spec.get("baseline") or next(iter(spec["arms"]))
-    arms = baseline_first(list(spec["arms"]), baseline)
+    """Everything stored about an experiment, with its statistics (evidence.gather: the same
+    runs and rule the runner decided with)."""
+    ev = evidence.gather(store, name, noise_band)
+    spec, runs, lps, an = ev.spec, ev.runs, ev.load_points, ev.analysis
     ok = [r for r in runs if r.status == "ok" and r.load_point_id in lps]
-    values = [
-        RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary) for r in ok
-    ]
-    band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
-    load_keys = [key for key, _, _ in LoadSpec.model_validate(spec["load"]).keys()]
-    an = analyze(values, baseline=baseline, arms=arms, load_keys=load_keys, noise_band=band)
+    baseline = an.baseline
     an.warnings += aa_notes(
         spec, an, baseline, data_metric=spec.get("primary_metric", "output_throughput_tok_s")
     )
@@ -60,7 +56,7 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
             f"{store.path.parent / 'results-requests'} moved or deleted): the TTFT/TPOT "
             f"distribution plots leave them out; every table and effect uses the stored summaries"
         )
-    return ExperimentData(name, spec, runs, lps, an)
+    return ExperimentData(name, spec, runs, lps, an, ev.flagged, ev.excluded, ev.blocks_used)
 
 
 def mixed_provenance(provs: list[dict[str, Any]]) -> list[str]:
@@ -179,6 +175,11 @@ _PROV_COLUMNS = (
     ("duration_s", "s"),
     ("git", "git"),
     ("host", "host"),
+    ("other_cpu", "other CPU (cores)"),
+    ("steal", "steal"),
+    ("load1", "load 1 min"),
+    ("cores", "cores (client / engine)"),
+    ("flagged", "interference"),
 )
 
 _DECISION_TODO = "(to fill in: adopt / reject / measure more)"
@@ -210,6 +211,7 @@ def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
                 "error": r.error or "",
                 "log_tail": r.log_tail or "",
                 "load_point_id": r.load_point_id,
+                **interference_cells(prov, r.block, data.excluded),
             }
         )
     return out
@@ -239,6 +241,9 @@ def markdown(data: ExperimentData) -> str:
         _md_table(spread_rows(data)),
         "",
     ]
+    stops = stopping_lines(data)
+    if stops:
+        lines += ["## Stopping rule and interference", ""] + [f"- {x}" for x in stops] + [""]
     if data.analysis.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in data.analysis.warnings] + [""]
     lines += (
@@ -358,6 +363,13 @@ def render_html(data: ExperimentData, store: Store) -> str:
         _html_table(attribution_rows(data), verdict_col=5),
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
     ]
+    stops = stopping_lines(data)
+    if stops:
+        parts.append(
+            "<h2>Stopping rule and interference</h2><ul>"
+            + "".join(f"<li>{html.escape(x)}</li>" for x in stops)
+            + "</ul>"
+        )
     if an.warnings:
         parts.append(
             "<div class='warn'><b>Warnings</b><ul>"
