@@ -35,6 +35,9 @@ class Measurement:
     records: list[dict[str, Any]]
     server_info: dict[str, Any] = field(default_factory=dict)
     bench: dict[str, Any] = field(default_factory=dict)  # the bench configuration used
+    # a capacity sweep's other load points (summary, records, load_key, concurrency,
+    # request_rate), each stored as an ordinary load point beside the run's own
+    extra_points: list[dict[str, Any]] = field(default_factory=list)
 
 
 MeasureFn = Callable[[str, ExperimentSpec, PlannedRun], Measurement]
@@ -53,7 +56,12 @@ def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measuremen
 
     from servelab.bench.config import LoadPoint
     from servelab.bench.run import run_load_point
+    from servelab.experiment.spec import SWEEP_KEY
 
+    if run.load_key == SWEEP_KEY:  # one capacity search (experiment/capacity.py)
+        from servelab.experiment import capacity
+
+        return capacity.measure(url, spec, run)
     cfg = spec.workload.bench_config(url, model=_served_model(spec))
     load = LoadPoint(
         concurrency=run.concurrency, request_rate=run.request_rate, burstiness=spec.load.burstiness
@@ -411,16 +419,28 @@ class Runner:
                 "engine_actual": pinning.affinity(dep.pids()[0]) if dep and dep.pids() else None,
             },
         )
+        ids = [
+            self.store.add_load_point(
+                summary=x["summary"], provenance=prov, load_key=x["load_key"],
+                source="experiment", label=f"{spec.name}/{p.arm}", base_url=url,
+                model=spec.model or None, concurrency=x["concurrency"],
+                request_rate=x["request_rate"], requests=x["records"],
+            )
+            for x in m.extra_points
+        ]
+        if ids:
+            summary["sweep_point_ids"] = ids
+        at = (summary.get("capacity") or {}).get("load") or {}  # a sweep: the point at capacity
         lp = self.store.add_load_point(
             summary=summary,
             provenance=prov,
-            load_key=p.load_key,
+            load_key=at.get("key", p.load_key),
             source="experiment",
             label=f"{spec.name}/{p.arm}",
             base_url=url,
             model=spec.model or None,
-            concurrency=p.concurrency,
-            request_rate=p.request_rate,
+            concurrency=at.get("concurrency", p.concurrency),
+            request_rate=at.get("request_rate", p.request_rate),
             requests=m.records,
         )
         completed = summary.get("completed") or 0

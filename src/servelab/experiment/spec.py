@@ -75,10 +75,43 @@ class ArmSpec(_Strict):
         return [self.recipe] if isinstance(self.recipe, str) else list(self.recipe)
 
 
+SWEEP_KEY = "capacity"  # the load key of a capacity sweep's runs
+
+
+class SweepSpec(_Strict):
+    """`[load.sweep]`: each run is a capacity search (bench/sweep.py) under `slo`; every point
+    it measures is an ordinary stored load point (docs/METRICS.md, "Capacity under SLOs")."""
+
+    slo: str  # e.g. "ttft_p99_ms=2000,tpot_p99_ms=50" or per request "ttft:500 tpot:50"
+    precision: float = Field(0.1, ge=0.001, le=1.0, allow_inf_nan=False)
+    rates: int = Field(3, ge=0, le=20, strict=True)  # grid rates between sync and saturated
+    max_points: int = Field(12, ge=2, le=100, strict=True)
+
+    @field_validator("slo")
+    @classmethod
+    def _slo(cls, v: str) -> str:
+        from servelab.bench.slo import parse_slo
+
+        try:
+            if parse_slo(v) is None:
+                raise ValueError("give at least one SLO, e.g. \"ttft_p99_ms=2000,tpot_p99_ms=50\"")
+        except UserError as exc:
+            raise ValueError(str(exc).replace("--slo", "slo")) from None
+        return v
+
+    @model_validator(mode="after")
+    def _room(self) -> SweepSpec:
+        if self.max_points < 2 + self.rates:
+            raise ValueError(f"max_points {self.max_points} leaves no room for the synchronous, "
+                             f"saturated and {self.rates} grid points: give >= {2 + self.rates}")
+        return self
+
+
 class LoadSpec(_Strict):
     concurrency: list[int] = []
     request_rate: list[float] = []
     burstiness: float = Field(1.0, gt=0)
+    sweep: SweepSpec | None = None
 
     @field_validator("concurrency")
     @classmethod
@@ -96,9 +129,10 @@ class LoadSpec(_Strict):
 
     @model_validator(mode="after")
     def _some(self) -> LoadSpec:
-        if not self.concurrency and not self.request_rate:
+        if not self.concurrency and not self.request_rate and self.sweep is None:
             raise ValueError(
-                "give at least one load point: concurrency = [...] or request_rate = [...]"
+                "give at least one load point: concurrency = [...], request_rate = [...] "
+                'or sweep = { slo = "ttft_p99_ms=2000" }'
             )
         return self
 
@@ -108,6 +142,8 @@ class LoadSpec(_Strict):
             (f"c={c}", c, None) for c in self.concurrency
         ]
         out += [(f"rate={r:g}", None, r) for r in self.request_rate]
+        if self.sweep is not None:  # one capacity search per run, after the fixed load points
+            out.append((SWEEP_KEY, None, None))
         return out
 
 
