@@ -131,7 +131,14 @@ def effects(an: Analysis, metrics: Sequence[str]) -> bytes:
         range(len(items)), [f"{e.arm} {e.load_key} {METRICS[e.metric].label}" for e in items]
     )
     ax.invert_yaxis()
-    ax.set_xlabel("change vs baseline (%), 95% CI")
+    # linear within a few noise bands, logarithmic beyond: a +265% CI no longer squeezes the
+    # band (and every effect near it) into a sliver at the centre
+    lin = max(5 * band, 5.0)
+    ax.set_xscale("symlog", linthresh=lin, linscale=2.0)
+    ax.axvline(-lin, color="grey", linewidth=0.5, linestyle=":")
+    ax.axvline(lin, color="grey", linewidth=0.5, linestyle=":")
+    ax.xaxis.set_major_formatter(lambda x, _: f"{x:+g}%" if x else "0")
+    ax.set_xlabel(f"change vs baseline (%), 95% CI; linear within +-{lin:g}%, logarithmic beyond")
     ax.set_title("effects (green: better, red: worse, blue: within noise)")
     ax.legend(loc="lower right", fontsize=8)
     return _png(fig)

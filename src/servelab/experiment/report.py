@@ -14,7 +14,7 @@ from typing import Any
 
 from servelab import atomic, paths
 from servelab.errors import UserError
-from servelab.experiment import evidence, plots
+from servelab.experiment import evidence, plots, report_html, tradeoff
 from servelab.experiment.noise_notes import interference_cells, stopping_lines
 from servelab.experiment.stats import METRICS, Analysis, headline
 from servelab.store import LoadPointRow, RunRow, Store
@@ -182,9 +182,6 @@ _PROV_COLUMNS = (
     ("flagged", "interference"),
 )
 
-_DECISION_TODO = "(to fill in: adopt / reject / measure more)"
-
-
 def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
     out = []
     for r in data.runs:
@@ -241,15 +238,17 @@ def markdown(data: ExperimentData) -> str:
         _md_table(spread_rows(data)),
         "",
     ]
+    per, cap_effects, suggested = report_html.sections(data)
+    if per:
+        lines += ["## Capacity under SLOs", "", _md_table(report_html.capacity_rows(per, cap_effects)),
+                  ""] + [f"- {e.sentence()}" for e in cap_effects] + [""]
     stops = stopping_lines(data)
     if stops:
         lines += ["## Stopping rule and interference", ""] + [f"- {x}" for x in stops] + [""]
     if data.analysis.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in data.analysis.warnings] + [""]
-    lines += (
-        ["## Decision record", "", f"- Hypothesis: {hyp}"]
-        + [f"- Result: {r}" for r in result]
-        + [f"- Decision: {_DECISION_TODO}", ""]
+    lines += report_html.decision_markdown(
+        hyp, result + [e.sentence() for e in cap_effects], suggested
     )
     lines += [
         "## Runs (provenance)",
@@ -363,6 +362,16 @@ def render_html(data: ExperimentData, store: Store) -> str:
         _html_table(attribution_rows(data), verdict_col=5),
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
     ]
+    per, cap_effects, suggested = report_html.sections(data)
+    if per:
+        parts += [
+            "<h2>Capacity under SLOs</h2><div class='capacity'>",
+            _html_table(report_html.capacity_rows(per, cap_effects), verdict_col=4),
+            "<ul>" + "".join(f"<li>{html.escape(e.sentence())}</li>" for e in cap_effects),
+            "</ul></div>",
+        ]
+    trade = tradeoff.collect(store, spec, data.runs, data.load_points, an.arms)
+    parts += ["<h2>Latency against throughput</h2>", report_html.tradeoff_html(trade.to_json())]
     stops = stopping_lines(data)
     if stops:
         parts.append(
@@ -382,12 +391,10 @@ def render_html(data: ExperimentData, store: Store) -> str:
         "<h2>Plots</h2><div class='plots'>",
         *imgs,
         "</div>",
-        "<h2>Decision record</h2><table>",
-        f"<tr><th>hypothesis</th><td>{html.escape(hyp_result[0])}</td></tr>",
-        "<tr><th>result</th><td>"
-        + "<br>".join(html.escape(x) for x in hyp_result[1])
-        + "</td></tr>",
-        f"<tr><th>decision</th><td>{_DECISION_TODO}</td></tr></table>",
+        "<h2>Decision record</h2>",
+        report_html.decision_html(
+            hyp_result[0], hyp_result[1] + [e.sentence() for e in cap_effects], suggested
+        ),
         "<h2>Runs and their provenance</h2><table><tr>"
         + "".join(
             f"<th>{h}</th>"
@@ -398,7 +405,7 @@ def render_html(data: ExperimentData, store: Store) -> str:
     for p in _provenance_rows(data):
         detail = (
             f"<details><summary>details</summary><pre>{html.escape(p['command'])}</pre>"
-            f"<pre>{html.escape(str(p['server_info'] or ''))[:4000]}</pre>"
+            + report_html.kv_table(p["server_info"] or {})
             + (
                 f"<pre>{html.escape(p['error'])}\n{html.escape(p['log_tail'])}</pre>"
                 if p["error"] or p["log_tail"]
