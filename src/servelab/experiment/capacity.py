@@ -204,8 +204,9 @@ def compare(runs: Sequence[RunValue], arm: str, baseline: str, band: float, load
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, n, size=(n_boot, n))
     alpha = expanded_alpha(n) / 2
-    ci_lo = float(np.quantile(_geo(lo[idx]), alpha))
-    ci_hi = float(np.quantile(_geo(hi[idx]), 1 - alpha))
+    # order statistics, not interpolation (inf - inf is NaN), each rounded outwards
+    ci_lo = float(np.quantile(_geo(lo[idx]), alpha, method="lower"))
+    ci_hi = float(np.quantile(_geo(hi[idx]), 1 - alpha, method="higher"))
     if n < MIN_REPS_TO_DECIDE:  # as stats.bootstrap_ratio: at least the Student-t interval
         from scipy import stats as sps
 
