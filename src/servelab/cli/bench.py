@@ -206,6 +206,8 @@ def register(app: typer.Typer) -> None:
         label: str = typer.Option(None, "--label", help="A name for these rows in the store."),
         no_store: bool = typer.Option(False, "--no-store", help="Do not write to the results store."),
         quiet: bool = typer.Option(False, "--quiet", help="No live progress."),
+        as_json: bool = typer.Option(False, "--json", help="Print every load point (and the sweep) "
+                                     "as one JSON document on stdout; tables go to stderr."),
     ) -> None:
         """Measure a running OpenAI-compatible or SGLang server under load: at the load points
         given, or a capacity sweep under SLOs (--sweep --slo ttft_p99_ms=2000,tpot_p99_ms=50).
@@ -272,7 +274,8 @@ def register(app: typer.Typer) -> None:
             from servelab.store import Store
 
             st = Store(store)
-        console = make_console()
+        console = make_console(stderr=as_json)
+        quiet = quiet or as_json
         out: list[dict] = []
         sweep_doc: dict[str, Any] | None = None
         server_info: dict[str, Any] = {}
@@ -353,5 +356,11 @@ def register(app: typer.Typer) -> None:
             write_output()
         if st is not None:
             st.close()
+        if as_json:
+            from servelab import jsonout
+
+            jsonout.emit("bench", {"provenance": provenance.collect(server_info=server_info,
+                                                                   workload_seed=wl.seed),
+                                   "load_points": out, "sweep": sweep_doc})
         if all(s["completed"] == 0 for s in out):
             raise typer.Exit(1)  # nothing was measured: let scripts notice

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from servelab.cli.results import STORE_HELP
+from servelab.cli.results import JSON_HELP, STORE_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
         fresh: bool = typer.Option(
             False, "--fresh", help="Forget this experiment's stored runs first and start over."
         ),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     ) -> None:
         """Run a controlled experiment (resumes where an interrupted one stopped)."""
         from servelab import jobs
@@ -34,7 +35,7 @@ def register(app: typer.Typer) -> None:
         from servelab.store import Store
 
         spec = spec_mod.load(file)
-        console = make_console()
+        console = make_console(stderr=as_json)  # --json: stdout holds the document only
         if check:
             from servelab.experiment.present import plan_lines
             from servelab.experiment.schedule import plan
@@ -63,7 +64,12 @@ def register(app: typer.Typer) -> None:
         with Store(store) as st:
             # the band in the file as it is now (a resume may have changed it; the store keeps the
             # spec as first run)
-            attribution(console, collect(st, spec.name, spec.noise_band))
+            data = collect(st, spec.name, spec.noise_band)
+            attribution(console, data)
+        if as_json:
+            from servelab import jsonout
+
+            jsonout.emit("experiment", jsonout.experiment(data))
         console.print(f"report: servelab report {spec.name}", highlight=False)
         if res.failed and not res.ok:  # scripts must see that nothing of this session succeeded
             raise typer.Exit(1)
@@ -79,6 +85,7 @@ def register(app: typer.Typer) -> None:
             help="Relative band treated as noise for the verdicts, e.g. 0.05 for +-5% "
             "(default: the experiment file's noise_band).",
         ),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     ) -> None:
         """Write an experiment's report: markdown and one self-contained HTML file."""
         from servelab.cli.console import make_console
@@ -89,9 +96,14 @@ def register(app: typer.Typer) -> None:
 
         if noise_band is not None and not 0 <= noise_band < 1:
             raise UserError(f"--noise-band {noise_band:g}: give a fraction in [0, 1), e.g. 0.02")
-        console = make_console()
+        console = make_console(stderr=as_json)
         with Store(store) as st:
             md, page, data = write(st, name, out, noise_band)
+        if as_json:
+            from servelab import jsonout
+
+            files = {"html": str(page), "markdown": str(md)}
+            return jsonout.emit("experiment", jsonout.experiment(data, files))
         attribution(console, data)
         console.print(f"report: {page}\nmarkdown: {md}", highlight=False)
 
@@ -105,6 +117,7 @@ def register(app: typer.Typer) -> None:
         noise_band: float = typer.Option(
             0.02, "--noise-band", help="Relative band treated as noise."
         ),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     ) -> None:
         """Compare two bench results metric by metric (B relative to A)."""
         from servelab.cli.console import make_console
@@ -114,6 +127,10 @@ def register(app: typer.Typer) -> None:
 
         with Store(store) as st:
             res = do_compare(st, a, b, noise_band=noise_band)
+        if as_json:
+            from servelab import jsonout
+
+            return jsonout.emit("compare", jsonout.compare(res, noise_band))
         console = make_console()
         title = f"B = {res.b_name} vs A = {res.a_name} ({res.load_key})"
         console.print(verdict_table(title, res.rows, lambda r: r[-1].split(" ")[0]))

@@ -8,6 +8,7 @@ import typer
 
 from servelab.errors import UserError
 
+JSON_HELP = "Print the result as one JSON document on stdout (docs/JSON.md)."
 STORE_HELP = "Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."
 
 results_app = typer.Typer(help="Stored load points: list them, show one.", no_args_is_help=True)
@@ -20,6 +21,7 @@ def results_list(
     source: str = typer.Option(None, "--source", help="Only this source: bench, experiment, import:sglang, import:vllm."),
     limit: str = typer.Option("50", "--limit", help="At most this many rows (newest first)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """List stored load points, newest first."""
     from servelab.bench.config import parse_number
@@ -32,6 +34,10 @@ def results_list(
         raise UserError(f"--limit must be >= 1, got {limit}")
     with Store(store) as st:
         rows = st.load_points(source=source, limit=n)
+    if as_json:
+        from servelab import jsonout
+
+        return jsonout.emit("load_points", jsonout.load_points(rows))
     console = make_console()
     if not rows:
         if source:  # said 'none stored yet' while other sources had rows
@@ -51,8 +57,6 @@ def results_show(
     store: str = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Show one stored load point: its summary table, or everything as JSON."""
-    import orjson
-
     from servelab.bench.config import parse_number
     from servelab.bench.report import summary_table
     from servelab.cli.console import make_console
@@ -63,13 +67,9 @@ def results_show(
         row = st.load_point(i)
         recs = list(st.requests(row)) if requests else None
     if as_json:
-        doc = {"id": row.id, "created": row.created, "source": row.source, "label": row.label,
-               "base_url": row.base_url, "model": row.model, "load_key": row.load_key,
-               "summary": row.summary, "provenance": row.provenance}
-        if recs is not None:
-            doc["requests"] = recs
-        typer.echo(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
-        return
+        from servelab import jsonout
+
+        return jsonout.emit("load_point", jsonout.load_point(row, recs))
     c = make_console()
     c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
                                               f"{row.model or ''} {row.load_key}"))
