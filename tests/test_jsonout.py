@@ -96,3 +96,20 @@ def test_profile_and_ceiling_json_to_stdout_match_the_file(monkeypatch, capsys, 
                        "--batch", "1,8", "--json", "-")
     doc = json.loads(out)
     assert code == 0 and doc["schema"] == "servelab.ceiling/1" and set(doc["tok_s"]) == {"1", "8"}
+
+
+def test_tune_verify_document_and_non_finite_numbers():
+    from servelab import jsonout
+    from servelab.tune.verify import FileCheck, VerifyRow
+
+    row = VerifyRow(128, 256, 2, "m16n64k128g1w4s2", 10.0, 15.0, float("nan"))
+    chk = FileCheck(Path("/x/N=128,K=256.json"), "sglang", 128, 256, "H200", {1: {}, 64: {}}, (2,))
+    doc = json.loads(jsonout.dumps(jsonout.document(
+        "tune_verify", jsonout.tune_verify([chk], [row], "H200", None))))
+    assert doc["schema"] == "servelab.tune_verify/1" and doc["geomean_speedup"] is None
+    assert doc["rows"][0]["speedup"] == 1.5 and doc["rows"][0]["tflops"] is None  # NaN: null
+    assert doc["files"][0] == {"path": "/x/N=128,K=256.json", "format": "sglang", "n": 128,
+                               "k": 256, "tuned_on": "H200", "batch_sizes": [1, 64],
+                               "missing_default": [2]}
+    with pytest.raises(ValueError):
+        jsonout.document("nope", {})

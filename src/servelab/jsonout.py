@@ -158,4 +158,4 @@ def tune_verify(checks: Sequence[Any], rows: Sequence[Any], device: str,
             "files": [{"path": c.path, "format": c.fmt, "n": c.n, "k": c.k, "tuned_on": c.device,
                        "batch_sizes": list(c.entries), "missing_default": list(c.missing_default)}
                       for c in checks],
-            "rows": [asdict(r) for r in rows], "geomean_speedup": geomean}
+            "rows": [{**asdict(r), "speedup": r.speedup} for r in rows], "geomean_speedup": geomean}
