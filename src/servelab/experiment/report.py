@@ -395,6 +395,8 @@ def render_html(data: ExperimentData, store: Store) -> str:
         report_html.decision_html(
             hyp_result[0], hyp_result[1] + [e.sentence() for e in cap_effects], suggested
         ),
+        "<h2>Experiment settings (as stored)</h2>",
+        report_html.kv_table(spec),
         "<h2>Runs and their provenance</h2><table><tr>"
         + "".join(
             f"<th>{h}</th>"
