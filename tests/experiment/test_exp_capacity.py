@@ -223,10 +223,11 @@ def test_trade_off_charts_render_and_toggle_in_chromium(swept):
     _, page, _ = write(store, "capx", tmp / "out")
     dom = _chromium(tmp, page.as_uri(), "--dump-dom")
     assert 'data-charts-rendered="4/4"' in dom, dom[:300]
-    # 2 arms x p50/p95/p99 on each latency chart; points + Pareto front per arm on the last
-    assert re.findall(r'data-visible-series="(\d+)"', dom) == ["6", "6", "6", "4"]
+    # 2 arms x (p50, p95, p99 curves + p50 dots) on each latency chart; dots + Pareto front per
+    # arm on the last
+    assert re.findall(r'data-visible-series="(\d+)"', dom) == ["8", "8", "8", "4"]
     hidden = _chromium(tmp, page.as_uri() + "#toggle=stat:p99,arm:fast", "--dump-dom")
-    assert re.findall(r'data-visible-series="(\d+)"', hidden) == ["2", "2", "2", "2"]
+    assert re.findall(r'data-visible-series="(\d+)"', hidden) == ["3", "3", "3", "2"]
     shots = {}
     for name, frag in (("all", ""), ("no_slow", "#toggle=arm:slow")):
         shots[name] = tmp / f"{name}.png"

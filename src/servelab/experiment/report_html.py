@@ -29,6 +29,7 @@ from servelab.experiment.stats import METRICS, RunValue
 UPLOT_VERSION = "1.6.32"
 
 CSS = """
+.u-legend{font-size:11px;line-height:1.1}.u-legend .u-series{padding:0 4px}
 .toggles{margin:.5em 0;font-size:14px}.toggles label{margin-right:1em;cursor:pointer}
 .charts{display:flex;flex-wrap:wrap;gap:8px}.chart{border:1px solid #ddd;padding:4px}
 .kv td:first-child{color:#555;white-space:nowrap}.kv{font-size:12px}

@@ -48,6 +48,7 @@ class Tradeoff:
     points: list[Point] = field(default_factory=list)
     slo_lines: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # metric -> (label, ms)
     per_gpu_label: str = "output tok/s per GPU"
+    window: dict[str, int] = field(default_factory=dict)  # arm -> runs pooled (curve smoothing)
 
     def front(self, arm: str) -> list[Point]:
         """The arm's Pareto front: points no other point beats on both tok/s per GPU and per user,
@@ -74,6 +75,7 @@ class Tradeoff:
                 for p in self.points
             ],
             "front": {a: [[p.tok_s_gpu, p.tok_s_user] for p in self.front(a)] for a in self.arms},
+            "window": self.window,
         }
 
 
@@ -109,10 +111,13 @@ def collect(store: Store, spec: Mapping[str, Any], runs: Iterable[Any],
     load point."""
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     gpus_seen: set[int] = set()
+    sweeps: dict[str, int] = {}
     for r in runs:
         lp = load_points.get(r.load_point_id) if r.load_point_id else None
         if r.status != "ok" or lp is None:
             continue
+        if lp.summary.get("sweep_point_ids"):
+            sweeps[r.arm] = sweeps.get(r.arm, 0) + 1
         n_gpu = len(lp.provenance.get("gpus") or [])
         gpus_seen.add(n_gpu)
         rows = [lp] + [store.load_point(i) for i in lp.summary.get("sweep_point_ids") or []]
@@ -121,6 +126,7 @@ def collect(store: Store, spec: Mapping[str, Any], runs: Iterable[Any],
             s["_gpus"] = max(1, n_gpu)
             groups.setdefault((r.arm, row.load_key), []).append(s)
     tr = Tradeoff(arms=list(arms), slo_lines=slo_lines(spec, (spec.get("workload") or {}).get("goodput")))
+    tr.window = {a: n if n % 2 else n + 1 for a, n in sweeps.items() if n > 1}
     if gpus_seen == {0}:
         tr.per_gpu_label = "output tok/s per deployment (no GPU: counted as one)"
     for (arm, lk), ss in groups.items():

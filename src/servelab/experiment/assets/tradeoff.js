@@ -66,18 +66,36 @@
     return u;
   }
 
+  // the curve: a running median over `w` neighbours in throughput order (w = the arm's sweeps
+  // pooled, so the noise between repetitions does not zig-zag the line); raw p50 as dots
+  function smooth(pairs, w) {
+    var ok = pairs.filter(function (xy) { return xy[0] != null && xy[1] != null; })
+      .sort(function (a, b) { return a[0] - b[0]; });
+    var h = Math.floor((w || 1) / 2);
+    return ok.map(function (xy, i) {
+      var ys = ok.slice(Math.max(0, i - h), i + h + 1).map(function (p) { return p[1]; }).sort(function (a, b) { return a - b; });
+      var m = ys.length >> 1;
+      return [xy[0], ys.length % 2 ? ys[m] : (ys[m - 1] + ys[m]) / 2];
+    });
+  }
+
   function latencyCharts(target) {
     D.latencies.forEach(function (L) {
       var series = [];
       D.arms.forEach(function (arm) {
+        var mine = D.points.filter(function (p) { return p.arm === arm; });
         D.stats.forEach(function (st) {
-          var pairs = D.points.filter(function (p) { return p.arm === arm; })
-            .map(function (p) { return [p.req_s, p[L.key + '.' + st.key]]; });
-          series.push({ pairs: pairs, meta: { arm: arm, stat: st.key },
+          var pairs = mine.map(function (p) { return [p.req_s, p[L.key + '.' + st.key]]; });
+          series.push({ pairs: smooth(pairs, (D.window || {})[arm]), meta: { arm: arm, stat: st.key },
             opts: { label: arm + ' ' + st.label, stroke: color(arm), dash: DASH[st.key], width: WIDTH[st.key],
-                    spanGaps: true, points: { show: true, size: st.key === 'median' ? 7 : 5 },
+                    spanGaps: true, points: { show: false },
                     value: function (u, v) { return v == null ? '-' : fmt(v, 1) + ' ms'; } } });
         });
+        series.push({ pairs: mine.map(function (p) { return [p.req_s, p[L.key + '.median']]; }),
+          meta: { arm: arm, stat: 'median' },
+          opts: { label: arm + ' p50 points', stroke: color(arm), width: 0, paths: function () { return null; },
+                  points: { show: true, size: 6, fill: color(arm) },
+                  value: function (u, v) { return v == null ? '-' : fmt(v, 1) + ' ms'; } } });
       });
       var lines = D.slo[L.key] || [];
       var top = Math.max.apply(null, [0].concat(lines.map(function (l) { return l.ms; })));
