@@ -260,3 +260,12 @@ def test_report_json_carries_the_capacity_effect(swept, monkeypatch, capsys):
     stored = [store.load_point(r.load_point_id).summary["capacity"]["low_req_s"]
               for r in store.runs("capx") if r.arm == "slow"]
     assert sorted(b["low_req_s"] for b in brackets["slow"]) == sorted(x or 0.0 for x in stored)
+
+
+def test_mtp_capacity_example_is_valid():
+    from pathlib import Path
+
+    f = Path(__file__).resolve().parents[2] / "examples" / "mtp_capacity.toml"
+    s = spec_mod.load(f)  # validation and pre-flight (flags, the MTP recipe on 'embedded')
+    assert s.load.keys() == [("capacity", None, None)] and set(s.arms) == {"baseline", "mtp"}
+    assert parse_slo(s.load.sweep.slo).sample_note(s.workload.num_prompts) is None
