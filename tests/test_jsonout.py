@@ -113,3 +113,27 @@ def test_tune_verify_document_and_non_finite_numbers():
                                "missing_default": [2]}
     with pytest.raises(ValueError):
         jsonout.document("nope", {})
+
+
+def test_import_json_names_the_stored_rows(monkeypatch, capsys, tmp_path):
+    # a vLLM `bench serve --save-result` file of one request
+    result = {"date": "20261201-120000", "backend": "vllm", "model_id": "m", "num_prompts": 1,
+              "request_rate": 2.0, "burstiness": 1.0, "max_concurrency": None, "duration": 1.0,
+              "completed": 1, "failed": 0, "total_input_tokens": 8, "total_output_tokens": 3,
+              "request_throughput": 1.0, "output_throughput": 3.0,
+              "total_token_throughput": 11.0, "input_lens": [8], "output_lens": [3],
+              "ttfts": [0.05], "itls": [[0.01, 0.01]], "generated_texts": ["abc"], "errors": [""],
+              "mean_ttft_ms": 50.0, "median_ttft_ms": 50.0, "std_ttft_ms": 0.0, "p99_ttft_ms": 50.0,
+              "mean_tpot_ms": 10.0, "median_tpot_ms": 10.0, "std_tpot_ms": 0.0, "p99_tpot_ms": 10.0,
+              "mean_itl_ms": 10.0, "median_itl_ms": 10.0, "std_itl_ms": 0.0, "p99_itl_ms": 10.0,
+              "mean_e2el_ms": 70.0, "median_e2el_ms": 70.0, "std_e2el_ms": 0.0,
+              "p99_e2el_ms": 70.0}
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(result))
+    db = str(tmp_path / "r.db")
+    code, out, err = cli(monkeypatch, capsys, "import", "vllm", str(f), "--store", db, "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["schema"] == "servelab.import/1" and doc["kind"] == "vllm"
+    with Store(db) as st:
+        assert [r.id for r in st.load_points(source="import:vllm")] == doc["load_point_ids"]

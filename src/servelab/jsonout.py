@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 VERSION = 1
-KINDS = ("bench", "load_points", "load_point", "compare", "jobs", "experiment", "tune_verify",
-         "profile", "ceiling")
+KINDS = ("bench", "load_points", "load_point", "import", "compare", "jobs", "experiment",
+         "tune_verify", "profile", "ceiling")
 
 
 def _clean(obj: Any) -> Any:

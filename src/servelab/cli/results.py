@@ -82,12 +82,16 @@ def results_show(
             f"{prov.get('servelab_version', '?')} ({prov.get('git_sha') or 'no git sha'})")
 
 
-def _import(kind: str, file: str, label: str | None, store: str | None) -> None:
+def _import(kind: str, file: str, label: str | None, store: str | None, as_json: bool) -> None:
     from servelab.bench.importers import import_file
     from servelab.store import Store
 
     with Store(store) as st:
         ids = import_file(st, kind, file, label=label)
+    if as_json:
+        from servelab import jsonout
+
+        return jsonout.emit("import", {"kind": kind, "file": file, "load_point_ids": ids})
     typer.echo(f"imported {len(ids)} load point(s) from {file}: ids {', '.join(map(str, ids))}")
 
 
@@ -96,9 +100,10 @@ def import_sglang(
     file: str = typer.Argument(..., metavar="FILE.jsonl", help="`sglang.bench_serving --output-file` JSONL."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Import SGLang bench_serving results (one load point per line)."""
-    _import("sglang", file, label, store)
+    _import("sglang", file, label, store, as_json)
 
 
 @import_app.command("vllm")
@@ -106,9 +111,10 @@ def import_vllm(
     file: str = typer.Argument(..., metavar="FILE.json", help="`vllm bench serve --save-result` JSON."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Import vLLM benchmark_serving results."""
-    _import("vllm", file, label, store)
+    _import("vllm", file, label, store, as_json)
 
 
 def register(app: typer.Typer) -> None:
