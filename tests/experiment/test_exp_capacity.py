@@ -269,3 +269,39 @@ def test_mtp_capacity_example_is_valid():
     s = spec_mod.load(f)  # validation and pre-flight (flags, the MTP recipe on 'embedded')
     assert s.load.keys() == [("capacity", None, None)] and set(s.arms) == {"baseline", "mtp"}
     assert parse_slo(s.load.sweep.slo).sample_note(s.workload.num_prompts) is None
+
+
+def test_a_sweep_against_a_failing_server_is_a_failed_run_not_a_crash(tmp_path):
+    import sys
+
+    from servelab.experiment.runner import Runner
+    from servelab.store import Store
+
+    f = tmp_path / "capf.toml"
+    f.write_text(f"""
+name = "capf"
+engine = "command"
+command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
+           "--port", "{{port}}", "--model", "capf", "--no-log"]
+repetitions = 1
+[base.flags]
+ttft-ms = 2
+gap-ms = 1
+[arms.ok]
+[arms.broken]
+flags = {{ fail-rate = 1.0 }}
+[load]
+sweep = {{ slo = "ttft_p90_ms=500", precision = 0.5, rates = 0, max_points = 4 }}
+[workload]
+input_len = 4
+output_len = 3
+num_prompts = 4
+[timeouts]
+ready_s = 30
+teardown_s = 5
+""")
+    with Store(tmp_path / "r.db") as store:
+        res = Runner(spec_mod.load(f), store, say=lambda s: None).run()
+        runs = {r.arm: r for r in store.runs("capf")}
+    assert (res.ok, res.failed) == (1, 1)
+    assert runs["broken"].status == "failed" and "completed no request" in runs["broken"].error

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.errors import UserError
 from servelab.experiment.stats import MIN_REPS_TO_DECIDE, RunValue, expanded_alpha
 
 CAPACITY_STATUSES_OPEN = ("above_saturation", "unmet_at_synchronous", "none_met", "unresolved")
@@ -57,7 +58,10 @@ def measure(url: str, spec: Any, run: Any) -> Any:
 
     scfg = SweepConfig(slo=slo, precision=sw.precision, grid_rates=sw.rates,
                        max_points=sw.max_points, burstiness=spec.load.burstiness)
-    result = sweep(one, scfg)
+    try:
+        result = sweep(one, scfg)
+    except UserError as exc:  # e.g. no request completed: this run failed, not the experiment
+        raise RuntimeError(f"capacity sweep: {exc}") from None
     cap = result.capacity
     assert cap is not None  # a sweep with SLOs always brackets (or bounds) a capacity
     at = _point_at_capacity(result)
