@@ -9,7 +9,8 @@ with each arm's Pareto front (vLLM's `bench sweep` plot).
   deployment without GPUs (the embedded engine on a CPU) counts as one, and the axis says so.
 
 Repetitions of the same arm x load point are pooled as medians: the charts show where each arm
-sits; the uncertainty lives in the statistics tables.
+sits; the uncertainty lives in the statistics tables. Each arm's median capacity bracket
+(offered req/s) is shaded on the latency charts.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from servelab.experiment.capacity import bracket_of
 from servelab.store import LoadPointRow, Store
 
 LATENCIES = (("ttft_ms", "TTFT"), ("tpot_ms", "TPOT"), ("e2e_ms", "E2E"))
@@ -49,6 +51,7 @@ class Tradeoff:
     slo_lines: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # metric -> (label, ms)
     per_gpu_label: str = "output tok/s per GPU"
     window: dict[str, int] = field(default_factory=dict)  # arm -> runs pooled (curve smoothing)
+    capacity: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # median bracket
 
     def front(self, arm: str) -> list[Point]:
         """The arm's Pareto front: points no other point beats on both tok/s per GPU and per user,
@@ -76,6 +79,7 @@ class Tradeoff:
             ],
             "front": {a: [[p.tok_s_gpu, p.tok_s_user] for p in self.front(a)] for a in self.arms},
             "window": self.window,
+            "capacity": {a: [lo, hi] for a, (lo, hi) in self.capacity.items()},
         }
 
 
@@ -112,12 +116,16 @@ def collect(store: Store, spec: Mapping[str, Any], runs: Iterable[Any],
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     gpus_seen: set[int] = set()
     sweeps: dict[str, int] = {}
+    brackets: dict[str, list[tuple[float, float]]] = {}
     for r in runs:
         lp = load_points.get(r.load_point_id) if r.load_point_id else None
         if r.status != "ok" or lp is None:
             continue
         if lp.summary.get("sweep_point_ids"):
             sweeps[r.arm] = sweeps.get(r.arm, 0) + 1
+        b = bracket_of(lp.summary)
+        if b is not None:
+            brackets.setdefault(r.arm, []).append((b.low, b.high))
         n_gpu = len(lp.provenance.get("gpus") or [])
         gpus_seen.add(n_gpu)
         rows = [lp] + [store.load_point(i) for i in lp.summary.get("sweep_point_ids") or []]
@@ -127,6 +135,9 @@ def collect(store: Store, spec: Mapping[str, Any], runs: Iterable[Any],
             groups.setdefault((r.arm, row.load_key), []).append(s)
     tr = Tradeoff(arms=list(arms), slo_lines=slo_lines(spec, (spec.get("workload") or {}).get("goodput")))
     tr.window = {a: n if n % 2 else n + 1 for a, n in sweeps.items() if n > 1}
+    for a, bs in brackets.items():  # the median bracket; an open end stays open (None)
+        hi = float(np.median([h for _, h in bs]))
+        tr.capacity[a] = (float(np.median([lo for lo, _ in bs])), hi if math.isfinite(hi) else None)
     if gpus_seen == {0}:
         tr.per_gpu_label = "output tok/s per deployment (no GPU: counted as one)"
     for (arm, lk), ss in groups.items():

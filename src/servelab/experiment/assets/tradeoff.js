@@ -49,6 +49,21 @@
     };
   }
 
+  // each arm's median capacity bracket (offered req/s) as a band in its colour; open: to the edge
+  function capacityHook(u) {
+    var ctx = u.ctx, caps = D.capacity || {};
+    var yTop = u.valToPos(u.scales.y.max, 'y', true), yBot = u.valToPos(u.scales.y.min, 'y', true);
+    Object.keys(caps).forEach(function (arm) {
+      if (!on.arm[arm]) return;
+      var lo = caps[arm][0], hi = caps[arm][1] == null ? u.scales.x.max : caps[arm][1];
+      if (!(lo > 0)) return;
+      var x0 = u.valToPos(Math.max(lo, u.scales.x.min), 'x', true);
+      var x1 = u.valToPos(Math.min(hi, u.scales.x.max), 'x', true);
+      ctx.save(); ctx.globalAlpha = 0.12; ctx.fillStyle = color(arm);
+      ctx.fillRect(x0, yTop, Math.max(x1 - x0, 2 * devicePixelRatio), yBot - yTop); ctx.restore();
+    });
+  }
+
   function make(target, title, xLabel, yLabel, series, data, extra) {
     var box = document.createElement('div'); box.className = 'chart'; target.appendChild(box);
     var opts = {
@@ -99,10 +114,11 @@
       });
       var lines = D.slo[L.key] || [];
       var top = Math.max.apply(null, [0].concat(lines.map(function (l) { return l.ms; })));
-      make(target, L.label + ' vs throughput' + (lines.length ? ' (red: SLO)' : ''),
+      make(target, L.label + ' vs throughput' + (lines.length ? ' (red: SLO' : '') +
+        (Object.keys(D.capacity || {}).length ? (lines.length ? '; ' : ' (') + 'bands: capacity)' : (lines.length ? ')' : '')),
         'achieved request throughput (req/s)', L.label + ' (ms)', series,
         aligned(function (p) { return p.req_s; }, series),
-        { hooks: { draw: [sloHook(lines)] },
+        { hooks: { drawClear: [capacityHook], draw: [sloHook(lines)] },
           yRange: function (u, min, max) { return [0, Math.max(max || 1, top * 1.15) * 1.05]; } });
     });
   }
