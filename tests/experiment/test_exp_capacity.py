@@ -57,6 +57,8 @@ def test_open_brackets_are_bounds_not_numbers():
     assert math.isnan(up.ratio) and math.isinf(up.ci_high) and up.open_blocks == 5
     assert up.ci_low == pytest.approx(30 / 11) and up.verdict == "better"
     assert up.pct_text() == "[+173%, +inf]"
+    assert up.sentence().startswith("fast raises SLO capacity under ttft_p99_ms <= 2000 by at "
+                                    "least 173% (95% CI [+173%, +inf]; 5 of 5 blocks")
     down = capacity.compare(runs, "broken", "base", 0.02, "capacity")
     assert down.ci_low == 0.0 and down.ci_high == pytest.approx(2.0 / 10) and down.verdict == "worse"
     assert capacity.bracket_of(runs[1].summary).text() == ">= 30"

@@ -162,6 +162,12 @@ class CapacityEffect:
     def sentence(self) -> str:
         """The verdict as a reader wants it: `mtp raises SLO capacity under ... by +18% [...]`."""
         under = f"SLO capacity under {self.slo_text}"
+        if self.verdict in ("better", "worse") and math.isnan(self.ratio):  # open brackets
+            verb, bound = (("raises", self.ci_low - 1) if self.verdict == "better"
+                           else ("lowers", 1 - self.ci_high))
+            return (f"{self.arm} {verb} {under} by at least {bound * 100:.0f}% (95% CI "
+                    f"{self.pct_text()}; {self.open_blocks} of {self.n} blocks with an open "
+                    f"bracket, so no point estimate) (vs {self.baseline})")
         if self.verdict == "better":
             return f"{self.arm} raises {under} by {self.pct_text()} (vs {self.baseline})"
         if self.verdict == "worse":
