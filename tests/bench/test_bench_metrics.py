@@ -74,7 +74,8 @@ def test_stats_against_statistics_module():
     assert s["std"] == pytest.approx(statistics.pstdev(v))
     # linear interpolation between order statistics: p90 of 1..101 is 91
     assert stats(range(1, 102))["p90"] == pytest.approx(91.0)
-    assert stats([]) == dict.fromkeys(("mean", "median", "p90", "p99", "std"))
+    assert stats(range(1, 102))["p95"] == pytest.approx(96.0)
+    assert stats([]) == dict.fromkeys(("mean", "median", "p90", "p95", "p99", "std"))
     assert stats([None, 2.0])["mean"] == 2.0
     assert np.isfinite(s["p99"])
 

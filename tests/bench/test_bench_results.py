@@ -45,7 +45,7 @@ def test_save_list_show(monkeypatch, capsys, tmp_path):
     for k in CONTRACT:
         assert k in res.summary, k
     for m in ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms"):
-        assert set(res.summary[m]) == {"mean", "median", "p90", "p99", "std"}
+        assert set(res.summary[m]) == {"mean", "median", "p90", "p95", "p99", "std"}
     assert "get_server_info" in res.server_info and "v1_models" in res.server_info
     db = tmp_path / "r.db"
     with Store(db) as st:
@@ -128,7 +128,7 @@ def test_import_sglang_jsonl(monkeypatch, capsys, tmp_path):
     assert len(rows) == 2
     s = {r.load_key: r.summary for r in rows}
     a, b = s["c=8"], s["rate=4"]
-    assert a["ttft_ms"] == {"mean": 120.0, "median": 110.0, "p90": None, "p99": 170.0, "std": 15.0}
+    assert a["ttft_ms"] == {"mean": 120.0, "median": 110.0, "p90": None, "p95": None, "p99": 170.0, "std": 15.0}
     assert a["e2e_ms"]["p99"] == 2600.0 and a["tpot_ms"]["median"] == 9.2
     assert a["chunk_gap_ms"]["mean"] == 18.0 and a["itl_ms"]["mean"] is None  # their ITL is per chunk
     assert a["output_throughput_tok_s"] == 819.2 and a["request_throughput_req_s"] == 3.2

@@ -18,7 +18,11 @@ from servelab.store import Store
 def test_demo_quick_runs_attributes_and_reports(tmp_path):
     spec = load_demo(None, quick=False)
     assert DEMO_FILE.is_file() and list(spec.arms) == ["baseline", "mtp"]
-    assert len(spec.load.concurrency) == 3 and spec.repetitions >= 3 and spec.order == "interleaved"
+    assert len(spec.load.concurrency) == 3 and spec.order == "interleaved"
+    # the demo decides adaptively, within a budget that keeps `make demo` under 5 minutes
+    assert spec.repetitions == "auto" and spec.adaptive.budget_s <= 260
+    quick = load_demo(None, quick=True)
+    assert (quick.adaptive.min, quick.adaptive.max) == (3, 3) and quick.name == "demo-quick"
     home = tmp_path / "home"
     env = {**os.environ, "SERVELAB_HOME": str(home), "COLUMNS": "250"}
     p = subprocess.run(
@@ -54,3 +58,6 @@ def test_demo_quick_runs_attributes_and_reports(tmp_path):
         .split("(")[-1]
     )
     assert abs(got - want) < 0.051, (line, want)
+    # the stopping rule and the machine are reported beside the verdicts
+    assert "adaptive repetitions: 3 blocks used" in out
+    assert "rule: repeated-t confidence sequence" in out

@@ -8,6 +8,7 @@ checks.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -55,7 +56,8 @@ class WorkloadConfig:
 @dataclass(frozen=True, slots=True)
 class LoadPoint:
     """One load: closed loop with `concurrency` requests in flight, or open loop at
-    `request_rate` requests/s (Poisson when `burstiness` is 1, gamma otherwise)."""
+    `request_rate` requests/s (Poisson when `burstiness` is 1, gamma otherwise; `inf` sends every
+    request at once)."""
 
     concurrency: int | None = None
     request_rate: float | None = None
@@ -66,14 +68,16 @@ class LoadPoint:
             raise UserError("give exactly one of --concurrency or --request-rate for a load point")
         if self.concurrency is not None and self.concurrency < 1:
             raise UserError(f"--concurrency must be >= 1, got {self.concurrency}")
-        if self.request_rate is not None and not (self.request_rate > 0 and math.isfinite(self.request_rate)):
-            raise UserError(f"--request-rate must be a finite number > 0, got {self.request_rate}")
+        # inf: every request sent at once (SGLang's and vLLM's default, GuideLLM's "throughput")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise UserError(f"--request-rate must be > 0 requests/s (or inf: all at once), got "
+                            f"{self.request_rate}")
         if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
             raise UserError(f"--burstiness must be > 0 (1 = Poisson), got {self.burstiness}")
 
     @property
     def key(self) -> str:
-        """`c=8` or `rate=4` (the store's load_key)."""
+        """`c=8`, `rate=4` or `rate=inf` (the store's load_key)."""
         if self.concurrency is not None:
             return f"c={self.concurrency}"
         r = self.request_rate
@@ -125,24 +129,31 @@ class BenchConfig:
         return u[: -len("/v1")] if u.endswith("/v1") else u
 
 
+def split_pairs(text: str, flag: str, example: str) -> list[tuple[str, str]]:
+    """`a=1,b=2`, `a:1 b:2` (vLLM's `--goodput ttft:500 tpot:50`, quoted) -> [(a, 1), (b, 2)]."""
+    out: list[tuple[str, str]] = []
+    for part in re.split(r"[,\s]+", text.strip()):
+        if not part:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_]+)\s*[=:]\s*(.+)", part)
+        if m is None:
+            raise UserError(f"{flag} {part!r}: write KEY=VALUE (or KEY:VALUE), e.g. {example}")
+        out.append((m.group(1).lower(), m.group(2)))
+    return out
+
+
 def parse_goodput(text: str | None) -> dict[str, float]:
-    """`ttft_ms=500,tpot_ms=50` -> {"ttft_ms": 500.0, "tpot_ms": 50.0} (vLLM's `ttft`, `tpot`,
-    `e2el` names are accepted)."""
+    """`ttft_ms=500,tpot_ms=50` -> {"ttft_ms": 500.0, "tpot_ms": 50.0}; vLLM's spelling
+    `ttft:500 tpot:50` (names `ttft`, `tpot`, `e2el`) is accepted too."""
     out: dict[str, float] = {}
     if not text:
         return out
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        k, sep, v = part.partition("=")
-        if not sep:
-            raise UserError(f"--goodput {part!r}: write KEY=MS, e.g. ttft_ms=500,tpot_ms=50")
-        key = _GOODPUT_ALIASES.get(k.strip(), k.strip())
+    for k, v in split_pairs(text, "--goodput", "ttft_ms=500,tpot_ms=50 or 'ttft:500 tpot:50'"):
+        key = _GOODPUT_ALIASES.get(k, k)
         try:
             out[key] = float(v)
         except ValueError:
-            raise UserError(f"--goodput {part!r}: {v!r} is not a number of milliseconds") from None
+            raise UserError(f"--goodput {k}={v}: {v!r} is not a number of milliseconds") from None
     return out
 
 

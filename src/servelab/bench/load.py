@@ -8,6 +8,7 @@ finish (bounded by the request timeout), so every issued request is counted.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -24,7 +25,13 @@ def arrival_offsets_s(n: int, rate: float, burstiness: float, seed: int) -> np.n
     """Send times (seconds after the start) of n requests at `rate` req/s: inter-arrival gaps
     drawn from Gamma(shape=burstiness, scale=1/(rate*burstiness)) - mean 1/rate, coefficient of
     variation 1/sqrt(burstiness); burstiness 1 is Poisson (exponential gaps). The first request
-    goes at 0."""
+    goes at 0; at rate inf every request goes at 0 (all at once).
+
+    Gamma variates scale with their `scale`, so one seed gives the same pattern at every rate,
+    stretched by 1/rate: latency differences between the rates of a sweep come from the rate,
+    not from a different draw of arrivals."""
+    if math.isinf(rate):
+        return np.zeros(n)
     rng = np.random.default_rng(seed)
     gaps = rng.gamma(shape=burstiness, scale=1.0 / (rate * burstiness), size=n)
     out = np.empty(n)

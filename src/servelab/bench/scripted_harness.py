@@ -90,6 +90,10 @@ def script_argv(script: Script, host: str = "127.0.0.1", port: int = 0) -> list[
         a.append("--no-log")
     if script.api_key:
         a += ["--api-key", script.api_key]
+    if script.max_running is not None:
+        a += ["--max-running", str(script.max_running)]
+    if script.gap_per_running_ms:
+        a += ["--gap-per-running-ms", str(script.gap_per_running_ms)]
     return a
 
 

@@ -24,7 +24,8 @@ Command line (stable; the experiment runner uses it as a fake engine)::
         [--ttft-ms 50] [--gap-ms 10] [--tokens-per-chunk 1] [--natural-len N] \
         [--fail-rate 0] [--fail-modes http500] [--stall-s 3600] [--seed 0] \
         [--model scripted-model] [--flavor vllm|sglang] [--no-tokenize] [--no-metrics] \
-        [--no-log] [--default-max-tokens 16] [--api-key KEY]
+        [--no-log] [--default-max-tokens 16] [--api-key KEY] [--max-running C]
+        [--gap-per-running-ms K]
 
 It prints one line `scripted-server ready http://HOST:PORT` on stdout when it accepts
 connections (port 0 picks a free one) and serves until SIGTERM/SIGINT.
@@ -50,6 +51,7 @@ from servelab.bench.scripted_script import (
     FAIL_MODES,
     RequestRecord,
     Script,
+    Slots,
     count_tokens,
     requested_failure,
 )
@@ -71,6 +73,7 @@ class ScriptedServer:
         self.tokens_out = 0
         self.steps_out = 0
         self.running = 0
+        self.slots = Slots(script.max_running)
 
     def app(self) -> web.Application:
         key = self.script.api_key
@@ -234,7 +237,7 @@ class ScriptedServer:
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
         if not stream:
-            await self._sleep_until(req, len(chunks) - 1)
+            await self._serve_silently(req, len(chunks))
             text = " tok" * req.completion_tokens
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
             if chat:
@@ -297,7 +300,7 @@ class ScriptedServer:
             return {"text": " tok" * done, "meta_info": meta, "index": 0}
 
         if not stream:
-            await self._sleep_until(req, len(chunks) - 1)
+            await self._serve_silently(req, len(chunks))
             self._account(chunks)
             req.send_ns.append(time.perf_counter_ns())
             req.chunk_tokens.append(req.completion_tokens)
@@ -306,18 +309,40 @@ class ScriptedServer:
         events = [b"data: " + orjson.dumps(payload(i)) + b"\n\n" for i in range(len(chunks))]
         return await self._stream(request, req, chunks, b"", events, b"")
 
-    async def _sleep_until(self, req: RequestRecord, i: int) -> None:
-        """Sleep until chunk i is due: ttft + i * gap after arrival."""
-        due = req.arrival_ns + int((self.script.ttft_ms + max(i, 0) * self.script.gap_ms) * 1e6)
+    async def _admit(self, req: RequestRecord) -> float:
+        """Wait for a slot (the load law); the first chunk's due time (ns): ttft after admission
+        (after arrival when there was no wait, so the law off changes nothing)."""
+        waited = await self.slots.acquire()
+        req.admit_ns = time.perf_counter_ns() if waited else req.arrival_ns
+        return req.admit_ns + self.script.ttft_ms * 1e6
+
+    def _next_due(self, due: float) -> float:
+        """The next chunk's due time: one decode step at the current batch size later."""
+        return due + self.script.step_ms(self.slots.busy) * 1e6
+
+    @staticmethod
+    async def _sleep_to(due: float) -> None:
         delay = (due - time.perf_counter_ns()) / 1e9
         if delay > 0:
             await asyncio.sleep(delay)
+
+    async def _serve_silently(self, req: RequestRecord, n_chunks: int) -> None:
+        """A non-streamed request: hold a slot for the time its chunks would take."""
+        due = await self._admit(req)
+        try:
+            await self._sleep_to(due)
+            for _ in range(n_chunks - 1):
+                due = self._next_due(due)
+                await self._sleep_to(due)
+        finally:
+            self.slots.release()
 
     async def _stream(self, request: web.Request, req: RequestRecord, chunks: list[int], lead: bytes,
                       events: list[bytes], tail: bytes) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
         await resp.prepare(request)
+        due = await self._admit(req)
         self.running += 1
         try:
             if lead:
@@ -340,8 +365,10 @@ class ScriptedServer:
                         return resp
                     elif fail == "stall":
                         await asyncio.sleep(self.script.stall_s)
-                if self.script.gap_ms > 0 or i == 0:
-                    await self._sleep_until(req, i)
+                if i > 0:
+                    due = self._next_due(due)
+                if i == 0 or self.script.step_ms(self.slots.busy) > 0:
+                    await self._sleep_to(due)
                 else:
                     await asyncio.sleep(0)  # zero delay, but each chunk its own write
                 await resp.write(ev)
@@ -358,6 +385,7 @@ class ScriptedServer:
             pass
         finally:
             self.running -= 1
+            self.slots.release()
         return resp
 
 
@@ -394,6 +422,10 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
     p.add_argument("--no-metrics", action="store_true")
     p.add_argument("--no-log", action="store_true")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--max-running", type=int, default=None,
+                   help="slots: at most this many requests served at once, the rest queue")
+    p.add_argument("--gap-per-running-ms", type=float, default=0.0,
+                   help="added to each decode step per other request in a slot")
     a = p.parse_args(argv)
     try:
         script = Script(ttft_ms=a.ttft_ms, gap_ms=a.gap_ms, tokens_per_chunk=a.tokens_per_chunk,
@@ -401,7 +433,8 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
                         fail_rate=a.fail_rate, fail_modes=tuple(m for m in a.fail_modes.split(",") if m),
                         stall_s=a.stall_s, seed=a.seed, model=a.model, flavor=a.flavor,
                         tokenize=not a.no_tokenize, metrics=not a.no_metrics,
-                        record_log=not a.no_log, api_key=a.api_key)
+                        record_log=not a.no_log, api_key=a.api_key, max_running=a.max_running,
+                        gap_per_running_ms=a.gap_per_running_ms)
     except ValueError as exc:
         p.error(str(exc))
     return script, a.host, a.port

@@ -7,83 +7,7 @@ from pathlib import Path
 
 import typer
 
-from servelab.cli.results import STORE_HELP
-
-
-def _verdict_table(title: str, rows: list, verdict):
-    """A Rich table of `rows` (header first), each row green or red by `verdict(row)`."""
-    from rich.table import Table
-
-    table = Table(title=title)
-    for h in rows[0]:
-        table.add_column(h)
-    style = {"better": "green", "worse": "red"}
-    for r in rows[1:]:
-        table.add_row(*r, style=style.get(verdict(r)))
-    return table
-
-
-def _attribution(console, data) -> None:
-    from servelab.experiment.report import attribution_rows
-    from servelab.experiment.stats import headline
-
-    title = f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
-    console.print(_verdict_table(title, attribution_rows(data), lambda r: r[5]))
-    for line in headline(data.analysis, data.primary):
-        console.print(line, highlight=False)
-    for w in data.analysis.warnings:
-        console.print(f"warning: {w}", style="yellow")
-
-
-def run_file(spec, store_path: Path | None, console, quiet: bool = False):
-    """Run (or resume) an experiment in the foreground with a progress bar; the RunnerResult."""
-    from rich.progress import (
-        BarColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
-    from servelab.console import legacy_markup
-    from servelab.experiment.runner import Runner
-    from servelab.store import Store
-
-    with Store(store_path) as store:
-        with Progress(
-            TextColumn("{task.description}", markup=False),
-            BarColumn(),
-            TextColumn("{task.completed}/{task.total}"),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=console,
-            disable=quiet,
-        ) as prog:
-            task = prog.add_task(spec.name, total=None)
-
-            def on_progress(done: int, total: int, what: str) -> None:
-                prog.update(task, completed=done, total=total, description=f"{spec.name}: {what}")
-
-            return Runner(
-                spec,
-                store,
-                say=lambda s: console.print(legacy_markup(s)),
-                on_progress=on_progress,
-            ).run(job_log=_detached_log(spec.name))
-
-
-def _detached_log(name: str) -> str | None:
-    """The job log when stdout is it (a `--detach`ed run), so `servelab status` can show it."""
-    import os
-
-    from servelab import jobs
-
-    log = jobs.log_path(name)
-    try:
-        out, st = os.fstat(1), log.stat()
-    except OSError:
-        return None
-    return str(log) if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) else None
+from servelab.cli.results import JSON_HELP, STORE_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -100,21 +24,26 @@ def register(app: typer.Typer) -> None:
         fresh: bool = typer.Option(
             False, "--fresh", help="Forget this experiment's stored runs first and start over."
         ),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     ) -> None:
         """Run a controlled experiment (resumes where an interrupted one stopped)."""
         from servelab import jobs
         from servelab.cli.console import make_console
         from servelab.experiment import spec as spec_mod
+        from servelab.experiment.present import attribution, run_file
         from servelab.experiment.report import collect
         from servelab.store import Store
 
         spec = spec_mod.load(file)
-        console = make_console()
+        console = make_console(stderr=as_json)  # --json: stdout holds the document only
         if check:
+            from servelab.experiment.present import plan_lines
             from servelab.experiment.schedule import plan
 
             for p in plan(spec):
                 console.print(f"{p.seq:3d} block {p.block} deploy {p.group:3d}  {p.describe()}")
+            for line in plan_lines(spec):
+                console.print(line, highlight=False, markup=False)
             return
         if fresh:
             with Store(store) as st:
@@ -135,7 +64,12 @@ def register(app: typer.Typer) -> None:
         with Store(store) as st:
             # the band in the file as it is now (a resume may have changed it; the store keeps the
             # spec as first run)
-            _attribution(console, collect(st, spec.name, spec.noise_band))
+            data = collect(st, spec.name, spec.noise_band)
+            attribution(console, data)
+        if as_json:
+            from servelab import jsonout
+
+            jsonout.emit("experiment", jsonout.experiment(data))
         console.print(f"report: servelab report {spec.name}", highlight=False)
         if res.failed and not res.ok:  # scripts must see that nothing of this session succeeded
             raise typer.Exit(1)
@@ -151,19 +85,26 @@ def register(app: typer.Typer) -> None:
             help="Relative band treated as noise for the verdicts, e.g. 0.05 for +-5% "
             "(default: the experiment file's noise_band).",
         ),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     ) -> None:
         """Write an experiment's report: markdown and one self-contained HTML file."""
         from servelab.cli.console import make_console
         from servelab.errors import UserError
+        from servelab.experiment.present import attribution
         from servelab.experiment.report import write
         from servelab.store import Store
 
         if noise_band is not None and not 0 <= noise_band < 1:
             raise UserError(f"--noise-band {noise_band:g}: give a fraction in [0, 1), e.g. 0.02")
-        console = make_console()
+        console = make_console(stderr=as_json)
         with Store(store) as st:
             md, page, data = write(st, name, out, noise_band)
-        _attribution(console, data)
+        if as_json:
+            from servelab import jsonout
+
+            files = {"html": str(page), "markdown": str(md)}
+            return jsonout.emit("experiment", jsonout.experiment(data, files))
+        attribution(console, data)
         console.print(f"report: {page}\nmarkdown: {md}", highlight=False)
 
     @app.command("compare")
@@ -176,17 +117,23 @@ def register(app: typer.Typer) -> None:
         noise_band: float = typer.Option(
             0.02, "--noise-band", help="Relative band treated as noise."
         ),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     ) -> None:
         """Compare two bench results metric by metric (B relative to A)."""
         from servelab.cli.console import make_console
         from servelab.experiment.compare import compare as do_compare
+        from servelab.experiment.present import verdict_table
         from servelab.store import Store
 
         with Store(store) as st:
             res = do_compare(st, a, b, noise_band=noise_band)
+        if as_json:
+            from servelab import jsonout
+
+            return jsonout.emit("compare", jsonout.compare(res, noise_band))
         console = make_console()
         title = f"B = {res.b_name} vs A = {res.a_name} ({res.load_key})"
-        console.print(_verdict_table(title, res.rows, lambda r: r[-1].split(" ")[0]))
+        console.print(verdict_table(title, res.rows, lambda r: r[-1].split(" ")[0]))
         for w in res.warnings:
             console.print(f"warning: {w}", style="yellow")
 

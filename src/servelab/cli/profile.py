@@ -139,7 +139,11 @@ def _write_outputs(report: dict, vs: dict | None, json_out: str | None, html_out
     doc = public(report)
     if vs is not None:
         doc["vs"] = vs
-    if json_out:
+    if json_out == "-":  # stdout
+        from servelab import jsonout
+
+        typer.echo(jsonout.dumps(jsonout.document("profile", doc)))
+    elif json_out:
         atomic.write_text(json_out, json.dumps(doc, indent=1, default=str))
         typer.echo(f"wrote {literal(json_out)}")
     if html_out:
@@ -159,7 +163,8 @@ def _analyze_and_print(trace, step_regex, rules, what_if, vs, json_out, html_out
     if vs:
         other = analyze(vs, step_regex=step_regex, rules=ruleset)
         diff = compare(report, other)
-    _print_report(report, diff, top)
+    if json_out != "-":  # `--json -`: stdout holds the document only
+        _print_report(report, diff, top)
     _write_outputs(report, diff, json_out, html_out)
 
 
@@ -178,7 +183,7 @@ def register(app: typer.Typer) -> None:
         rules: str = typer.Option(None, "--rules", help="TOML of category rules tried before the built-in ones."),
         what_if: list[str] = typer.Option(None, "--what-if", help="CATEGORY=free, CATEGORY=2x, kernel:REGEX=free; repeatable."),
         vs: str = typer.Option(None, "--vs", help="A second trace to diff against (B vs this A)."),
-        json_out: str = typer.Option(None, "--json", help="Write the report as JSON."),
+        json_out: str = typer.Option(None, "--json", help="Write the report as JSON to FILE (- : stdout)."),
         html_out: str = typer.Option(None, "--html", help="Write a self-contained HTML page."),
         top: int = typer.Option(15, "--top", help="Kernels to list."),
     ) -> None:
@@ -197,7 +202,7 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens per load request."),
         model: str = typer.Option(None, "--model", help="Model name for the load requests."),
         timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for the trace files."),
-        json_out: str = typer.Option(None, "--json", help="Also write the analysis as JSON."),
+        json_out: str = typer.Option(None, "--json", help="Also write the analysis as JSON to FILE (- : stdout)."),
         html_out: str = typer.Option(None, "--html", help="Also write the analysis as HTML."),
     ) -> None:
         """Ask a server for a trace of --num-steps forward steps, then analyse it."""
@@ -206,7 +211,7 @@ def register(app: typer.Typer) -> None:
         _check_outputs(json_out, html_out)
         files = capture(CaptureConfig(url, num_steps, Path(out), load, max_tokens, model, timeout))
         for f in files:
-            typer.echo(f"trace: {literal(f)}")
+            typer.echo(f"trace: {literal(f)}", err=json_out == "-")
         _analyze_and_print(str(files[0]), None, None, None, None, json_out, html_out, 15)
 
     app.add_typer(prof, name="profile")
@@ -226,7 +231,7 @@ def register(app: typer.Typer) -> None:
         measured: float = typer.Option(None, "--measured", help="Measured tok/s to compare with the bound."),
         measured_peaks: bool = typer.Option(False, "--measured-peaks", help="Use this lab's measured GPU peaks."),
         allreduce_latency_us: float = typer.Option(0.0, "--allreduce-latency-us", help="Fixed cost per TP all-reduce (e.g. NCCL small-message latency); 0 = bandwidth only."),
-        json_out: str = typer.Option(None, "--json", help="Write the bounds as JSON."),
+        json_out: str = typer.Option(None, "--json", help="Write the bounds as JSON to FILE (- : stdout)."),
     ) -> None:
         """Roofline tokens/s ceiling of decode for a model on GPUs, per batch size."""
         from servelab.profile.ceiling_report import ceiling_report, print_ceiling
@@ -239,6 +244,10 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--batch {batch!r}: write integers separated by commas, e.g. 1,8,16") from None
         doc = ceiling_report(model, gpu, batches, context, tp, weight_dtype, expert_dtype, kv_dtype,
                              mtp_accept, mtp_draft, measured, measured_peaks, allreduce_latency_us)
+        if json_out == "-":  # stdout holds the document only
+            from servelab import jsonout
+
+            return typer.echo(jsonout.dumps(jsonout.document("ceiling", doc)))
         print_ceiling(doc)
         if json_out:
             from servelab import atomic

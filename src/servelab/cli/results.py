@@ -8,6 +8,7 @@ import typer
 
 from servelab.errors import UserError
 
+JSON_HELP = "Print the result as one JSON document on stdout (docs/JSON.md)."
 STORE_HELP = "Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."
 
 results_app = typer.Typer(help="Stored load points: list them, show one.", no_args_is_help=True)
@@ -20,6 +21,7 @@ def results_list(
     source: str = typer.Option(None, "--source", help="Only this source: bench, experiment, import:sglang, import:vllm."),
     limit: str = typer.Option("50", "--limit", help="At most this many rows (newest first)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """List stored load points, newest first."""
     from servelab.bench.config import parse_number
@@ -33,6 +35,10 @@ def results_list(
     with Store(store, readonly=True) as st:
         damage = st.damage
         rows = st.load_points(source=source, limit=n)
+    if as_json:
+        from servelab import jsonout
+
+        return jsonout.emit("load_points", jsonout.load_points(rows))
     console = make_console()
     if damage:
         console.print(f"warning: {st.path} failed its integrity check ({damage}); it is read "
@@ -55,8 +61,6 @@ def results_show(
     store: str = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Show one stored load point: its summary table, or everything as JSON."""
-    import orjson
-
     from servelab.bench.config import parse_number
     from servelab.bench.report import summary_table
     from servelab.cli.console import make_console
@@ -67,15 +71,9 @@ def results_show(
         row = st.load_point(i)
         recs = list(st.requests(row)) if requests else None
     if as_json:
-        doc = {"id": row.id, "created": row.created, "source": row.source, "label": row.label,
-               "base_url": row.base_url, "model": row.model, "load_key": row.load_key,
-               "summary": row.summary, "provenance": row.provenance}
-        if recs is not None:
-            doc["requests"] = recs
-        from servelab.console import json_text
+        from servelab import jsonout
 
-        typer.echo(json_text(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode()))
-        return
+        return jsonout.emit("load_point", jsonout.load_point(row, recs))
     c = make_console()
     c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
                                               f"{row.model or ''} {row.load_key}"))
@@ -91,13 +89,18 @@ def results_show(
             f"{prov.get('servelab_version', '?')} ({prov.get('git_sha') or 'no git sha'})")
 
 
-def _import(kind: str, file: str, label: str | None, store: str | None) -> None:
+def _import(kind: str, file: str, label: str | None, store: str | None, as_json: bool) -> None:
     from servelab.bench.importers import import_file
     from servelab.console import literal
     from servelab.store import Store
 
     with Store(store) as st:
         ids, before = import_file(st, kind, file, label=label)
+    if as_json:
+        from servelab import jsonout
+
+        return jsonout.emit("import", {"kind": kind, "file": file, "load_point_ids": ids,
+                                       "imported_before": before})
     where = literal(file)
     if before:
         typer.echo(f"{where} was imported before (same content) as ids "
@@ -111,9 +114,10 @@ def import_sglang(
     file: str = typer.Argument(..., metavar="FILE.jsonl", help="`sglang.bench_serving --output-file` JSONL."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Import SGLang bench_serving results (one load point per line)."""
-    _import("sglang", file, label, store)
+    _import("sglang", file, label, store, as_json)
 
 
 @import_app.command("vllm")
@@ -121,9 +125,10 @@ def import_vllm(
     file: str = typer.Argument(..., metavar="FILE.json", help="`vllm bench serve --save-result` JSON."),
     label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ) -> None:
     """Import vLLM benchmark_serving results."""
-    _import("vllm", file, label, store)
+    _import("vllm", file, label, store, as_json)
 
 
 def register(app: typer.Typer) -> None:

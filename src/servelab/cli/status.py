@@ -16,7 +16,10 @@ def _fmt_s(s: float | None) -> str:
 
 def register(app: typer.Typer) -> None:
     @app.command()
-    def status(name: str = typer.Argument(None, help="Show one job only.")) -> None:
+    def status(
+        name: str = typer.Argument(None, help="Show one job only."),
+        as_json: bool = typer.Option(False, "--json", help="Print the jobs as JSON (docs/JSON.md)."),
+    ) -> None:
         """Show running and finished jobs: progress, what runs now, and an ETA."""
         from rich.table import Table
 
@@ -28,6 +31,10 @@ def register(app: typer.Typer) -> None:
         if name and not states:
             known = ", ".join(s.name for s in jobs.read_all()) or "none"
             raise UserError(f"no job named '{name}' (known: {known})")
+        if as_json:
+            from servelab import jsonout
+
+            return jsonout.emit("jobs", jsonout.jobs(states, time.time()))
         table = Table(title="servelab jobs")
         for col in ("name", "kind", "state", "progress", "failed", "now", "elapsed", "ETA", "log"):
             table.add_column(col)

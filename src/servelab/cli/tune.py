@@ -98,6 +98,7 @@ def register(app: typer.Typer) -> None:
         directory: Path = typer.Argument(..., help="Folder with tuned config files."),
         device: str = typer.Option("cuda", "--device", help="cuda, or cpu (interpreter; timings meaningless)."),
         batch_sizes: str = typer.Option(None, "--batch-sizes", help="Re-time only these M."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (docs/JSON.md)."),
     ) -> None:
         """Re-time tuned vs default configs per (N, K, M) and print the speedups."""
         from rich.table import Table
@@ -105,6 +106,11 @@ def register(app: typer.Typer) -> None:
         from servelab.cli.console import make_console
         from servelab.tune import verify as V
         checks, rows, here = V.verify(directory, device, _parse_ints(batch_sizes, "--batch-sizes"))
+        if as_json:
+            from servelab import jsonout
+
+            gm = V.geomean([r.speedup for r in rows if r.speedup])
+            return jsonout.emit("tune_verify", jsonout.tune_verify(checks, rows, here, gm))
         con = make_console()
         for c in checks:
             notes = []

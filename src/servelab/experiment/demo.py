@@ -18,11 +18,13 @@ QUICK_WORKLOAD = {"input_len": 16, "output_len": 24, "num_prompts": 6, "warmup":
 
 
 def quick_variant(data: dict[str, Any]) -> dict[str, Any]:
-    """The CI variant: the same design (arms, load points, interleaved repetitions) with fewer and
-    shorter requests, under its own experiment name."""
+    """The CI variant: the same design (arms, load points, interleaved blocks, stopping rule) with
+    fewer and shorter requests and exactly three blocks, under its own experiment name."""
     q = dict(data)
     q["name"] = data["name"] + "-quick"
     q["workload"] = {**data.get("workload", {}), **QUICK_WORKLOAD}
+    if data.get("repetitions") == "auto":  # three blocks exactly: a short run of the same rule
+        q["adaptive"] = {**data.get("adaptive", {}), "min": 3, "max": 3}
     return q
 
 
@@ -39,7 +41,8 @@ def run_demo(
     console: Any, *, quick: bool = False, store_path: Path | None = None, file: Path | None = None
 ) -> Path:
     """Run the demo (fresh unless an interrupted one can be resumed); returns the HTML path."""
-    from servelab.cli.experiment import _attribution, run_file
+    from servelab import jobs
+    from servelab.experiment.present import attribution, run_file
     from servelab.experiment.report import write
     from servelab.experiment.schedule import plan
     from servelab.store import Store
@@ -56,13 +59,20 @@ def run_demo(
                 )
             except ValueError:
                 same = False
-            if ok >= len(plan(spec)) or not same:
+            states = [j.state for j in jobs.read_all(spec.name)]
+            stopped = bool(states) and states[-1] in ("finished", "failed")
+            if ok >= len(plan(spec)) or not same or stopped:
                 # a finished (or redesigned) demo is measured afresh; an interrupted one resumes
+                # (an adaptive demo finishes before its planned maximum: the job says it ended)
                 st.forget_experiment(spec.name)
     run_file(spec, store_path, console)
     with Store(store_path) as st:
         md, page, data = write(st, spec.name)
-    _attribution(console, data)
+    attribution(console, data)
+    from servelab.experiment.report_html import sections
+
+    for e in sections(data)[1]:  # SLO capacity ([load.sweep]): the sentence a reader wants
+        console.print(e.sentence(), style="bold", highlight=False)
     console.print(
         f"demo finished in {time.monotonic() - t0:.0f} s\nreport: {page}\nmarkdown: {md}",
         highlight=False,

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 
 from servelab.experiment.stats import METRICS, Analysis
 
+CLIP_PCT = 1000.0  # the forest plot's right edge at most (+1000% = 11x): beyond it, arrows
+
 
 def _plt():
     import matplotlib
@@ -110,6 +112,8 @@ def acceptance(an: Analysis) -> bytes | None:
 def effects(an: Analysis, metrics: Sequence[str]) -> bytes:
     """Forest plot: change vs baseline in % with 95% CI; the noise band shaded."""
     plt = _plt()
+    from matplotlib.ticker import NullLocator
+
     items = [e for (arm, lk, m), e in an.effects.items() if m in metrics and math.isfinite(e.ratio)]
     fig, ax = plt.subplots(figsize=(6.4, 0.5 + 0.32 * max(1, len(items))))
     band = an.noise_band * 100
@@ -131,7 +135,24 @@ def effects(an: Analysis, metrics: Sequence[str]) -> bytes:
         range(len(items)), [f"{e.arm} {e.load_key} {METRICS[e.metric].label}" for e in items]
     )
     ax.invert_yaxis()
-    ax.set_xlabel("change vs baseline (%), 95% CI")
+    # linear within a few noise bands, logarithmic beyond, and clipped at +1000%: a +265% (or
+    # +100000%) CI no longer squeezes the band and every effect near it into a sliver
+    lin = max(5 * band, 5.0)
+    ends = [x for e in items for x in (e.pct(e.ci_low), e.pct(e.ci_high)) if math.isfinite(x)]
+    right = min(CLIP_PCT, max([lin * 2, *ends]) * 1.3)
+    left = max(-100.0, min([-lin * 2, *ends]) * 1.3)
+    ax.set_xscale("symlog", linthresh=lin, linscale=1.5)
+    ax.set_xlim(left, right)
+    ticks = [t for t in (-100, -lin, -band, 0, band, lin, 100, 1000) if left <= t <= right]
+    ax.set_xticks(ticks, [f"{t:+g}%" if t else "0" for t in ticks], fontsize=8)
+    ax.xaxis.set_minor_locator(NullLocator())
+    for y, e in enumerate(items):  # a CI beyond the clip: an arrow at the edge, its end in text
+        hi = e.pct(e.ci_high)
+        if math.isfinite(hi) and hi > right or not math.isfinite(hi):
+            ax.annotate(f"to {hi:+.0f}%" if math.isfinite(hi) else "open", (right, y),
+                        xytext=(-4, 5), textcoords="offset points", ha="right", fontsize=7)
+            ax.plot([right], [y], marker=">", color="black", markersize=5, clip_on=False)
+    ax.set_xlabel(f"change vs baseline (%), 95% CI; linear within +-{lin:g}%, log beyond")
     ax.set_title("effects (green: better, red: worse, blue: within noise)")
     ax.legend(loc="lower right", fontsize=8)
     return _png(fig)

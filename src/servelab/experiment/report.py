@@ -4,6 +4,7 @@ the attribution table, plots, warnings, the provenance of every run, and a decis
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import math
 import time
@@ -13,10 +14,9 @@ from typing import Any
 
 from servelab import atomic, paths
 from servelab.errors import UserError
-from servelab.experiment import plots
-from servelab.experiment.schedule import baseline_first
-from servelab.experiment.spec import LoadSpec
-from servelab.experiment.stats import METRICS, Analysis, RunValue, analyze, headline
+from servelab.experiment import evidence, plots, report_html, tradeoff
+from servelab.experiment.noise_notes import interference_cells, stopping_lines
+from servelab.experiment.stats import METRICS, Analysis, headline
 from servelab.store import LoadPointRow, RunRow, Store
 
 EFFECT_METRICS = ("output_throughput_tok_s", "ttft_ms", "tpot_ms")
@@ -29,6 +29,9 @@ class ExperimentData:
     runs: list[RunRow]
     load_points: dict[int, LoadPointRow]
     analysis: Analysis
+    flagged: dict[int, str] = dataclasses.field(default_factory=dict)  # block -> interference reason
+    excluded: list[int] = dataclasses.field(default_factory=list)  # blocks repeated, left out of statistics
+    blocks_used: int = 0
 
     @property
     def primary(self) -> str:
@@ -36,19 +39,12 @@ class ExperimentData:
 
 
 def collect(store: Store, name: str, noise_band: float | None = None) -> ExperimentData:
-    """Everything stored about an experiment, with its statistics."""
-    spec = store.experiment(name)
-    runs = store.runs(name)
-    lps = {r.load_point_id: store.load_point(r.load_point_id) for r in runs if r.load_point_id}
-    baseline = spec.get("baseline") or next(iter(spec["arms"]))
-    arms = baseline_first(list(spec["arms"]), baseline)
+    """Everything stored about an experiment, with its statistics (evidence.gather: the same
+    runs and rule the runner decided with)."""
+    ev = evidence.gather(store, name, noise_band)
+    spec, runs, lps, an = ev.spec, ev.runs, ev.load_points, ev.analysis
     ok = [r for r in runs if r.status == "ok" and r.load_point_id in lps]
-    values = [
-        RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary) for r in ok
-    ]
-    band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
-    load_keys = [key for key, _, _ in LoadSpec.model_validate(spec["load"]).keys()]
-    an = analyze(values, baseline=baseline, arms=arms, load_keys=load_keys, noise_band=band)
+    baseline = an.baseline
     an.warnings += aa_notes(
         spec, an, baseline, data_metric=spec.get("primary_metric", "output_throughput_tok_s")
     )
@@ -60,7 +56,7 @@ def collect(store: Store, name: str, noise_band: float | None = None) -> Experim
             f"{store.path.parent / 'results-requests'} moved or deleted): the TTFT/TPOT "
             f"distribution plots leave them out; every table and effect uses the stored summaries"
         )
-    return ExperimentData(name, spec, runs, lps, an)
+    return ExperimentData(name, spec, runs, lps, an, ev.flagged, ev.excluded, ev.blocks_used)
 
 
 def mixed_provenance(provs: list[dict[str, Any]]) -> list[str]:
@@ -179,10 +175,12 @@ _PROV_COLUMNS = (
     ("duration_s", "s"),
     ("git", "git"),
     ("host", "host"),
+    ("other_cpu", "other CPU (cores)"),
+    ("steal", "steal"),
+    ("load1", "load 1 min"),
+    ("cores", "cores (client / engine)"),
+    ("flagged", "interference"),
 )
-
-_DECISION_TODO = "(to fill in: adopt / reject / measure more)"
-
 
 def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
     out = []
@@ -210,6 +208,7 @@ def _provenance_rows(data: ExperimentData) -> list[dict[str, Any]]:
                 "error": r.error or "",
                 "log_tail": r.log_tail or "",
                 "load_point_id": r.load_point_id,
+                **interference_cells(prov, r.block, data.excluded),
             }
         )
     return out
@@ -239,12 +238,17 @@ def markdown(data: ExperimentData) -> str:
         _md_table(spread_rows(data)),
         "",
     ]
+    per, cap_effects, suggested = report_html.sections(data)
+    if per:
+        lines += ["## Capacity under SLOs", "", _md_table(report_html.capacity_rows(per, cap_effects)),
+                  ""] + [f"- {e.sentence()}" for e in cap_effects] + [""]
+    stops = stopping_lines(data)
+    if stops:
+        lines += ["## Stopping rule and interference", ""] + [f"- {x}" for x in stops] + [""]
     if data.analysis.warnings:
         lines += ["## Warnings", ""] + [f"- {w}" for w in data.analysis.warnings] + [""]
-    lines += (
-        ["## Decision record", "", f"- Hypothesis: {hyp}"]
-        + [f"- Result: {r}" for r in result]
-        + [f"- Decision: {_DECISION_TODO}", ""]
+    lines += report_html.decision_markdown(
+        hyp, result + [e.sentence() for e in cap_effects], suggested
     )
     lines += [
         "## Runs (provenance)",
@@ -358,6 +362,23 @@ def render_html(data: ExperimentData, store: Store) -> str:
         _html_table(attribution_rows(data), verdict_col=5),
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
     ]
+    per, cap_effects, suggested = report_html.sections(data)
+    if per:
+        parts += [
+            "<h2>Capacity under SLOs</h2><div class='capacity'>",
+            _html_table(report_html.capacity_rows(per, cap_effects), verdict_col=4),
+            "<ul>" + "".join(f"<li>{html.escape(e.sentence())}</li>" for e in cap_effects),
+            "</ul></div>",
+        ]
+    trade = tradeoff.collect(store, spec, data.runs, data.load_points, an.arms)
+    parts += ["<h2>Latency against throughput</h2>", report_html.tradeoff_html(trade.to_json())]
+    stops = stopping_lines(data)
+    if stops:
+        parts.append(
+            "<h2>Stopping rule and interference</h2><ul>"
+            + "".join(f"<li>{html.escape(x)}</li>" for x in stops)
+            + "</ul>"
+        )
     if an.warnings:
         parts.append(
             "<div class='warn'><b>Warnings</b><ul>"
@@ -370,12 +391,12 @@ def render_html(data: ExperimentData, store: Store) -> str:
         "<h2>Plots</h2><div class='plots'>",
         *imgs,
         "</div>",
-        "<h2>Decision record</h2><table>",
-        f"<tr><th>hypothesis</th><td>{html.escape(hyp_result[0])}</td></tr>",
-        "<tr><th>result</th><td>"
-        + "<br>".join(html.escape(x) for x in hyp_result[1])
-        + "</td></tr>",
-        f"<tr><th>decision</th><td>{_DECISION_TODO}</td></tr></table>",
+        "<h2>Decision record</h2>",
+        report_html.decision_html(
+            hyp_result[0], hyp_result[1] + [e.sentence() for e in cap_effects], suggested
+        ),
+        "<h2>Experiment settings (as stored)</h2>",
+        report_html.kv_table(spec),
         "<h2>Runs and their provenance</h2><table><tr>"
         + "".join(
             f"<th>{h}</th>"
@@ -386,7 +407,7 @@ def render_html(data: ExperimentData, store: Store) -> str:
     for p in _provenance_rows(data):
         detail = (
             f"<details><summary>details</summary><pre>{html.escape(p['command'])}</pre>"
-            f"<pre>{html.escape(str(p['server_info'] or ''))[:4000]}</pre>"
+            + report_html.kv_table(p["server_info"] or {})
             + (
                 f"<pre>{html.escape(p['error'])}\n{html.escape(p['log_tail'])}</pre>"
                 if p["error"] or p["log_tail"]

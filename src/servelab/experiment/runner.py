@@ -8,6 +8,7 @@ engine process outlives the runner.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +20,7 @@ from typing import Any
 from servelab import engines, paths, provenance
 from servelab.engines.base import Engine
 from servelab.errors import UserError
+from servelab.experiment import evidence, interference, pinning
 from servelab.experiment.deploy import DeployError, Deployment, on_main_thread
 from servelab.experiment.schedule import PlannedRun, plan
 from servelab.experiment.spec import ExperimentSpec, resolve
@@ -33,6 +35,9 @@ class Measurement:
     records: list[dict[str, Any]]
     server_info: dict[str, Any] = field(default_factory=dict)
     bench: dict[str, Any] = field(default_factory=dict)  # the bench configuration used
+    # a capacity sweep's other load points (summary, records, load_key, concurrency,
+    # request_rate), each stored as an ordinary load point beside the run's own
+    extra_points: list[dict[str, Any]] = field(default_factory=list)
 
 
 MeasureFn = Callable[[str, ExperimentSpec, PlannedRun], Measurement]
@@ -51,7 +56,12 @@ def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measuremen
 
     from servelab.bench.config import LoadPoint
     from servelab.bench.run import run_load_point
+    from servelab.experiment.spec import SWEEP_KEY
 
+    if run.load_key == SWEEP_KEY:  # one capacity search (experiment/capacity.py)
+        from servelab.experiment import capacity
+
+        return capacity.measure(url, spec, run)
     cfg = spec.workload.bench_config(url, model=_served_model(spec))
     load = LoadPoint(
         concurrency=run.concurrency, request_rate=run.request_rate, burstiness=spec.load.burstiness
@@ -98,6 +108,8 @@ class Runner:
         self.log_root = log_root or paths.home() / "experiments" / spec.name / "logs"
         self.on_progress = on_progress
         self._active: list[Deployment] = []  # torn down on any exit, whatever happens
+        self.pins = pinning.PinPlan(None, {}, "")
+        self._pause_note: tuple[float, str] | None = None  # for the next run's record
 
     def todo(self) -> tuple[list[PlannedRun], list[PlannedRun], int]:
         """(all planned runs, those still to run, failed runs among them)."""
@@ -133,22 +145,47 @@ class Runner:
                 + (f" ({failed_before} failed earlier, retried)" if failed_before else "")
             )
         else:
+            reps = (
+                f"{spec.adaptive.min}-{spec.adaptive.max} adaptive repetitions (budget "
+                f"{spec.adaptive.budget_s:g} s)"
+                if spec.adaptive_on
+                else f"{spec.repetitions} repetitions"
+            )
+            upto = "up to " if spec.blocks != spec.repetitions else ""
             self.say(
-                f"experiment '{spec.name}': {len(runs)} runs = {n_arms} arms x {n_loads} load "
-                f"points x {spec.repetitions} repetitions, {spec.order}"
+                f"experiment '{spec.name}': {upto}{len(runs)} runs = {n_arms} arms x {n_loads} "
+                f"load points x {reps}, {spec.order}"
             )
         job = Job(spec.name, "experiment", total=len(todo), log=job_log)
         job.update(already_done=len(runs) - len(todo), planned=len(runs))
         ok = failed = 0
         old = signal.signal(signal.SIGTERM, _sigterm_as_interrupt) if on_main_thread() else None
+        own_mask = pinning.available()
+        self.pins = pinning.plan(spec.noise.pin, list(spec.arms))
+        if spec.engine != "external":
+            self.say(f"core pinning: {self.pins.note}")
+        if self.pins.active:
+            pinning.pin([os.getpid()], self.pins.client or ())
+        t0, block_s = time.monotonic(), []
         try:
-            for _, group in groupby(todo, key=lambda p: p.group):
-                for p, status in self._run_group(list(group), job):
-                    ok += status == "ok"
-                    failed += status == "failed"
-                    job.update(done=ok + failed, failed=failed)
-                    if self.on_progress:
-                        self.on_progress(ok + failed, len(todo), p.describe())
+            for block, block_runs in groupby(todo, key=lambda p: p.block):
+                why = self._stop_before(block, time.monotonic() - t0, block_s)
+                if why:
+                    self.say(why)
+                    break
+                self._maybe_pause()
+                tb = time.monotonic()
+                for _, group in groupby(list(block_runs), key=lambda p: p.group):
+                    for p, status in self._run_group(list(group), job):
+                        ok += status == "ok"
+                        failed += status == "failed"
+                        job.update(done=ok + failed, failed=failed)
+                        if self.on_progress:
+                            self.on_progress(ok + failed, len(todo), p.describe())
+                block_s.append(time.monotonic() - tb)
+            else:
+                if spec.adaptive_on:
+                    self.say(self._stop_before(None, 0.0, []) or "adaptive: maximum reached")
         except KeyboardInterrupt:
             job.finish("interrupted")
             self.say(
@@ -162,6 +199,8 @@ class Runner:
                 d.stop(wait_gpu=not self._active)
             if old is not None:
                 signal.signal(signal.SIGTERM, old)
+            if self.pins.active and own_mask:
+                pinning.pin([os.getpid()], own_mask)
         job.finish("finished" if ok or not todo else "failed")
         self.say(
             f"done: {ok} runs ok, {failed} failed, {len(runs) - len(todo)} were already stored"
@@ -173,6 +212,65 @@ class Runner:
             failed=failed,
             interrupted=False,
         )
+
+    # ---- when to stop, when to wait -----------------------------------------------------------
+
+    def _stop_before(self, block: int | None, elapsed_s: float, block_s: list[float]) -> str | None:
+        """Why not to run `block` (None: after the last planned block), or None to run it.
+        Fixed repetitions run `repetitions` blocks plus one per block left out for interference;
+        adaptive ones stop when every primary effect is decided, at the maximum, or when the
+        next block would overrun the time budget (estimated from this session's blocks)."""
+        spec = self.spec
+        if block is None and not spec.adaptive_on:
+            return None
+        from servelab.experiment.stats import undecided
+
+        ev = evidence.gather(self.store, spec.name, metrics=[spec.primary_metric])
+        base = spec.adaptive.max if spec.adaptive_on else int(spec.repetitions)  # type: ignore[arg-type]
+        if block is not None and block >= base + len(ev.excluded):
+            return None if not spec.adaptive_on else (
+                f"adaptive: maximum of {spec.adaptive.max} blocks reached; "
+                + _undecided_text(undecided(ev.analysis, spec.primary_metric))
+            )
+        if not spec.adaptive_on:
+            return None
+        left = undecided(ev.analysis, spec.primary_metric)
+        if not left:
+            return (
+                f"adaptive: every primary effect decided after {ev.blocks_used} blocks; stopping"
+            )
+        if block is None:
+            return f"adaptive: all planned blocks run; {_undecided_text(left)}"
+        if block_s and elapsed_s + sum(block_s) / len(block_s) > spec.adaptive.budget_s:
+            return (
+                f"adaptive: time budget of {spec.adaptive.budget_s:g} s spent after "
+                f"{ev.blocks_used} blocks ({elapsed_s:.0f} s); {_undecided_text(left)}"
+            )
+        return None
+
+    def _our_pids(self) -> list[int]:
+        return [os.getpid()] + [pid for d in self._active for pid in d.pids()]
+
+    def _maybe_pause(self) -> None:
+        """With on_interference = 'pause': wait (up to pause_s) until the machine is below the
+        thresholds before a block; the wait is recorded with the block's first run."""
+        n = self.spec.noise
+        if n.on_interference != "pause" or (n.max_other_cpu is None and n.max_steal is None):
+            return
+        t0 = time.monotonic()
+        why = interference.crossed(
+            interference.sample(self._our_pids()), n.max_other_cpu, n.max_steal
+        )
+        first = why
+        while why and time.monotonic() - t0 < n.pause_s:
+            self.say(f"[yellow]pausing:[/yellow] {why}")
+            time.sleep(min(5.0, max(0.0, n.pause_s - (time.monotonic() - t0))))
+            why = interference.crossed(
+                interference.sample(self._our_pids()), n.max_other_cpu, n.max_steal
+            )
+        if first:
+            waited = time.monotonic() - t0
+            self._pause_note = (waited, first + ("; still so after the wait" if why else ""))
 
     # ---- one deployment ------------------------------------------------------------------------
 
@@ -257,8 +355,17 @@ class Runner:
             )
             t0 = time.monotonic()
             self._active.append(dep)
+            cores = self.pins.engines.get(p.arm) if self.pins.active else None
             try:
-                dep.start()
+                if cores:  # the engine's processes inherit the launching thread's cores
+                    os.sched_setaffinity(0, cores)
+                try:
+                    dep.start()
+                finally:
+                    if cores:
+                        os.sched_setaffinity(0, self.pins.client or ())
+                if cores:  # and every thread of them, should one have been started elsewhere
+                    pinning.pin(dep.pids(), cores)
                 self.say(f"deployed arm {p.arm} in {time.monotonic() - t0:.1f} s at {dep.url}")
                 return dep, None
             except DeployError as exc:
@@ -275,6 +382,8 @@ class Runner:
         job.update(current=p.describe())
         started = time.time()
         before = self.engine.scrape(url)
+        pids = self._our_pids()
+        snap = interference.snapshot(pids)
         try:
             m = self.measure(url, spec, p)
         except (KeyboardInterrupt, SystemExit, UserError):
@@ -283,6 +392,7 @@ class Runner:
             tail = dep.log_tail() if dep else ""
             self._failed(p, f"{type(exc).__name__}: {exc}", tail, started)
             return "failed"
+        inter = self._interference(snap, pids)
         window = self.engine.acceptance(before, self.engine.scrape(url))
         summary = dict(m.summary)
         if summary.get("accept_length") is None and window["accept_length"] is not None:
@@ -302,17 +412,35 @@ class Runner:
             bench=m.bench,
             workload=spec.workload.model_dump(mode="json"),
             spec_window=window,
+            interference=inter,
+            pinning={
+                **self.pins.to_json(),
+                "client_actual": pinning.affinity(os.getpid()),
+                "engine_actual": pinning.affinity(dep.pids()[0]) if dep and dep.pids() else None,
+            },
         )
+        ids = [
+            self.store.add_load_point(
+                summary=x["summary"], provenance=prov, load_key=x["load_key"],
+                source="experiment", label=f"{spec.name}/{p.arm}", base_url=url,
+                model=spec.model or None, concurrency=x["concurrency"],
+                request_rate=x["request_rate"], requests=x["records"],
+            )
+            for x in m.extra_points
+        ]
+        if ids:
+            summary["sweep_point_ids"] = ids
+        at = (summary.get("capacity") or {}).get("load") or {}  # a sweep: the point at capacity
         lp = self.store.add_load_point(
             summary=summary,
             provenance=prov,
-            load_key=p.load_key,
+            load_key=at.get("key", p.load_key),
             source="experiment",
             label=f"{spec.name}/{p.arm}",
             base_url=url,
             model=spec.model or None,
-            concurrency=p.concurrency,
-            request_rate=p.request_rate,
+            concurrency=at.get("concurrency", p.concurrency),
+            request_rate=at.get("request_rate", p.request_rate),
             requests=m.records,
         )
         completed = summary.get("completed") or 0
@@ -328,14 +456,35 @@ class Runner:
             log_tail=(dep.log_tail() if dep else None) if error else None,
             started=started,
         )
+        if inter.get("flagged"):
+            self.say(f"[yellow]interference:[/yellow] {p.describe()}: {inter['flagged']}")
         tput = summary.get(spec.primary_metric)
         self.say(
             f"{'ok' if status == 'ok' else '[red]failed[/red]'} {p.describe()}: "
             f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
-            f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s)"
+            f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s; other "
+            f"processes {_fmt(inter.get('other_cpu_cores'))} cores)"
             + (f": {error}" if error else "")
         )
         return status
+
+
+    def _interference(self, snap: interference.Snapshot, pids: list[int]) -> dict[str, Any]:
+        """The record of the run just measured, flagged against the spec's thresholds."""
+        n = self.spec.noise
+        rec = interference.record(snap, interference.snapshot(pids))
+        out = rec.to_json()
+        out["flagged"] = interference.crossed(rec, n.max_other_cpu, n.max_steal)
+        if self._pause_note:
+            out["paused_s"], out["pause_reason"] = self._pause_note
+            self._pause_note = None
+        return out
+
+
+def _undecided_text(left: list[tuple[str, str]]) -> str:
+    if not left:
+        return "every primary effect decided"
+    return "left undecided: " + ", ".join(f"{a} at {lk}" for a, lk in left)
 
 
 def _fmt(x: object) -> str:

@@ -63,14 +63,15 @@ def baseline_first(arms: list[str], baseline: str) -> list[str]:
 
 
 def plan(spec: ExperimentSpec) -> list[PlannedRun]:
-    """Every run of the experiment in the order it is to be run."""
+    """Every run the experiment may make, in order: `spec.blocks` blocks (with adaptive
+    repetitions or repeated blocks the runner stops before the end of this list)."""
     # the baseline leads the first block, so 'interleaved' reads baseline, change, change, baseline
     arms = baseline_first(list(spec.arms), spec.baseline_arm)
     loads = spec.load.keys()
     runs: list[PlannedRun] = []
     group = -1
     reps_seen: dict[str, int] = {}
-    orders = arm_orders(arms, spec.repetitions, spec.order, spec.seed)
+    orders = arm_orders(arms, spec.blocks, spec.order, spec.seed)
 
     def add(
         arm: str,

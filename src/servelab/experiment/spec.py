@@ -15,12 +15,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from servelab import engines
 from servelab.engines import recipe as recipes
 from servelab.engines.base import FlagValue, ProcessConfig
 from servelab.errors import UserError
+from servelab.experiment.sweep_spec import SWEEP_KEY, SweepSpec
 
 if TYPE_CHECKING:
     from servelab.bench.config import BenchConfig
@@ -70,6 +80,7 @@ class LoadSpec(_Strict):
     concurrency: list[int] = []
     request_rate: list[float] = []
     burstiness: float = Field(1.0, gt=0)
+    sweep: SweepSpec | None = None
 
     @field_validator("concurrency")
     @classmethod
@@ -87,9 +98,10 @@ class LoadSpec(_Strict):
 
     @model_validator(mode="after")
     def _some(self) -> LoadSpec:
-        if not self.concurrency and not self.request_rate:
+        if not self.concurrency and not self.request_rate and self.sweep is None:
             raise ValueError(
-                "give at least one load point: concurrency = [...] or request_rate = [...]"
+                "give at least one load point: concurrency = [...], request_rate = [...] "
+                'or sweep = { slo = "ttft_p99_ms=2000" }'
             )
         return self
 
@@ -99,6 +111,8 @@ class LoadSpec(_Strict):
             (f"c={c}", c, None) for c in self.concurrency
         ]
         out += [(f"rate={r:g}", None, r) for r in self.request_rate]
+        if self.sweep is not None:  # one capacity search per run, after the fixed load points
+            out.append((SWEEP_KEY, None, None))
         return out
 
 
@@ -148,8 +162,40 @@ class Timeouts(_Strict):
     gpu_free_s: float = Field(120.0, gt=0)
 
 
+MAX_REPETITIONS = 1000  # a bound, so that a typo (99999999999999) is an error, not a hang
+MAX_NAME = 100  # the name is a folder and file name (logs, job files, reports)
+
+
+class AdaptiveSpec(_Strict):
+    """`repetitions = "auto"`: blocks run until every primary effect is decided (its always-valid
+    interval wholly beyond or wholly inside the noise band) or the budget is spent."""
+
+    min: int = Field(5, ge=3, le=MAX_REPETITIONS, strict=True)  # blocks before the first look
+    max: int = Field(20, ge=3, le=MAX_REPETITIONS, strict=True)  # blocks at most
+    budget_s: float = Field(3600.0, gt=0, le=7 * 86400, allow_inf_nan=False)  # wall time
+    alpha: float = Field(0.05, gt=0, le=0.2, allow_inf_nan=False)  # familywise error rate
+
+    @model_validator(mode="after")
+    def _order(self) -> AdaptiveSpec:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        return self
+
+
+class NoiseSpec(_Strict):
+    """Noise control: core pinning, and what to do with a block the machine disturbed."""
+
+    # 'auto': pin the client and each engine to disjoint cores when there are enough of them
+    pin: StrictBool | Literal["auto"] = "auto"
+    max_other_cpu: float | None = Field(None, ge=0, le=4096, allow_inf_nan=False)  # cores
+    max_steal: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)  # fraction of CPU
+    on_interference: Literal["record", "pause", "repeat"] = "record"
+    max_repeats: int = Field(2, ge=0, le=100, strict=True)  # extra blocks for 'repeat'
+    pause_s: float = Field(60.0, gt=0, le=3600, allow_inf_nan=False)  # longest wait for 'pause'
+
+
 class ExperimentSpec(_Strict):
-    name: str = Field(pattern=_NAME)
+    name: str = Field(pattern=_NAME, max_length=MAX_NAME)
     hypothesis: str = ""
     engine: str
     model: str = ""
@@ -161,15 +207,39 @@ class ExperimentSpec(_Strict):
     baseline: str | None = None
     load: LoadSpec
     workload: WorkloadSpec = WorkloadSpec()
-    repetitions: int = Field(3, ge=1)
+    repetitions: StrictInt | Literal["auto"] = 3
+    adaptive: AdaptiveSpec = AdaptiveSpec()
+    noise: NoiseSpec = NoiseSpec()
     order: Literal["interleaved", "shuffled", "sequential"] = "interleaved"
     seed: int = 0
     # fresh deployment per run; per arm per block; or all arms of a block up together
     restart: Literal["run", "arm", "block"] = "run"
     retries: int = Field(1, ge=0)  # extra launch attempts after a failed launch
-    noise_band: float = Field(0.02, ge=0, lt=1)
+    noise_band: float = Field(0.02, ge=0, lt=1, allow_inf_nan=False)
     primary_metric: str = "output_throughput_tok_s"
     timeouts: Timeouts = Timeouts()
+
+    @field_validator("repetitions")
+    @classmethod
+    def _reps(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("Input should be greater than or equal to 1")
+        if isinstance(v, int) and v > MAX_REPETITIONS:
+            raise ValueError(
+                f"Input should be less than or equal to {MAX_REPETITIONS} "
+                '(or "auto" with [adaptive] min, max and budget_s)'
+            )
+        return v
+
+    @field_validator("primary_metric")
+    @classmethod
+    def _primary(cls, v: str) -> str:
+        from servelab.experiment.stats import METRICS
+
+        valid = [k for k, m in METRICS.items() if m.higher_is_better is not None]
+        if v not in valid:
+            raise ValueError(f"unknown metric '{v}' (valid: {', '.join(valid)})")
+        return v
 
     @field_validator("engine")
     @classmethod
@@ -200,7 +270,24 @@ class ExperimentSpec(_Strict):
             raise ValueError('engine \'command\' needs command = ["prog", "--port", "{port}", ...]')
         if self.engine not in ("external", "command") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
+        if self.repetitions == "auto" and self.order == "sequential":
+            raise ValueError(
+                'repetitions = "auto" decides on effects paired by block: use order = '
+                '"interleaved" or "shuffled"'
+            )
         return self
+
+    @property
+    def adaptive_on(self) -> bool:
+        return self.repetitions == "auto"
+
+    @property
+    def blocks(self) -> int:
+        """Blocks the plan holds: the fixed repetitions or the adaptive maximum, plus the extra
+        blocks that may replace disturbed ones (noise.on_interference = 'repeat')."""
+        base = self.adaptive.max if self.repetitions == "auto" else int(self.repetitions)
+        extra = self.noise.max_repeats if self.noise.on_interference == "repeat" else 0
+        return base + extra
 
     @property
     def baseline_arm(self) -> str:
@@ -212,7 +299,7 @@ class ExperimentSpec(_Strict):
     def design_hash(self) -> str:
         """Hash of what decides the measurements; repetitions and prose may change on a resume."""
         d = self.to_json()
-        for k in ("repetitions", "hypothesis", "timeouts", "retries", "noise_band"):
+        for k in ("repetitions", "adaptive", "hypothesis", "timeouts", "retries", "noise_band"):
             d.pop(k, None)
         for arm in d["arms"].values():
             arm.pop("description", None)
@@ -222,13 +309,18 @@ class ExperimentSpec(_Strict):
 # pydantic names the member of a union that failed as one more location part ('str', 'int',
 # 'list[union[str,int,float]]'); a flag value is wrong as a whole, so the location stops there
 _UNION_MEMBERS = ("str", "int", "float", "bool")
+# keys whose type is a union of their own: what to say instead of the flag-value message
+_UNION_MESSAGES = {
+    "repetitions": f'must be a whole number from 1 to {MAX_REPETITIONS}, or "auto" (quoted)',
+    "noise.pin": 'must be true, false or "auto"',
+}
 
 
 def _loc(loc: tuple[Any, ...]) -> tuple[str, bool]:
     """(dotted key, whether it ended at a union member)."""
     parts: list[str] = []
     for p in loc:
-        if isinstance(p, str) and (p in _UNION_MEMBERS or p.startswith("list[")):
+        if isinstance(p, str) and (p in _UNION_MEMBERS or p.startswith(("list[", "literal["))):
             return ".".join(parts), True
         if not (isinstance(p, str) and p.startswith("function-")):
             parts.append(str(p))
@@ -246,7 +338,9 @@ def parse(data: dict[str, Any], source: str = "<experiment>") -> ExperimentSpec:
         key, union = keys[0]
         key = key or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
-        if union:
+        if union and key in _UNION_MESSAGES:
+            msg = _UNION_MESSAGES[key]
+        elif union:
             msg = "must be a string, a number, true/false, or a list of strings and numbers"
         elif e["type"] == "extra_forbidden":
             msg = "unknown key (check the spelling; docs/EXPERIMENTS.md lists the keys)"

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from servelab.experiment import sequential as seq
+
 
 @dataclass(frozen=True, slots=True)
 class Metric:
@@ -104,7 +106,11 @@ class Effect:
     ci_high: float
     n: int  # pairs (paired) or min(n_arm, n_base)
     paired: bool
-    verdict: str  # better | worse | within noise | too few runs | n/a
+    # fixed repetitions: better | worse | within noise | too few runs | n/a;
+    # adaptive (rule 'sequential'): better | worse | no change | undecided | n/a
+    verdict: str
+    rule: str = "bootstrap"  # bootstrap: fixed-n 95% CI; sequential: always-valid (sequential.py)
+    decided_at: int | None = None  # sequential: pairs at the look that decided
 
     def pct(self, x: float | None = None) -> float:
         return ((self.ratio if x is None else x) - 1.0) * 100.0
@@ -127,6 +133,7 @@ class Analysis:
     spreads: dict[tuple[str, str, str], Spread] = field(default_factory=dict)
     effects: dict[tuple[str, str, str], Effect] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    design: seq.Design | None = None  # the stopping rule, for repetitions = "auto"
 
 
 def expanded_alpha(n: int, conf: float = 0.95) -> float:
@@ -272,10 +279,17 @@ def analyze(
     load_keys: Sequence[str],
     noise_band: float = 0.02,
     metrics: Sequence[str] = tuple(METRICS),
+    design: seq.Design | None = None,
 ) -> Analysis:
-    """Spreads, effects against the baseline and warnings for the ok runs of an experiment."""
+    """Spreads, effects against the baseline and warnings for the ok runs of an experiment.
+    With a sequential `design` (repetitions = "auto") every directional effect gets the
+    always-valid interval of its block-paired ratios, in block order, and a decided verdict."""
     an = Analysis(
-        baseline=baseline, arms=list(arms), load_keys=list(load_keys), noise_band=noise_band
+        baseline=baseline,
+        arms=list(arms),
+        load_keys=list(load_keys),
+        noise_band=noise_band,
+        design=design,
     )
     by: dict[tuple[str, str], list[RunValue]] = {}
     for r in runs:
@@ -297,6 +311,17 @@ def analyze(
             common = sorted(set(a_blk) & set(b_blk))
             paired = len(common) >= 2
             for m in metrics:
+                if design is not None:
+                    an.effects[(arm, lk, m)] = _sequential_effect(
+                        arm,
+                        baseline,
+                        lk,
+                        m,
+                        [(a_blk[k], b_blk[k]) for k in common],
+                        design,
+                        noise_band,
+                    )
+                    continue
                 if paired:
                     bv = [metric_value(b_blk[k].summary, m) for k in common]
                     av = [metric_value(a_blk[k].summary, m) for k in common]
@@ -312,12 +337,57 @@ def analyze(
     return an
 
 
+def _sequential_effect(
+    arm: str,
+    baseline: str,
+    lk: str,
+    m: str,
+    pairs: list[tuple[RunValue, RunValue]],
+    design: seq.Design,
+    band: float,
+) -> Effect:
+    """One effect under the adaptive rule: log ratios of the block pairs in block order."""
+    logr = []
+    for a, b in pairs:
+        av, bv = metric_value(a.summary, m), metric_value(b.summary, m)
+        if math.isfinite(av) and math.isfinite(bv) and av > 0 and bv > 0:
+            logr.append(math.log(av / bv))
+    hib = METRICS[m].higher_is_better
+    bound = seq.confidence_sequence(logr, design, band, hib)
+    verdict = "n/a" if hib is None else bound.verdict
+    return Effect(
+        arm,
+        baseline,
+        lk,
+        m,
+        bound.ratio,
+        bound.ci_low,
+        bound.ci_high,
+        bound.n,
+        True,
+        verdict,
+        "sequential",
+        bound.decided_at,
+    )
+
+
+def undecided(an: Analysis, metric: str) -> list[tuple[str, str]]:
+    """(arm, load key) of the primary effects an adaptive experiment has not decided yet."""
+    return [
+        (arm, lk)
+        for arm in an.arms
+        if arm != an.baseline
+        for lk in an.load_keys
+        if (e := an.effects.get((arm, lk, metric))) is None or e.verdict == seq.UNDECIDED
+    ]
+
+
 def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[str]:
     out: list[str] = []
     ns = [len(v) for v in by.values()]
     if not ns:
         return ["no successful runs: nothing to compare"]
-    if min(ns) < MIN_REPS_TO_DECIDE:
+    if an.design is None and min(ns) < MIN_REPS_TO_DECIDE:
         out.append(
             f"only {min(ns)} repetition(s) for some arm and load point: a bootstrap over so "
             f"few runs has few distinct resamples, and a rank test with 3 vs 3 can never "

@@ -1,0 +1,255 @@
+"""Capacity search: the largest request rate a server sustains while meeting every SLO,
+bracketed between two measured rates (docs/METRICS.md, "Capacity under SLOs").
+
+The search, GuideLLM's `sweep` profile extended with a root search on the SLOs:
+
+1. **synchronous**: one request at a time (closed loop, concurrency 1): the lightest load,
+   and its request rate. If the SLOs fail here no load can meet them: capacity 0.
+2. **throughput**: every request at once (`rate=inf`): the saturated request rate, the most
+   the server can complete per second.
+3. **grid**: `grid_rates` open-loop rates evenly spaced strictly between the two (the
+   latency-throughput curve a report draws).
+4. **refine**: bisection between the largest rate that met every SLO and the smallest rate
+   above it that missed one, until the bracket is narrower than `precision` x its low end. When
+   every grid rate met the SLOs, the saturated rate itself is tried; when it meets them too,
+   capacity is "at least the saturated rate" (a finite run can outlast a queue that grows
+   slowly; no sustained rate exceeds what the server completes per second).
+
+Capacity is reported as the bracket `[low, high]`, never one number. The bracket is the FIRST
+crossing: a rate above `high` that met the SLOs again (noise, or a server whose latency is not
+monotone in load) is noted, not used. Every measurement, sync and saturation included, counts
+against `max_points`; hitting it leaves the bracket wider than asked (status `unresolved`).
+
+Bisection (not interpolation) keeps the number of load points predictable: from a grid step of
+width w at rate r, it takes ceil(log2(w / (precision x r))) refinements.
+
+The measuring is the caller's: `sweep(measure, cfg)` calls `measure(LoadPoint)` and reads the
+returned load-point summary, so `servelab bench --sweep` and experiments share it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from servelab.bench.config import LoadPoint
+from servelab.bench.slo import SloCheck, SloSet
+from servelab.errors import UserError
+
+Measure = Callable[[LoadPoint], Mapping[str, Any]]
+ROLES = ("synchronous", "throughput", "grid", "refine")
+STATUSES = ("bracketed", "unresolved", "above_saturation", "unmet_at_synchronous", "none_met")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepConfig:
+    """How a sweep searches: the SLOs (None: only the synchronous, saturated and grid points,
+    no capacity), the relative precision of the bracket, the grid size, a cap on load points,
+    and the burstiness of the open-loop rates."""
+
+    slo: SloSet | None = None
+    precision: float = 0.1
+    grid_rates: int = 3
+    max_points: int = 12
+    burstiness: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0.001 <= self.precision <= 1.0:
+            raise UserError(f"--sweep-precision {self.precision}: give a relative width in "
+                            "[0.001, 1], e.g. 0.05 for a bracket within 5%")
+        if self.grid_rates < 0:
+            raise UserError(f"--sweep-rates must be >= 0, got {self.grid_rates}")
+        if self.max_points < 2 + self.grid_rates:
+            raise UserError(f"--sweep-max-points {self.max_points} leaves no room for the "
+                            f"synchronous, saturated and {self.grid_rates} grid load points; "
+                            f"give at least {2 + self.grid_rates}")
+        if not (self.burstiness > 0 and math.isfinite(self.burstiness)):
+            raise UserError(f"--burstiness must be > 0 (1 = Poisson), got {self.burstiness}")
+
+
+@dataclass(frozen=True, slots=True)
+class SweepPoint:
+    """One measured load point of a sweep and how it fared against the SLOs."""
+
+    role: str  # one of ROLES
+    load: LoadPoint
+    summary: Mapping[str, Any]
+    check: SloCheck | None
+
+    @property
+    def offered_req_s(self) -> float | None:
+        """The open-loop rate asked for (None for the synchronous point, inf for throughput)."""
+        return self.load.request_rate
+
+    @property
+    def achieved_req_s(self) -> float | None:
+        """Completed requests per second, as measured."""
+        return self.summary.get("request_throughput_req_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Capacity:
+    """The SLO capacity in requests/s: `low` met every SLO, `high` (the smallest measured rate
+    above it) missed one. `high` None: no measured rate missed (status `above_saturation`);
+    `low` 0.0: none met (`unmet_at_synchronous`, `none_met`); None: `unresolved` before any
+    open-loop rate met."""
+
+    status: str  # one of STATUSES
+    low_req_s: float | None
+    high_req_s: float | None
+    precision: float
+    notes: tuple[str, ...] = ()
+
+    @property
+    def width(self) -> float | None:
+        """(high - low) / low: the bracket's relative width (None when open or low is 0)."""
+        if self.low_req_s is None or self.high_req_s is None or self.low_req_s <= 0:
+            return None
+        return (self.high_req_s - self.low_req_s) / self.low_req_s
+
+    def describe(self) -> str:
+        """One line for people."""
+        lo, hi = self.low_req_s, self.high_req_s
+        if self.status == "bracketed":
+            return f"{lo:.4g} - {hi:.4g} req/s (bracket width {self.width:.1%} <= {self.precision:.1%})"
+        if self.status == "unresolved":
+            w = self.width
+            return (f"{'?' if lo is None else f'{lo:.4g}'} - {'?' if hi is None else f'{hi:.4g}'}"
+                    f" req/s (unresolved: bracket width {'open' if w is None else f'{w:.1%}'}, "
+                    f"asked {self.precision:.1%})")
+        if self.status == "above_saturation":
+            return f">= {lo:.4g} req/s (every rate met the SLOs, up to the saturated rate)"
+        if self.status == "unmet_at_synchronous":
+            return "0 req/s (the SLOs fail even with one request at a time)"
+        return f"< {hi:.4g} req/s (no measured rate met the SLOs)"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "low_req_s": self.low_req_s, "high_req_s": self.high_req_s,
+                "width": self.width, "precision": self.precision, "notes": list(self.notes)}
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    """Every load point in the order measured, and the capacity (None without SLOs)."""
+
+    points: tuple[SweepPoint, ...]
+    capacity: Capacity | None
+    synchronous_req_s: float
+    saturated_req_s: float
+    notes: tuple[str, ...] = field(default=())
+
+
+def _round(rate: float) -> float:
+    """4 significant digits: readable load keys (`rate=12.35`), far below any precision asked."""
+    return float(f"{rate:.4g}")
+
+
+def _rate_of(p: SweepPoint, role: str) -> float:
+    r = p.achieved_req_s
+    if r is None or not r > 0:
+        reasons = ", ".join(f"{k} x{v}" for k, v in (p.summary.get("failure_reasons") or {}).items())
+        raise UserError(f"sweep: the {role} load point ({p.load.key}) completed no request"
+                        + (f" ({reasons})" if reasons else "")
+                        + "; check the server and --request-timeout before sweeping")
+    return float(r)
+
+
+def sweep(measure: Measure, cfg: SweepConfig,
+          on_point: Callable[[SweepPoint], None] | None = None) -> SweepResult:
+    """Run the capacity search (module docstring); `on_point` sees each point as it finishes
+    (to store or print it)."""
+    points: list[SweepPoint] = []
+
+    def run(role: str, load: LoadPoint) -> SweepPoint:
+        summary = measure(load)
+        p = SweepPoint(role=role, load=load, summary=summary,
+                       check=cfg.slo.check(summary) if cfg.slo is not None else None)
+        points.append(p)
+        if on_point is not None:
+            on_point(p)
+        return p
+
+    def rate(r: float, role: str) -> SweepPoint:
+        return run(role, LoadPoint(request_rate=_round(r), burstiness=cfg.burstiness))
+
+    sync = run("synchronous", LoadPoint(concurrency=1))
+    r_sync = _rate_of(sync, "synchronous")
+    r_sat = _rate_of(run("throughput", LoadPoint(request_rate=math.inf)), "throughput")
+    notes: list[str] = []
+    if r_sat < r_sync:
+        notes.append(f"the saturated rate ({r_sat:.4g} req/s) is below the synchronous one "
+                     f"({r_sync:.4g}): the server gains nothing from concurrency")
+    top = max(r_sat, r_sync)
+
+    def result(capacity: Capacity | None) -> SweepResult:
+        return SweepResult(points=tuple(points), capacity=capacity, synchronous_req_s=r_sync,
+                           saturated_req_s=r_sat, notes=tuple(notes))
+
+    if cfg.slo is not None and sync.check is not None and not sync.check.met:
+        return result(Capacity("unmet_at_synchronous", 0.0, None, cfg.precision,
+                               ("at concurrency 1: " + "; ".join(sync.check.reasons),)))
+    if top > r_sync * (1 + cfg.precision):  # else the grid would be narrower than the precision
+        for i in range(1, cfg.grid_rates + 1):
+            rate(r_sync + (top - r_sync) * i / (cfg.grid_rates + 1), "grid")
+    if cfg.slo is None:
+        return result(None)
+    capacity = _refine(points, cfg, top, rate)
+    n = min((p.summary.get("completed") or 0) for p in points)
+    short = cfg.slo.sample_note(n)
+    if short:
+        notes.append(short)
+    return result(capacity)
+
+
+def first_crossing(rated: Iterable[tuple[float, bool]]
+                   ) -> tuple[float | None, float | None, tuple[str, ...]]:
+    """(rate, met every SLO) pairs -> (low, high, notes): `high` the smallest rate that missed,
+    `low` the largest rate below it that met (None where there is none). Reusable on stored
+    load points judged against other SLOs."""
+    met = sorted(r for r, ok in rated if ok)
+    missed = sorted(r for r, ok in rated if not ok)
+    if not missed:
+        return (met[-1] if met else None), None, ()
+    hi = missed[0]
+    below = [r for r in met if r < hi]
+    above = [r for r in met if r > hi]
+    notes: tuple[str, ...] = ()
+    if above:
+        notes = (f"{len(above)} rate(s) above {hi:.4g} req/s met the SLOs again (up to "
+                 f"{above[-1]:.4g}): noise or a non-monotone server; the bracket is the first "
+                 "crossing",)
+    return (below[-1] if below else None), hi, notes
+
+
+def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
+            rate: Callable[[float, str], SweepPoint]) -> Capacity:
+    """Bisect the first SLO crossing among the open-loop rates until it is `precision` wide."""
+    floor = _round(top) * 1e-3  # below this the answer is "none", not a rate
+    while True:
+        open_loop = [p for p in points if p.role in ("grid", "refine") and p.check is not None]
+        met = sorted(p.load.request_rate for p in open_loop if p.check.met)  # type: ignore[union-attr,misc]
+        missed = sorted(p.load.request_rate for p in open_loop if not p.check.met)  # type: ignore[union-attr,misc]
+        full = len(points) >= cfg.max_points
+        if not missed:
+            if _round(top) not in met:
+                if not full:
+                    rate(top, "refine")
+                    continue
+                return Capacity("unresolved", met[-1] if met else None, None, cfg.precision,
+                                ("--sweep-max-points was reached before the saturated rate "
+                                 "was tried",))
+            return Capacity("above_saturation", met[-1], None, cfg.precision,
+                            (f"every measured rate met the SLOs, up to {met[-1]:.4g} req/s; "
+                             "no sustained rate exceeds the saturated throughput",))
+        lo, hi, notes = first_crossing([(r, True) for r in met] + [(r, False) for r in missed])
+        assert hi is not None
+        if lo is not None and hi - lo <= cfg.precision * lo:
+            return Capacity("bracketed", lo, hi, cfg.precision, notes)
+        nxt = _round((lo + hi) / 2 if lo is not None else hi / 2)
+        if lo is None and nxt < floor:
+            return Capacity("none_met", 0.0, hi, cfg.precision, notes)
+        if full or nxt in (lo, hi):
+            return Capacity("unresolved", lo, hi, cfg.precision, notes)
+        rate(nxt, "refine")

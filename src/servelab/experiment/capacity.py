@@ -1,0 +1,273 @@
+"""SLO capacity as an experiment metric: a run of load key `capacity` (`[load.sweep]`) is one
+capacity search (bench/sweep.py) against the arm's deployment, and arms compare on the capacity
+it brackets (docs/METRICS.md, "Capacity under SLOs", and docs/EXPERIMENTS.md).
+
+A run's stored load point is the sweep's point AT the capacity (the largest rate that met every
+SLO; the synchronous point when none did), its summary carrying the bracket under `capacity`;
+every other point of the sweep is stored as an ordinary load point beside it (ids under
+`sweep_point_ids`). So the attribution table's row `capacity` compares the arms where each
+sustains its SLOs, and the points of every sweep feed the latency-throughput curves.
+
+A capacity is an interval, never a number it is not: `[low, high)` req/s, `high` open (inf)
+above saturation, `low` 0 when no rate met the SLOs. The effect of an arm is compared per
+block by interval arithmetic: the ratio lies in [a_low / b_high, a_high / b_low]; the geometric
+mean of each end over the blocks is bootstrapped (blocks resampled, as stats.py does) and the
+95% CI runs from the lower end's low quantile to the upper end's high quantile, so the bracket
+width and the noise between blocks both widen it. An open bound makes that end of the CI open
+(+inf, or -100%), and the point estimate (the geometric mean of the bracket midpoints) is given
+only when every bracket is closed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from servelab.errors import UserError
+from servelab.experiment.stats import MIN_REPS_TO_DECIDE, RunValue, expanded_alpha
+
+CAPACITY_STATUSES_OPEN = ("above_saturation", "unmet_at_synchronous", "none_met", "unresolved")
+
+
+def measure(url: str, spec: Any, run: Any) -> Any:
+    """One capacity sweep against `url` (the runner's MeasureFn for load key `capacity`):
+    returns the runner's Measurement for the point at capacity, the others as `extra_points`."""
+    from servelab.bench.config import LoadPoint
+    from servelab.bench.run import run_load_point
+    from servelab.bench.slo import parse_slo
+    from servelab.bench.sweep import SweepConfig, sweep
+    from servelab.experiment.runner import Measurement, _served_model
+
+    sw = spec.load.sweep
+    slo = parse_slo(sw.slo)
+    cfg = spec.workload.bench_config(url, model=_served_model(spec))
+    if slo is not None and slo.goodput() and not cfg.goodput:
+        from dataclasses import replace
+
+        cfg = replace(cfg, goodput=slo.goodput())
+    results: dict[str, Any] = {}
+
+    def one(lp: LoadPoint) -> Mapping[str, Any]:
+        res = run_load_point(cfg, lp, progress=False)
+        results[lp.key] = res
+        return res.summary
+
+    scfg = SweepConfig(slo=slo, precision=sw.precision, grid_rates=sw.rates,
+                       max_points=sw.max_points, burstiness=spec.load.burstiness)
+    try:
+        result = sweep(one, scfg)
+    except UserError as exc:  # e.g. no request completed: this run failed, not the experiment
+        raise RuntimeError(f"capacity sweep: {exc}") from None
+    cap = result.capacity
+    assert cap is not None  # a sweep with SLOs always brackets (or bounds) a capacity
+    at = _point_at_capacity(result)
+    points = []
+    for p in result.points:
+        res = results[p.load.key]
+        summary = dict(res.summary)
+        summary["sweep"] = {"role": p.role, "slo_met": p.check.met if p.check else None,
+                            "slo_ratio": p.check.ratio if p.check else None,
+                            "slo_reasons": list(p.check.reasons) if p.check else []}
+        points.append((p, summary, res))
+    main = next(x for x in points if x[0] is at)
+    summary = dict(main[1])
+    summary["capacity"] = {**cap.to_dict(), "slo": slo.to_dict() if slo else None,
+                           "slo_text": slo.describe() if slo else "",
+                           "synchronous_req_s": result.synchronous_req_s,
+                           "saturated_req_s": result.saturated_req_s,
+                           "load": {"key": at.load.key, "concurrency": at.load.concurrency,
+                                    "request_rate": at.load.request_rate},
+                           "sweep_notes": list(result.notes)}
+    extra = [{"summary": s, "records": list(r.records), "load_key": p.load.key,
+              "concurrency": p.load.concurrency, "request_rate": p.load.request_rate}
+             for p, s, r in points if p is not at]
+    return Measurement(summary=summary, records=list(main[2].records),
+                       server_info=dict(main[2].server_info or {}), bench=asdict(cfg),
+                       extra_points=extra)
+
+
+def _point_at_capacity(result: Any) -> Any:
+    """The measured point at the bracket's low end (the synchronous point when none met)."""
+    cap = result.capacity
+    if cap.low_req_s:
+        for p in result.points:
+            if p.load.request_rate is not None and math.isclose(p.load.request_rate, cap.low_req_s):
+                return p
+    return result.points[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Bracket:
+    """One run's capacity in req/s: `low` met every SLO, `high` missed one (inf: open)."""
+
+    status: str
+    low: float
+    high: float
+
+    @property
+    def closed(self) -> bool:
+        return self.low > 0 and math.isfinite(self.high)
+
+    def text(self) -> str:
+        if self.status == "above_saturation":
+            return f">= {self.low:.3g}"
+        if self.low <= 0:
+            return f"< {self.high:.3g}" if math.isfinite(self.high) else "0"
+        return f"{self.low:.3g}-{self.high:.3g}" if math.isfinite(self.high) else f">= {self.low:.3g}"
+
+
+def bracket_of(summary: Mapping[str, Any]) -> Bracket | None:
+    """The capacity bracket stored with a run's summary (None for a run that is no sweep)."""
+    c = summary.get("capacity")
+    if not isinstance(c, Mapping) or "status" not in c:
+        return None
+    lo, hi = c.get("low_req_s"), c.get("high_req_s")
+    if c["status"] == "unmet_at_synchronous":  # below the lightest load: under the sync rate
+        hi = c.get("synchronous_req_s")
+    return Bracket(c["status"], float(lo) if lo else 0.0, float(hi) if hi else math.inf)
+
+
+@dataclass(frozen=True, slots=True)
+class CapacityEffect:
+    """arm / baseline SLO capacity: point estimate (NaN unless every bracket is closed), 95% CI
+    whose ends may be open (0 or inf), verdict against the noise band."""
+
+    arm: str
+    baseline: str
+    slo_text: str
+    n: int  # blocks with a sweep of both arms
+    ratio: float
+    ci_low: float
+    ci_high: float
+    verdict: str  # better | worse | within noise | inconclusive | too few runs
+    open_blocks: int  # blocks where a bracket was open (above saturation, unmet)
+
+    def pct_text(self) -> str:
+        """`+18% [+9%, +27%]`; open ends as `-100%` / `+inf`."""
+        def pc(x: float) -> str:
+            if math.isinf(x):
+                return "+inf"
+            return f"{(x - 1) * 100:+.0f}%"
+        if self.n == 0:
+            return "n/a"
+        mid = pc(self.ratio) + " " if math.isfinite(self.ratio) else ""
+        if math.isnan(self.ci_low):
+            return mid.strip() or "n/a"
+        return f"{mid}[{pc(self.ci_low)}, {pc(self.ci_high)}]"
+
+    def sentence(self) -> str:
+        """The verdict as a reader wants it: `mtp raises SLO capacity under ... by +18% [...]`."""
+        under = f"SLO capacity under {self.slo_text}"
+        if self.verdict in ("better", "worse") and math.isnan(self.ratio):  # open brackets
+            verb, bound = (("raises", self.ci_low - 1) if self.verdict == "better"
+                           else ("lowers", 1 - self.ci_high))
+            return (f"{self.arm} {verb} {under} by at least {bound * 100:.0f}% (95% CI "
+                    f"{self.pct_text()}; {self.open_blocks} of {self.n} blocks with an open "
+                    f"bracket, so no point estimate) (vs {self.baseline})")
+        if self.verdict == "better":
+            return f"{self.arm} raises {under} by {self.pct_text()} (vs {self.baseline})"
+        if self.verdict == "worse":
+            return f"{self.arm} lowers {under} by {self.pct_text()} (vs {self.baseline})"
+        if self.verdict == "within noise":
+            return (f"{self.arm} leaves {under} unchanged within the noise band: "
+                    f"{self.pct_text()} (vs {self.baseline})")
+        if self.verdict == "too few runs":
+            return f"{self.arm} vs {self.baseline}, {under}: too few paired sweeps to decide"
+        return (f"{self.arm}'s effect on {under} is inconclusive: {self.pct_text()} "
+                f"(vs {self.baseline})")
+
+
+def _geo(logs: np.ndarray) -> np.ndarray:
+    """Geometric means along the last axis of arrays of logs that may hold -inf or +inf."""
+    with np.errstate(invalid="ignore"):
+        return np.exp(logs.mean(axis=-1))
+
+
+def compare(runs: Sequence[RunValue], arm: str, baseline: str, band: float, load_key: str,
+            n_boot: int = 10_000, seed: int = 0) -> CapacityEffect:
+    """The capacity effect of `arm` over `baseline` from their sweeps paired by block."""
+    a = {r.block: bracket_of(r.summary) for r in runs if r.arm == arm and r.load_key == load_key}
+    b = {r.block: bracket_of(r.summary) for r in runs
+         if r.arm == baseline and r.load_key == load_key}
+    blocks = sorted(k for k in set(a) & set(b) if k is not None and a[k] and b[k])
+    slo_text = next((str(r.summary["capacity"].get("slo_text") or "") for r in runs
+                     if r.load_key == load_key and isinstance(r.summary.get("capacity"), Mapping)),
+                    "")
+    n = len(blocks)
+    nan = math.nan
+    if n == 0:
+        return CapacityEffect(arm, baseline, slo_text, 0, nan, nan, nan, "too few runs", 0)
+    pa = [a[k] for k in blocks]
+    pb = [b[k] for k in blocks]
+    with np.errstate(divide="ignore"):
+        lo = np.log(np.array([x.low for x in pa])) - np.log(np.array([y.high for y in pb]))
+        hi = np.log(np.array([x.high for x in pa])) - np.log(np.array([y.low for y in pb]))
+    open_blocks = sum(not (x.closed and y.closed) for x, y in zip(pa, pb, strict=True))
+    ratio = float(_geo((lo + hi) / 2)) if open_blocks == 0 else nan
+    if n < 2:
+        return CapacityEffect(arm, baseline, slo_text, n, ratio, nan, nan, "too few runs",
+                              open_blocks)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, n, size=(n_boot, n))
+    alpha = expanded_alpha(n) / 2
+    # order statistics, not interpolation (inf - inf is NaN), each rounded outwards
+    ci_lo = float(np.quantile(_geo(lo[idx]), alpha, method="lower"))
+    ci_hi = float(np.quantile(_geo(hi[idx]), 1 - alpha, method="higher"))
+    if n < MIN_REPS_TO_DECIDE:  # as stats.bootstrap_ratio: at least the Student-t interval
+        from scipy import stats as sps
+
+        t = sps.t.ppf(0.975, n - 1)
+        if np.isfinite(lo).all():
+            ci_lo = min(ci_lo, math.exp(lo.mean() - t * lo.std(ddof=1) / math.sqrt(n)))
+        if np.isfinite(hi).all():
+            ci_hi = max(ci_hi, math.exp(hi.mean() + t * hi.std(ddof=1) / math.sqrt(n)))
+    if ci_lo > 1 + band:
+        v = "better"
+    elif ci_hi < 1 - band:
+        v = "worse"
+    elif ci_lo >= 1 - band and ci_hi <= 1 + band:
+        v = "within noise"
+    else:
+        v = "inconclusive"
+    return CapacityEffect(arm, baseline, slo_text, n, ratio, ci_lo, ci_hi, v, open_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class ArmCapacity:
+    """One arm's capacity over its sweeps: the median of each end and every run's bracket."""
+
+    arm: str
+    brackets: tuple[Bracket, ...]
+
+    def text(self) -> str:
+        if not self.brackets:
+            return "n/a"
+        lo = float(np.median([x.low for x in self.brackets]))
+        his = [x.high for x in self.brackets]
+        hi = float(np.median(his)) if all(math.isfinite(h) for h in his) else math.inf
+        n_open = sum(not x.closed for x in self.brackets)
+        head = Bracket("bracketed" if math.isfinite(hi) else "above_saturation", lo, hi).text()
+        tail = f", open in {n_open}" if n_open else ""
+        return f"{head} req/s (median bracket over {len(self.brackets)} sweeps{tail})"
+
+
+def per_arm(runs: Sequence[RunValue], arms: Sequence[str], load_key: str) -> list[ArmCapacity]:
+    out = []
+    for arm in arms:
+        bs = [bracket_of(r.summary) for r in runs if r.arm == arm and r.load_key == load_key]
+        out.append(ArmCapacity(arm, tuple(b for b in bs if b is not None)))
+    return out
+
+
+def to_json(effect: CapacityEffect) -> dict[str, Any]:
+    """JSON form (inf as None with the end named open)."""
+    d = asdict(effect)
+    for k in ("ratio", "ci_low", "ci_high"):
+        x = d[k]
+        d[k] = x if isinstance(x, float) and math.isfinite(x) else None
+    d["sentence"] = effect.sentence()
+    return d

@@ -1,0 +1,98 @@
+"""Which stored runs count, and under which rule: the one place the runner (deciding whether to
+stop) and the report (showing what was decided) read an experiment's evidence from, so that
+both always agree.
+
+A block is *flagged* when one of its runs crossed an interference threshold while measured (the
+reason is in the run's provenance). With `noise.on_interference = "repeat"` the first
+`max_repeats` flagged blocks are *excluded* from the statistics and replaced by extra blocks;
+they stay stored, and the report lists them with the reason: nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from servelab.experiment import sequential as seq
+from servelab.experiment.schedule import baseline_first
+from servelab.experiment.spec import AdaptiveSpec, LoadSpec, NoiseSpec
+from servelab.experiment.stats import Analysis, RunValue, analyze
+from servelab.store import LoadPointRow, RunRow, Store
+
+
+def design_of(spec: dict[str, Any]) -> seq.Design | None:
+    """The stopping rule of a stored spec (None for fixed repetitions)."""
+    if spec.get("repetitions") != "auto":
+        return None
+    a = AdaptiveSpec.model_validate(spec.get("adaptive") or {})
+    loads = LoadSpec.model_validate(spec["load"]).keys()
+    return seq.Design(a.min, a.max, a.alpha, (len(spec["arms"]) - 1) * len(loads))
+
+
+def noise_of(spec: dict[str, Any]) -> NoiseSpec:
+    return NoiseSpec.model_validate(spec.get("noise") or {})
+
+
+def flagged_blocks(runs: Sequence[RunRow], lps: dict[int, LoadPointRow]) -> dict[int, str]:
+    """block -> the first threshold one of its runs crossed (from the runs' provenance)."""
+    out: dict[int, str] = {}
+    for r in runs:
+        lp = lps.get(r.load_point_id) if r.load_point_id else None
+        why = ((lp.provenance.get("interference") or {}) if lp else {}).get("flagged")
+        if why and r.block is not None and r.block not in out:
+            out[r.block] = f"arm {r.arm} at {r.load_key}: {why}"
+    return out
+
+
+def excluded_blocks(flagged: dict[int, str], noise: NoiseSpec) -> list[int]:
+    """The flagged blocks that were repeated (left out of the statistics), in block order."""
+    if noise.on_interference != "repeat":
+        return []
+    return sorted(flagged)[: noise.max_repeats]
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    spec: dict[str, Any]
+    runs: list[RunRow]
+    load_points: dict[int, LoadPointRow]
+    analysis: Analysis
+    flagged: dict[int, str]  # block -> reason
+    excluded: list[int]  # blocks left out (repeated)
+    blocks_used: int  # distinct blocks with an ok run that count
+
+
+def gather(
+    store: Store, name: str, noise_band: float | None = None, metrics: Sequence[str] | None = None
+) -> Evidence:
+    """Everything stored about an experiment and its statistics (`metrics`: all by default)."""
+    spec = store.experiment(name)
+    runs = store.runs(name)
+    lps = {r.load_point_id: store.load_point(r.load_point_id) for r in runs if r.load_point_id}
+    baseline = spec.get("baseline") or next(iter(spec["arms"]))
+    arms = baseline_first(list(spec["arms"]), baseline)
+    flagged = flagged_blocks(runs, lps)
+    excluded = excluded_blocks(flagged, noise_of(spec))
+    ok = [
+        r
+        for r in runs
+        if r.status == "ok" and r.load_point_id in lps and r.block not in set(excluded)
+    ]
+    values = [
+        RunValue(r.arm, r.load_key, r.repetition, r.block, lps[r.load_point_id].summary) for r in ok
+    ]
+    band = spec.get("noise_band", 0.02) if noise_band is None else noise_band
+    load_keys = [key for key, _, _ in LoadSpec.model_validate(spec["load"]).keys()]
+    kw: dict[str, Any] = {"metrics": tuple(metrics)} if metrics is not None else {}
+    an = analyze(
+        values,
+        baseline=baseline,
+        arms=arms,
+        load_keys=load_keys,
+        noise_band=band,
+        design=design_of(spec),
+        **kw,
+    )
+    used = len({r.block for r in ok if r.block is not None})
+    return Evidence(spec, runs, lps, an, flagged, excluded, used)

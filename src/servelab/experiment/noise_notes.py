@@ -1,0 +1,88 @@
+"""What the report says about the machine: the stopping rule's outcome, the blocks the machine
+disturbed (paused, repeated or kept), and per run the interference and the cores it ran on.
+Kept apart from report.py so that the report's layout and the noise story stay readable."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from servelab.experiment.report import ExperimentData
+
+
+def stopping_lines(data: ExperimentData) -> list[str]:
+    """The stopping rule and what it decided (adaptive repetitions), and every block the
+    machine disturbed: paused before, repeated (left out of the statistics) or kept."""
+    from servelab.experiment import sequential as seq
+    from servelab.experiment.stats import undecided
+
+    an, out = data.analysis, []
+    if an.design is not None:
+        d = an.design
+        und = undecided(an, data.primary)
+        out.append(
+            f"adaptive repetitions: {data.blocks_used} blocks used (min {d.min_n}, max "
+            f"{d.max_n}); rule: {seq.RULE}; familywise alpha {d.alpha:g} over {d.effects} "
+            f"primary effects (each look at nominal level {d.gamma:.2g})"
+        )
+        out.append(
+            "every primary effect decided"
+            if not und
+            else "left undecided (budget or maximum reached): "
+            + ", ".join(f"{a} at {lk}" for a, lk in und)
+        )
+    for b, why in sorted(data.flagged.items()):
+        fate = (
+            "repeated: left out of the statistics, stored and listed below"
+            if b in data.excluded
+            else "kept in the statistics"
+        )
+        out.append(f"interference in block {b + 1} ({why}): {fate}")
+    for r in data.runs:
+        lp = data.load_points.get(r.load_point_id) if r.load_point_id else None
+        inter = (lp.provenance.get("interference") or {}) if lp else {}
+        if inter.get("paused_s"):
+            out.append(
+                f"paused {inter['paused_s']:.0f} s before block {(r.block or 0) + 1} "
+                f"({inter.get('pause_reason') or 'the machine was busy'})"
+            )
+    return out
+
+
+def interference_cells(
+    prov: dict[str, Any], block: int | None, excluded: list[int]
+) -> dict[str, str]:
+    """The machine beside the run: other processes' CPU, steal, load, the cores it ran on."""
+    inter = prov.get("interference") or {}
+    pins = prov.get("pinning") or {}
+
+    def fmt(x: Any, pct: bool = False) -> str:
+        if not isinstance(x, int | float):
+            return "n/a"
+        return f"{x * 100:.1f}%" if pct else f"{x:.2f}"
+
+    client, engine = pins.get("client_actual"), pins.get("engine_actual")
+    cores = (
+        f"{_cores(client)} / {_cores(engine)}" if pins.get("client") is not None else "not pinned"
+    )
+    flagged = inter.get("flagged") or ""
+    if flagged and block in excluded:
+        flagged += " (block repeated, left out)"
+    gpu = inter.get("gpu") or []
+    if gpu:
+        flagged += "; GPU " + ", ".join(
+            f"{g.get('index')}: {g.get('sm_clock_mhz')} MHz {g.get('temperature_c')} C"
+            + (f" foreign pids {g['foreign_pids']}" if g.get("foreign_pids") else "")
+            for g in gpu
+        )
+    return {
+        "other_cpu": fmt(inter.get("other_cpu_cores")),
+        "steal": fmt(inter.get("steal_frac"), pct=True),
+        "load1": fmt(inter.get("load1_end")),
+        "cores": cores if pins else "n/a",
+        "flagged": flagged,
+    }
+
+
+def _cores(c: list[int] | None) -> str:
+    return ",".join(map(str, c)) if c else "?"

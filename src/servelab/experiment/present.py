@@ -1,0 +1,118 @@
+"""Console presentation of experiments, below the CLI so that `servelab demo` and the CLI verbs
+share it without anything importing the CLI: the attribution table and running an experiment in
+the foreground with a progress bar."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from servelab.experiment.report import ExperimentData
+from servelab.experiment.spec import ExperimentSpec
+
+
+def verdict_table(title: str, rows: list[list[str]], verdict: Callable[[list[str]], str]) -> Any:
+    """A Rich table of `rows` (header first), each row green or red by `verdict(row)`. Cells are
+    literal text (no markup): arm names and labels come from files."""
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=Text(title))
+    for h in rows[0]:
+        table.add_column(Text(h))
+    style = {"better": "green", "worse": "red"}
+    for r in rows[1:]:
+        table.add_row(*(Text(c) for c in r), style=style.get(verdict(r)))
+    return table
+
+
+def attribution(console: Any, data: ExperimentData) -> None:
+    """Print the attribution table, the headline, the stopping rule's outcome and warnings."""
+    from rich.text import Text
+
+    from servelab.experiment.report import attribution_rows, stopping_lines
+    from servelab.experiment.stats import headline
+
+    title = f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
+    console.print(verdict_table(title, attribution_rows(data), lambda r: r[5]))
+    for line in headline(data.analysis, data.primary) + stopping_lines(data):
+        console.print(Text(line))
+    for w in data.analysis.warnings:
+        console.print(Text.assemble(("warning: ", "yellow"), w))
+
+
+def run_file(spec: ExperimentSpec, store_path: Path | None, console: Any, quiet: bool = False):
+    """Run (or resume) an experiment in the foreground with a progress bar; the RunnerResult."""
+    from rich.progress import (
+        BarColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from servelab.console import legacy_markup
+    from servelab.experiment.runner import Runner
+    from servelab.store import Store
+
+    with Store(store_path) as store:
+        with Progress(
+            TextColumn("{task.description}", markup=False),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total}"),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=console,
+            disable=quiet,
+        ) as prog:
+            task = prog.add_task(spec.name, total=None)
+
+            def on_progress(done: int, total: int, what: str) -> None:
+                prog.update(task, completed=done, total=total, description=f"{spec.name}: {what}")
+
+            return Runner(
+                spec,
+                store,
+                say=lambda s: console.print(legacy_markup(s)),
+                on_progress=on_progress,
+            ).run(job_log=detached_log(spec.name))
+
+
+def detached_log(name: str) -> str | None:
+    """The job log when stdout is it (a `--detach`ed run), so `servelab status` can show it."""
+    from servelab import jobs
+
+    log = jobs.log_path(name)
+    try:
+        out, st = os.fstat(1), log.stat()
+    except OSError:
+        return None
+    return str(log) if (out.st_dev, out.st_ino) == (st.st_dev, st.st_ino) else None
+
+
+def plan_lines(spec: ExperimentSpec) -> list[str]:
+    """What `run --check` adds below the schedule: the stopping rule and the noise control."""
+    from servelab.experiment import sequential as seq
+
+    out = []
+    if spec.adaptive_on:
+        a = spec.adaptive
+        effects = (len(spec.arms) - 1) * len(spec.load.keys())
+        design = seq.Design(a.min, a.max, a.alpha, effects)
+        out.append(
+            f'repetitions = "auto": blocks {a.min} to {a.max} (the schedule lists the most), '
+            f"stop when all {effects} primary effects are decided or after {a.budget_s:g} s; "
+            f"rule: {seq.RULE}, familywise alpha {a.alpha:g}, each look at nominal level "
+            f"{design.gamma:.2g}"
+        )
+    n = spec.noise
+    extra = f", up to {n.max_repeats} extra blocks" if n.on_interference == "repeat" else ""
+    out.append(
+        f"noise control: pin = {n.pin}; interference thresholds other CPU "
+        f"{n.max_other_cpu if n.max_other_cpu is not None else '-'} cores, steal "
+        f"{n.max_steal if n.max_steal is not None else '-'}; on interference: "
+        f"{n.on_interference}{extra}"
+    )
+    return out

@@ -1,0 +1,164 @@
+"""`--json`: every CLI verb that prints a result can print it as ONE JSON document on stdout
+instead (its human text then goes to stderr), so scripts never parse tables. The documents and
+their schema are described in docs/JSON.md; this module is the one place they are built, below
+the CLI, so each verb only adds the option and one call.
+
+Conventions (docs/JSON.md): a top-level `schema` ("servelab.<kind>/<version>"); units in key
+names (`ttft_ms`, `tok_s`); missing measurements and non-finite numbers are `null`, never 0;
+times are Unix seconds (`*_unix`) beside UTC text where people read them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+VERSION = 1
+KINDS = ("bench", "load_points", "load_point", "import", "compare", "jobs", "experiment",
+         "tune_verify", "profile", "ceiling")
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-able: dataclasses as dicts, paths as text, non-finite floats as None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return _clean(asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
+        return _clean(obj.item())
+    return obj
+
+
+def document(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """`body` under the schema tag of `kind`."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown JSON kind {kind!r}")
+    return {"schema": f"servelab.{kind}/{VERSION}", **_clean(dict(body))}
+
+
+def dumps(doc: Any) -> str:
+    """Indented JSON, safe for a terminal (DEL, C1 and bidi overrides escaped: same value)."""
+    from servelab.console import json_text
+
+    return json_text(orjson.dumps(_clean(doc), option=orjson.OPT_INDENT_2, default=str).decode())
+
+
+def emit(kind: str, body: Mapping[str, Any]) -> None:
+    """Print the document on stdout (one document per command)."""
+    sys.stdout.write(dumps(document(kind, body)) + "\n")
+    sys.stdout.flush()
+
+
+# ---- builders ------------------------------------------------------------------------------------
+
+
+def load_point(row: Any, requests: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """One stored load point (`servelab results show`)."""
+    doc = {"id": row.id, "created_unix": row.created, "source": row.source, "label": row.label,
+           "base_url": row.base_url, "model": row.model, "load_key": row.load_key,
+           "concurrency": row.concurrency, "request_rate": row.request_rate,
+           "summary": row.summary, "provenance": row.provenance}
+    if requests is not None:
+        doc["requests"] = requests
+    return doc
+
+
+def load_points(rows: Iterable[Any]) -> dict[str, Any]:
+    """`servelab results list`: the rows without provenance (ask `results show` for it)."""
+    out = []
+    for r in rows:
+        d = load_point(r)
+        d.pop("provenance")
+        out.append(d)
+    return {"load_points": out}
+
+
+def jobs(states: Sequence[Any], now: float) -> dict[str, Any]:
+    """`servelab status`: every job's state, with elapsed seconds."""
+    out = []
+    for s in states:
+        d = asdict(s)
+        end = s.updated if s.state != "running" else now
+        d["elapsed_s"] = end - s.started
+        d["eta_s"] = s.eta_s if s.state == "running" else None
+        out.append(d)
+    return {"jobs": out}
+
+
+def _num(text: str) -> float | None:
+    try:
+        x = float(text)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def compare(res: Any, noise_band: float) -> dict[str, Any]:
+    """`servelab compare A B`: one row per load point and metric (values as printed: 4
+    significant digits; `change` and `verdict` as text)."""
+    rows = []
+    for r in res.rows[1:]:
+        load, metric, a, b, ratio, change, verdict = r
+        rows.append({"load": load, "metric": metric, "a": _num(a), "b": _num(b),
+                     "ratio": _num(ratio), "change": change, "verdict": verdict or None})
+    return {"a": res.a_name, "b": res.b_name, "load_key": res.load_key, "noise_band": noise_band,
+            "rows": rows, "warnings": list(res.warnings)}
+
+
+def experiment(data: Any, report: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`servelab run` / `servelab report`: the statistics behind the attribution table, the
+    SLO capacity effects, the warnings and (report) the files written."""
+    from servelab.experiment import capacity, report_html
+    from servelab.experiment.stats import headline
+
+    an = data.analysis
+    per, cap_effects, suggested = report_html.sections(data)
+    doc: dict[str, Any] = {
+        "name": data.name, "baseline": an.baseline, "arms": an.arms, "load_keys": an.load_keys,
+        "noise_band": an.noise_band, "primary_metric": data.primary,
+        "runs": {"stored": len(data.runs), "ok": sum(r.status == "ok" for r in data.runs)},
+        "spreads": [
+            {"arm": s.arm, "load_key": s.load_key, "metric": s.metric, "n": s.n,
+             "median": s.median, "min": s.min, "max": s.max, "cv": s.cv,
+             "ci_low": s.ci_low, "ci_high": s.ci_high, "values": list(s.values)}
+            for s in an.spreads.values()],
+        "effects": [
+            {"arm": e.arm, "baseline": e.baseline, "load_key": e.load_key, "metric": e.metric,
+             "ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n,
+             "paired": e.paired, "verdict": e.verdict, "rule": e.rule,
+             "decided_at": e.decided_at}
+            for e in an.effects.values()],
+        "capacity": {
+            "arms": [{"arm": a.arm, "text": a.text(),
+                      "brackets": [{"status": b.status, "low_req_s": b.low, "high_req_s": b.high}
+                                   for b in a.brackets]} for a in per],
+            "effects": [capacity.to_json(e) for e in cap_effects]},
+        "headline": headline(an, data.primary),
+        "suggested": suggested,
+        "warnings": list(an.warnings),
+    }
+    if report:
+        doc["report"] = dict(report)
+    return doc
+
+
+def tune_verify(checks: Sequence[Any], rows: Sequence[Any], device: str,
+                geomean: float | None) -> dict[str, Any]:
+    """`servelab tune verify`: each file's check and each (N, K, M) re-timed."""
+    return {"device": device,
+            "files": [{"path": c.path, "format": c.fmt, "n": c.n, "k": c.k, "tuned_on": c.device,
+                       "batch_sizes": list(c.entries), "missing_default": list(c.missing_default)}
+                      for c in checks],
+            "rows": [{**asdict(r), "speedup": r.speedup} for r in rows], "geomean_speedup": geomean}

@@ -1,0 +1,109 @@
+"""The adaptive stopping rule: streams with a known effect decide the right way, A/A streams
+stop as 'no change' or stay undecided, and peeking after every block keeps the error rate."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from servelab.experiment import sequential as seq
+from servelab.experiment.stats import RunValue, analyze
+
+
+def _streams(rng, n_streams, n, log_effect, sd, df=None):
+    """Per-block log ratios: Gaussian, or Student-t with `df` (heavy tails) scaled to `sd`."""
+    if df is None:
+        noise = rng.normal(0.0, sd, (n_streams, n))
+    else:
+        noise = rng.standard_t(df, (n_streams, n)) * sd / math.sqrt(df / (df - 2))
+    return log_effect + noise
+
+
+def test_gaussian_familywise_coverage_holds_despite_a_look_after_every_block():
+    # independent of the calibration's own simulation: another seed, another effect and scale
+    design = seq.Design(min_n=4, max_n=12, alpha=0.10)
+    rng = np.random.default_rng(123)
+    x = _streams(rng, 2000, 12, math.log(1.37), 0.2)
+    missed = 0
+    for row in x:
+        b = seq.confidence_sequence(row, design, band=0.0)
+        missed += not (b.ci_low <= 1.37 <= b.ci_high)
+    # nominal 10%; binomial sd at n=2000 is 0.7%: 3 sd either side
+    assert 0.079 <= missed / 2000 <= 0.121, missed
+
+
+def test_known_effect_streams_decide_the_right_way():
+    design = seq.Design(min_n=5, max_n=15, alpha=0.05, effects=3)
+    rng = np.random.default_rng(7)
+    up = [seq.confidence_sequence(r, design, 0.02, True) for r in _streams(rng, 300, 15, 0.26, 0.1)]
+    assert sum(b.verdict == seq.BETTER for b in up) >= 0.95 * 300
+    assert not any(b.verdict == seq.WORSE for b in up)
+    assert all(b.decided_at is None or 5 <= b.decided_at <= 15 for b in up)
+    # the same ratios on a metric where lower is better (latency) are a regression
+    down = [
+        seq.confidence_sequence(r, design, 0.02, False) for r in _streams(rng, 300, 15, 0.26, 0.1)
+    ]
+    assert sum(b.verdict == seq.WORSE for b in down) >= 0.95 * 300
+    assert not any(b.verdict == seq.BETTER for b in down)
+
+
+def test_aa_streams_stop_as_no_change_or_stay_undecided():
+    design = seq.Design(min_n=5, max_n=20, alpha=0.05)
+    rng = np.random.default_rng(11)
+    # heavy-tailed machine noise (t with 3 degrees of freedom), 10% per pair
+    heavy = [seq.confidence_sequence(r, design, 0.02) for r in _streams(rng, 1000, 20, 0.0, 0.1, 3)]
+    wrong = sum(b.verdict in (seq.BETTER, seq.WORSE) for b in heavy)
+    assert wrong <= 0.05 * 1000, wrong
+    assert {b.verdict for b in heavy} <= {seq.NO_CHANGE, seq.UNDECIDED, seq.BETTER, seq.WORSE}
+    # a quiet machine: 0.3% per pair, band 2%: the rule decides there is no change, early
+    quiet = [seq.confidence_sequence(r, design, 0.02) for r in _streams(rng, 200, 20, 0.0, 0.003)]
+    assert all(b.verdict == seq.NO_CHANGE for b in quiet)
+    assert max(b.decided_at for b in quiet) <= 6
+
+
+def test_a_decision_never_reverses_as_blocks_arrive():
+    design = seq.Design(min_n=5, max_n=20, alpha=0.05)
+    rng = np.random.default_rng(3)
+    for row in _streams(rng, 50, 20, 0.1, 0.1, 3):
+        final = seq.confidence_sequence(row, design, 0.02)
+        if final.decided_at is None:
+            continue
+        for n in range(final.decided_at, 21):
+            assert seq.confidence_sequence(row[:n], design, 0.02).verdict == final.verdict
+        assert seq.confidence_sequence(row[: final.decided_at - 1], design, 0.02).verdict == (
+            seq.UNDECIDED
+        )
+
+
+def test_too_few_blocks_is_undecided_and_the_level_is_cached():
+    design = seq.Design(min_n=5, max_n=10)
+    b = seq.confidence_sequence([0.3, 0.31, 0.29, 0.3], design, 0.02)
+    assert b.verdict == seq.UNDECIDED and math.isnan(b.ci_low) and b.n == 4
+    assert 0 < design.gamma < design.alpha  # stricter than one look at alpha
+    with pytest.raises(ValueError):
+        seq.nominal_level(1, 5, 0.05)
+
+
+def test_analyze_uses_the_sequence_for_every_directional_metric():
+    runs = []
+    for b in range(8):
+        f = 1.0 + 0.01 * ((b * 7) % 5 - 2)
+        runs.append(
+            RunValue(
+                "a", "c=1", b, b, {"output_throughput_tok_s": 100 * f, "tpot_ms": {"median": 10}}
+            )
+        )
+        runs.append(
+            RunValue(
+                "b", "c=1", b, b, {"output_throughput_tok_s": 150 / f, "tpot_ms": {"median": 7 * f}}
+            )
+        )
+    an = analyze(runs, baseline="a", arms=["a", "b"], load_keys=["c=1"], design=seq.Design(5, 10))
+    e = an.effects[("b", "c=1", "output_throughput_tok_s")]
+    assert e.rule == "sequential" and e.verdict == "better" and e.decided_at == 5
+    assert e.ci_low < 1.5 < e.ci_high
+    assert an.effects[("b", "c=1", "tpot_ms")].verdict == "better"
+    assert an.effects[("b", "c=1", "accept_length")].verdict == "n/a"
+    assert not any("repetition(s)" in w for w in an.warnings)  # no fixed-n warning
