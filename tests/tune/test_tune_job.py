@@ -17,7 +17,8 @@ from interpreter import interpreter_or_skip
 
 from servelab import jobs
 from servelab.errors import UserError
-from servelab.tune import checkpoint, formats
+from servelab.kernels.fp8_gemm import formats
+from servelab.tune import checkpoint
 from servelab.tune import verify as V
 
 DEV = "Triton_interpreter_CPU"

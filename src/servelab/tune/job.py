@@ -18,7 +18,8 @@ from typing import Any
 
 from servelab import jobs, provenance
 from servelab.errors import UserError
-from servelab.tune import checkpoint, formats, search, space, timing
+from servelab.kernels.fp8_gemm import formats
+from servelab.tune import checkpoint, search, space, timing
 from servelab.tune.workers import Assignment, LocalPool, RayPool, WorkSpec
 
 Echo = Callable[[str], None]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.errors import UserError
-from servelab.tune import formats, search, space
+from servelab.kernels.fp8_gemm import formats
+from servelab.tune import search, space
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.tune import formats
+from servelab.kernels.fp8_gemm import formats
 from servelab.tune.space import Config
 
 MAX_ATTEMPTS = 2
