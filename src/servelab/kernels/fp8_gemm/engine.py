@@ -196,7 +196,7 @@ def load(kernel: str, device_name: Callable[[], str] | None = None) -> EngineKer
     version = engine_version(kernel)
     try:
         mod, how = importlib.import_module(modname), "import"
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - any failure of the engine's runtime imports
         if kernel != "sglang" or not path.exists():
             raise UserError(f"kernel '{kernel}': cannot import {modname}: {exc}") from None
         import torch
