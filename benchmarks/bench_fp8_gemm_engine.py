@@ -67,7 +67,7 @@ def main() -> int:
     ap.add_argument("out", type=Path)
     ap.add_argument("--engine", default="sglang", choices=("sglang", "vllm"))
     ap.add_argument("--tune-s", type=float, default=330.0)
-    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 4))
     ap.add_argument("--shapes", nargs="*", default=None, help="N,K pairs")
     ap.add_argument("--batch-sizes", default=None, help="comma-separated M values")
     ap.add_argument("--margin", type=float, default=0.015)
@@ -101,9 +101,10 @@ def main() -> int:
             return Config.from_engine(configs.nearest(entries, p.m)), "file"
         return Config.from_engine(configs.default_config(args.engine)), "default"
 
-    # largest problems first: their timings are the slowest, the deadline cuts the smallest
+    # smallest M first: where the configs matter most and timings are cheapest; a deadline
+    # cuts the largest, which then keep the shipped config
     points = sorted((engine_tune.Point(n, k, m) for n, k in shapes for m in ms),
-                    key=lambda p: (-p.n * p.k * p.m, p.n, p.k))
+                    key=lambda p: (p.m, p.n * p.k))
     warm_up_gpu()
     res = engine_tune.tune(ek, points, shipped, args.tune_s, args.workers, args.margin)
     t_tuned = time.time()

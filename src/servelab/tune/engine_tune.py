@@ -92,44 +92,54 @@ def _task_key(c: Config, p: Point) -> tuple[Any, ...]:
 
 
 class Compiler:
-    """A spawn-context process pool compiling (config, point) variants ahead of timing."""
+    """A spawn-context process pool compiling (config, point) variants ahead of timing: all of
+    a stage is submitted at once, and each point is timed as soon as its variants are in
+    Triton's cache (compiling overlaps timing; only the low-fidelity stages see that)."""
 
     def __init__(self, kernel: str, workers: int) -> None:
         self.kernel, self.workers = kernel, workers
         self._pool: cf.ProcessPoolExecutor | None = None
+        self._futs: dict[tuple[Any, ...], cf.Future] = {}
         self.errors: dict[tuple[Any, ...], str] = {}
-        self.done: set[tuple[Any, ...]] = set()
+        self.broken: str | None = None
 
-    def compile(self, todo: Sequence[tuple[Config, Point]], deadline: float) -> None:
-        """Compile every variant not done yet; waits (until the deadline) for all."""
-        if self.workers <= 0:
+    def submit(self, todo: Sequence[tuple[Config, Point]]) -> None:
+        """Queue every variant not queued yet, in order; returns at once."""
+        if self.workers <= 0 or self.broken:
             return
         if self._pool is None:
             extra = os.environ.get("PYTHONPATH", "")
             self._pool = cf.ProcessPoolExecutor(self.workers, mp_context=mp.get_context("spawn"),
                                                 initializer=_child_init,
                                                 initargs=(self.kernel, extra))
-        futs = {}
         for c, p in todo:
             key = _task_key(c, p)
-            if key in self.done or key in futs.values():
+            if key not in self._futs:
+                self._futs[key] = self._pool.submit(_child_compile, c.as_engine(), p.m, p.n,
+                                                    _compile_k(p.k))
+
+    def wait(self, todo: Sequence[tuple[Config, Point]], until: float) -> None:
+        """Wait (until `until` at most) for these variants; a broken pool means the timing
+        process compiles on first launch from now on."""
+        for c, p in todo:
+            fut = self._futs.get(_task_key(c, p))
+            if fut is None or self.broken:
                 continue
-            f = self._pool.submit(_child_compile, c.as_engine(), p.m, p.n, _compile_k(p.k))
-            futs[f] = key
-        try:
-            for f in cf.as_completed(futs, timeout=max(1.0, deadline - time.time())):
-                key = futs[f]
-                self.done.add(key)
-                err = f.result()
-                if err:
-                    self.errors[key] = err
-        except (cf.TimeoutError, cf.process.BrokenProcessPool):
-            pass
+            try:
+                err = fut.result(timeout=max(0.0, until - time.time()))
+            except cf.TimeoutError:
+                return
+            except Exception as exc:  # noqa: BLE001 - BrokenProcessPool and the like
+                self.broken = f"{type(exc).__name__}: {exc}"[:200]
+                return
+            if err:
+                self.errors[_task_key(c, p)] = err
 
     def failed(self, c: Config, p: Point) -> str | None:
         return self.errors.get(_task_key(c, p))
 
     def close(self) -> None:
+        """Stop the pool without waiting on it; its processes are ours, ended by pid."""
         if self._pool is not None:
             procs = list(getattr(self._pool, "_processes", {}).values())
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -181,14 +191,17 @@ def tune(ek: Any, points: Sequence[Point], shipped: Callable[[Point], tuple[Conf
               until: float) -> None:
         """Compile then time every point's candidates; what is not timed by `until` is
         skipped (the final stage still compares what was)."""
-        t0 = time.time()
-        todo = {p: [c for c in cands_of(p) if c not in timed[p]] for p in points}
-        comp.compile([(c, p) for p, cs in todo.items() for c in cs], until)
         t1 = time.time()
+        todo = {p: [c for c in cands_of(p) if c not in timed[p]] for p in points}
+        comp.submit([(c, p) for p, cs in todo.items() for c in cs])
+        done = 0
         for p in points:
+            comp.wait([(c, p) for c in todo[p]], until)
             measure(p, todo[p], reps, until)
-        echo(f"{name}: {sum(map(len, todo.values()))} candidates, compile {t1 - t0:.0f} s, "
-             f"timing {time.time() - t1:.0f} s, {max(0.0, t_end - time.time()):.0f} s left")
+            done += all(c in timed[p] for c in todo[p])
+        echo(f"{name}: {sum(map(len, todo.values()))} candidates, {done}/{len(points)} points "
+             f"complete in {time.time() - t1:.0f} s, {max(0.0, t_end - time.time()):.0f} s left"
+             + (f"; compile pool broke: {comp.broken}" if comp.broken else ""))
 
     try:
         stage("stage 1 (coarse)", lambda p: [results[p].shipped, *engine_space.stage1(
