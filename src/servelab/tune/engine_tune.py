@@ -149,6 +149,19 @@ class Compiler:
             self._pool = None
 
 
+def choose(times_us: dict[Config, float], shipped: Config, margin: float) -> Config:
+    """The fastest config, unless it beats the shipped one by no more than `margin` (or the
+    shipped one failed: then the fastest): a tuned file replaces what
+    the engine ships only where the gain is beyond timing noise."""
+    if not times_us:
+        return shipped
+    best = min(times_us, key=times_us.__getitem__)
+    base = times_us.get(shipped)
+    if base is not None and times_us[best] > base * (1 - margin):
+        return shipped
+    return best
+
+
 def tune(ek: Any, points: Sequence[Point], shipped: Callable[[Point], tuple[Config, str]],
          deadline_s: float, compile_workers: int = 0, margin: float = 0.015,
          echo: Echo = print) -> list[PointResult]:
@@ -226,10 +239,8 @@ def tune(ek: Any, points: Sequence[Point], shipped: Callable[[Point], tuple[Conf
             final = {c: pr.time(c, search.HIGH_REPS) for c in finalists}
             ok = {c: x.time_us for c, x in final.items() if x.time_us is not None}
             r.shipped_us = ok.get(r.shipped)
-            best = min(ok, key=ok.__getitem__) if ok else r.shipped
-            if r.shipped_us is not None and ok[best] > r.shipped_us * (1 - margin):
-                best = r.shipped                          # not clearly faster: keep what ships
-            r.best, r.best_us, r.tuned = best, ok.get(best), True
+            r.best = choose(ok, r.shipped, margin)
+            r.best_us, r.tuned = ok.get(r.best), True
     finally:
         comp.close()
     return [results[p] for p in points]
