@@ -6,10 +6,11 @@ shipped configs (or its default where none ships), on the GPU at hand, in one ca
   2. tune: servelab.tune.engine_tune on the engine's kernel, the shipped config a candidate
      of every point, within --tune-s seconds; the files are written in SGLang's format with
      a side file naming the kernel they were tuned on (OUT/configs/);
-  3. compare: per point, the config SGLang would pick from the tuned file vs the one it
-     picks from its shipped file (nearest-M lookup, as the engine does), timed alternately
-     (tuned, shipped, tuned, shipped) with the tuner's method (CUDA-graph replay, inputs
-     rotated past L2); a short table last.
+  3. compare: per point, the config SGLang's own lookup (get_w8a8_block_fp8_configs, nearest
+     M) returns from its shipped folder, then after `servelab tune install` put the tuned
+     files there (backing up the shipped ones; restored at the end, and checked), timed
+     alternately five times each with the tuner's method (CUDA-graph replay, inputs rotated
+     past L2), medians compared; a short table last.
 
 Where SGLang's runtime dependencies are absent (a GPU box with the wheel only), the kernel
 file is loaded with its host helpers supplied (kernels/fp8_gemm/engine.py); the label says so.
@@ -24,10 +25,12 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 
+ROUNDS = 5          # alternations per point in the comparison (median of each side)
 SHAPES = ((1024, 4096), (1536, 4096), (4096, 2048), (4096, 512), (8192, 1024), (7168, 18432),
           (18432, 7168))
 
@@ -77,7 +80,7 @@ def main() -> int:
 
     from servelab.kernels.fp8_gemm import configs, engine, formats
     from servelab.kernels.fp8_gemm import reference as R
-    from servelab.tune import engine_tune, search
+    from servelab.tune import engine_tune, install, search
     from servelab.tune.space import DEFAULT_BATCH_SIZES, Config
     from servelab.tune.timing import Problem, warm_up_gpu
 
@@ -125,29 +128,53 @@ def main() -> int:
                  "timed": r.timed, "failed": r.failed, "errors": r.errors}
              for m, r in rows.items()})
 
-    # compare: what SGLang picks from each file, nearest M, timed alternately
+    # compare: the configs the ENGINE'S OWN lookup returns (its get_w8a8_block_fp8_configs,
+    # nearest M as its launcher takes it) before and after `servelab tune install`
+    folder = engine.config_dir(args.engine)
+    lookup = ek.module._servelab_lookup
+    default = configs.default_config(args.engine)
+
+    def engine_pick(n: int, k: int, m: int) -> Config:
+        found = lookup(n, k, 128, 128)
+        return Config.from_engine(configs.nearest(found, m) if found else default)
+
+    before = {(n, k): lookup(n, k, 128, 128) for n, k in shapes}
+    picks_shipped = {(r.point.n, r.point.k, r.point.m): engine_pick(r.point.n, r.point.k, r.point.m)
+                     for r in res}
+    installed = install.install(cfg_dir, args.engine, folder)
+    lookup.cache_clear()
+    found_all = all(lookup(n, k, 128, 128) == formats.read_config_file(
+        cfg_dir / formats.config_file_name(args.engine, n, k, dev)) for n, k in shapes)
+    print(f"installed {len(installed)} files into {folder} "
+          f"({sum(f.replaced for f in installed)} replaced shipped ones); the engine's lookup "
+          f"returns every tuned file: {found_all}")
+    picks_tuned = {key: engine_pick(*key) for key in picks_shipped}
     table = []
     for r in sorted(res, key=lambda r: (r.point.n, r.point.k, r.point.m)):
         p = r.point
-        tuned_file = formats.read_config_file(
-            cfg_dir / formats.config_file_name(args.engine, p.n, p.k, dev))
-        tuned = Config.from_engine(configs.nearest(tuned_file, p.m))
+        key = (p.n, p.k, p.m)
+        tuned, shipped_cfg = picks_tuned[key], picks_shipped[key]
         prob = Problem(p.n, p.k, p.m, "cuda", seed=7 * p.m + p.n + p.k + 1, kernel=ek)
         t, s = [], []
-        for _ in range(2):
+        for _ in range(ROUNDS):                          # ABAB...: drift hits both alike
             t.append(prob.time(tuned, search.HIGH_REPS).time_us)
-            s.append(prob.time(r.shipped, search.HIGH_REPS).time_us)
-        tu = None if None in t else sum(t) / 2
-        su = None if None in s else sum(s) / 2
+            s.append(prob.time(shipped_cfg, search.HIGH_REPS).time_us)
+        tu = None if None in t else statistics.median(t)
+        su = None if None in s else statistics.median(s)
         del prob
         torch.cuda.empty_cache()
-        table.append({"n": p.n, "k": p.k, "m": p.m, "shipped": r.shipped.key,
+        table.append({"n": p.n, "k": p.k, "m": p.m, "shipped": shipped_cfg.key,
                       "shipped_source": r.shipped_source, "tuned": tuned.key,
                       "shipped_us": su, "tuned_us": tu,
                       "speedup": (su / tu) if su and tu else None,
                       "tuned_tflops": R.flops(p.m, p.n, p.k) / (tu * 1e-6) / 1e12 if tu else None})
+    restored = install.restore(folder)
+    lookup.cache_clear()
+    back = all(lookup(n, k, 128, 128) == before[(n, k)] for n, k in shapes)
+    print(f"restored {len(restored)} files; the engine's lookup is back to what it ships: {back}")
     (args.out / "compare.json").write_text(json.dumps(
-        {"kernel": ek.label, "device": dev, "rows": table,
+        {"kernel": ek.label, "device": dev, "rows": table, "engine_found_tuned": found_all,
+         "restored": back, "rounds": ROUNDS,
          "tune_s": t_tuned - t_start, "compare_s": time.time() - t_tuned}, indent=1))
 
     sp = [row["speedup"] for row in table if row["speedup"]]
