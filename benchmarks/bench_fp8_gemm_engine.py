@@ -8,9 +8,11 @@ shipped configs (or its default where none ships), on the GPU at hand, in one ca
      a side file naming the kernel they were tuned on (OUT/configs/);
   3. compare: per point, the config SGLang's own lookup (get_w8a8_block_fp8_configs, nearest
      M) returns from its shipped folder, then after `servelab tune install` put the tuned
-     files there (backing up the shipped ones; restored at the end, and checked), timed
-     alternately five times each with the tuner's method (CUDA-graph replay, inputs rotated
-     past L2), medians compared; a short table last.
+     files there (backing up the shipped ones; restored at the end, and checked), timed in
+     six passes, order reversed each pass (ABBAAB), with the tuner's method (CUDA-graph
+     replay, inputs rotated past L2), medians compared; "=" in the table marks points where both
+     lookups give the same config (the same launch: the ratio there is the timing noise);
+     a short table last.
 
 Where SGLang's runtime dependencies are absent (a GPU box with the wheel only), the kernel
 file is loaded with its host helpers supplied (kernels/fp8_gemm/engine.py); the label says so.
@@ -25,12 +27,11 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-ROUNDS = 5          # alternations per point in the comparison (median of each side)
+ROUNDS = 6          # passes per point in the comparison, order reversed each pass (ABBA)
 SHAPES = ((1024, 4096), (1536, 4096), (4096, 2048), (4096, 512), (8192, 1024), (7168, 18432),
           (18432, 7168))
 
@@ -155,15 +156,11 @@ def main() -> int:
         key = (p.n, p.k, p.m)
         tuned, shipped_cfg = picks_tuned[key], picks_shipped[key]
         prob = Problem(p.n, p.k, p.m, "cuda", seed=7 * p.m + p.n + p.k + 1, kernel=ek)
-        t, s = [], []
-        for _ in range(ROUNDS):                          # ABAB...: drift hits both alike
-            t.append(prob.time(tuned, search.HIGH_REPS).time_us)
-            s.append(prob.time(shipped_cfg, search.HIGH_REPS).time_us)
-        tu = None if None in t else statistics.median(t)
-        su = None if None in s else statistics.median(s)
+        tu, su = engine_tune.alternate(prob, [tuned, shipped_cfg], search.HIGH_REPS, ROUNDS)
         del prob
         torch.cuda.empty_cache()
         table.append({"n": p.n, "k": p.k, "m": p.m, "shipped": shipped_cfg.key,
+                      "same": tuned == shipped_cfg,
                       "shipped_source": r.shipped_source, "tuned": tuned.key,
                       "shipped_us": su, "tuned_us": tu,
                       "speedup": (su / tu) if su and tu else None,
@@ -185,7 +182,7 @@ def main() -> int:
     for row in table:
         print(f"{row['n']:6d} {row['k']:6d} {row['m']:5d} "
               f"{row['shipped'] + ('' if row['shipped_source'] == 'file' else '*'):>26} "
-              f"{row['tuned']:>26} {row['shipped_us'] or float('nan'):8.2f} "
+              f"{('= ' if row['same'] else '') + row['tuned']:>26} {row['shipped_us'] or float('nan'):8.2f} "
               f"{row['tuned_us'] or float('nan'):8.2f} {row['speedup'] or float('nan'):6.3f} "
               f"{row['tuned_tflops'] or float('nan'):6.1f}")
     small = [row["speedup"] for row in table if row["speedup"] and row["m"] <= 64]
