@@ -94,8 +94,10 @@ def register(app: typer.Typer) -> None:
         ),
         store: Path = typer.Option(None, "--store", help=STORE_HELP),
         check: bool = typer.Option(
-            False, "--check", help="Only validate the file and print the plan."
+            False, "--check", help="Only validate the file and print the plan: per arm and "
+            "process the exact command, environment and the engine parser's verdict."
         ),
+        as_json: bool = typer.Option(False, "--json", help="With --check: the plan as JSON."),
         fresh: bool = typer.Option(
             False, "--fresh", help="Forget this experiment's stored runs first and start over."
         ),
@@ -110,10 +112,16 @@ def register(app: typer.Typer) -> None:
         spec = spec_mod.load(file)
         console = make_console()
         if check:
-            from servelab.experiment.schedule import plan
+            from servelab.experiment import check as check_mod
 
-            for p in plan(spec):
-                console.print(f"{p.seq:3d} block {p.block} deploy {p.group:3d}  {p.describe()}")
+            data = check_mod.collect(spec)
+            if as_json:
+                import json
+
+                typer.echo(json.dumps(data, indent=1))
+            else:
+                for line in check_mod.lines(data):
+                    console.print(line, highlight=False, markup=False, soft_wrap=True)
             return
         if fresh:
             with Store(store) as st:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
+from servelab.engines.launcher import Entry
 
 _FLAGS = frozenset(
     """
@@ -26,15 +28,23 @@ class Embedded(Engine):
     known_flags = _FLAGS
     info_path = "/get_server_info"
 
+    def entry(self, role: str) -> Entry:
+        return Entry(module="servelab")
+
     def command(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
+        """servelab's own engine: this interpreter unless the file names another."""
+        launcher = proc.launcher if proc.launcher.python else replace(
+            proc.launcher, python=sys.executable)
+        return launcher.argv(self.entry(proc.role)) + self.args(proc, model, peers)
+
+    def args(
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
         flags = dict(proc.flags)
         flags.setdefault("config", model)
         return [
-            sys.executable,
-            "-m",
-            "servelab",
             "serve",
             "--host",
             proc.host,
