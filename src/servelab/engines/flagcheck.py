@@ -87,10 +87,11 @@ def table_check(table: dict[str, Any], args: list[str]) -> str | None:
                 continue
             opt = hits[0]
         rec = opts[opt]
+        shown_as = "/".join(rec.get("names") or [opt])       # argparse names all its strings
         values: list[str] = []
         if eq:
             if not rec["takes_value"]:
-                return f"argument {opt}: ignored explicit argument '{val}'"
+                return f"argument {shown_as}: ignored explicit argument '{val}'"
             values = [val]
         elif rec["takes_value"]:
             nargs = rec["nargs"]
@@ -102,12 +103,12 @@ def table_check(table: dict[str, Any], args: list[str]) -> str | None:
             if len(values) < want_min:
                 need = {1: "one argument", None: "one argument"}.get(want_min,
                                                                      "at least one argument")
-                return f"argument {opt}: expected {need}"
+                return f"argument {shown_as}: expected {need}"
         if rec["choices"] is not None:
             for v in values:
                 if v not in [str(c) for c in rec["choices"]]:
                     shown = ", ".join(repr(str(c)) for c in rec["choices"])
-                    return f"argument {opt}: invalid choice: {v!r} (choose from {shown})"
+                    return f"argument {shown_as}: invalid choice: {v!r} (choose from {shown})"
     if unrecognized:
         first = unrecognized[0].partition("=")[0]
         near = difflib.get_close_matches(first, names, n=1)

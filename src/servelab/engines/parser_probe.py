@@ -79,7 +79,8 @@ def dump(p: argparse.ArgumentParser) -> dict[str, Any]:
         takes = a.nargs != 0 and not isinstance(a, (
             argparse._StoreTrueAction, argparse._StoreFalseAction, argparse._StoreConstAction,
             argparse._CountAction, argparse._AppendConstAction))
-        rec = {"dest": a.dest, "nargs": _jsonable(a.nargs), "takes_value": takes,
+        rec = {"names": list(a.option_strings), "dest": a.dest, "nargs": _jsonable(a.nargs),
+               "takes_value": takes,
                "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
                "deprecated": "deprecat" in (a.help or "").lower()
                or "Deprecated" in type(a).__name__}
