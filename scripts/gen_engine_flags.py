@@ -28,6 +28,14 @@ PROBE = ROOT / "src" / "servelab" / "engines" / "parser_probe.py"
 OUT = ROOT / "src" / "servelab" / "engines" / "flags"
 
 
+def render(table: dict) -> str:
+    """JSON with one option per line: a new engine version reads as a diff of its flags."""
+    opts = table["options"]
+    head = [f" {json.dumps(k)}: {json.dumps(v)}," for k, v in table.items() if k != "options"]
+    body = [f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in opts.items()]
+    return "\n".join(["{", *head, ' "options": {', ",\n".join(body), " }", "}"]) + "\n"
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
@@ -43,7 +51,7 @@ def main(argv: list[str]) -> int:
     table["generated_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / f"{engine}-{role}-{table['version']}.json"
-    path.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
+    path.write_text(render(table))
     print(f"{path.relative_to(ROOT)}: {len(table['options'])} options of {engine} "
           f"{table['version']} ({table['parser']})")
     return 0
