@@ -87,9 +87,6 @@ def test_a_busy_fixed_port_blocks_the_launch(tmp_path, live_procs):
 def test_each_process_gets_its_own_engine_ports_and_a_set_one_is_kept(tmp_path):
     # SGLang 0.5.23 binds --engine-info-bootstrap-port (default 6789) and --nccl-port in every
     # server: two on one node collided before ports were allocated per process
-    from servelab import engines
-    from servelab.engines.base import ProcessConfig
-    from servelab.experiment.deploy import Deployment
     procs = [ProcessConfig(role="prefill", flags={"nccl-port": 12345}),
              ProcessConfig(role="decode", flags={}),
              ProcessConfig(role="router", flags={})]
