@@ -190,3 +190,23 @@ def test_engine_space_splits_and_swaps_only_where_they_can_help():
     for c in small:
         for r in engine_space.refine(c, 1024, 4096, 1, 132, True):
             assert engine_space.keep(r, 1024, 4096, 1, 132, True, engine_space.DeviceLimits())
+
+
+def test_verify_exits_nonzero_when_a_tuned_config_fails(tmp_path):
+    import os
+    import subprocess
+    import sys
+    ok = {**BASE, "BLOCK_SIZE_N": 32, "num_stages": 2}
+    bad = {**BASE, "BLOCK_SIZE_N": 48, "num_stages": 2}     # not a power of two: cannot launch
+    F.merge_write_config(tmp_path / F.config_file_name("sglang", 128, 256, F.CPU_DEVICE_NAME),
+                         {1: ok, 64: bad})
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root / "src"), "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-m", "servelab", "tune", "verify", str(tmp_path),
+                          "--device", "cpu", "--kernel", "servelab", "--shipped", str(shipped),
+                          "--batch-sizes", "1,64"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "FAILED: 1 tuned config(s) did not launch, first N=128,K=256,M=64" in out.stdout
