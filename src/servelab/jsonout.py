@@ -21,7 +21,7 @@ import orjson
 
 VERSION = 1
 KINDS = ("bench", "load_points", "load_point", "import", "compare", "jobs", "experiment",
-         "tune_verify", "profile", "ceiling")
+         "tune_verify", "profile", "ceiling", "experiment_check")
 
 
 def _clean(obj: Any) -> Any:
@@ -155,10 +155,14 @@ def experiment(data: Any, report: Mapping[str, str] | None = None) -> dict[str, 
 
 
 def tune_verify(checks: Sequence[Any], rows: Sequence[Any], device: str,
-                geomean: float | None) -> dict[str, Any]:
-    """`servelab tune verify`: each file's check and each (N, K, M) re-timed."""
-    return {"device": device,
+                geomean: float | None, geomean_vs_shipped: float | None = None,
+                kernel: str | None = None) -> dict[str, Any]:
+    """`servelab tune verify`: each file's check and each (N, K, M) re-timed (tuned vs the
+    engine's shipped config vs its default), and which kernel was timed."""
+    return {"device": device, "kernel": kernel,
             "files": [{"path": c.path, "format": c.fmt, "n": c.n, "k": c.k, "tuned_on": c.device,
                        "batch_sizes": list(c.entries), "missing_default": list(c.missing_default)}
                       for c in checks],
-            "rows": [{**asdict(r), "speedup": r.speedup} for r in rows], "geomean_speedup": geomean}
+            "rows": [{**asdict(r), "speedup": r.speedup, "vs_shipped": r.vs_shipped}
+                     for r in rows],
+            "geomean_speedup": geomean, "geomean_vs_shipped": geomean_vs_shipped}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -16,6 +17,7 @@ from servelab.engines.base import (
     render_flags,
     spec_window,
 )
+from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
 
 
@@ -29,7 +31,13 @@ def test_sglang_server_and_router_commands():
     sg = engines.get("sglang")
     cfg = ProcessConfig(role="decode", flags={"tp-size": 4}, port=31000)
     argv = sg.command(cfg, "org/Model", {})
-    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    # never servelab's own interpreter: python3 on PATH unless the file names the engine's
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"] and sys.executable not in argv
+    venv = Launcher(python="/opt/sgl/bin/python", container=("docker", "exec", "-i", "c"))
+    assert sg.command(replace(cfg, launcher=venv), "org/Model", {})[:6] == [
+        "docker", "exec", "-i", "c", "/opt/sgl/bin/python", "-m"]
+    assert sg.port_flags("prefill") == ("nccl-port", "engine-info-bootstrap-port",
+                                        "disaggregation-bootstrap-port")
     assert argv[3:] == [
         "--model-path",
         "org/Model",
@@ -67,13 +75,16 @@ def test_sglang_server_and_router_commands():
         "--policy",
         "round_robin",
     ]
-    assert sg.check("m", "router", {"tp-size": 2}) == ["unknown sglang flag 'tp-size'"]
 
 
 def test_vllm_and_embedded_commands():
     v = engines.get("vllm").command(
         ProcessConfig(role="server", flags={"max-num-seqs": 8}, port=8000), "m", {}
     )
+    venv = Launcher(python="/opt/vllm/bin/python")
+    v2 = engines.get("vllm").command(
+        ProcessConfig(role="server", flags={}, port=8000, launcher=venv), "m", {})
+    assert v2[:5] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "m"]
     assert v == [
         "vllm",
         "serve",

@@ -82,3 +82,25 @@ def test_a_busy_fixed_port_blocks_the_launch(tmp_path, live_procs):
         with pytest.raises(DeployError, match=f"port {port} of the server process is still in use"):
             dep.start()
         assert live_procs(marker) == []  # nothing was launched onto the busy port
+
+
+def test_each_process_gets_its_own_engine_ports_and_a_set_one_is_kept(tmp_path):
+    # SGLang 0.5.23 binds --engine-info-bootstrap-port (default 6789) and --nccl-port in every
+    # server: two on one node collided before ports were allocated per process
+    procs = [ProcessConfig(role="prefill", flags={"nccl-port": 12345}),
+             ProcessConfig(role="decode", flags={}),
+             ProcessConfig(role="router", flags={})]
+    dep = Deployment(engines.get("sglang"), "m", procs, tmp_path)
+    plans = dep.plan()
+
+    def val(argv: list[str], flag: str) -> int:
+        return int(argv[argv.index(flag) + 1])
+
+    pre, dec, rtr = (p.argv for p in plans)
+    assert val(pre, "--nccl-port") == 12345                       # the file's own is kept
+    ports = [val(a, f) for a in (pre, dec) for f in
+             ("--port", "--nccl-port", "--engine-info-bootstrap-port")]
+    boot = val(pre, "--disaggregation-bootstrap-port")
+    assert len(set([*ports, boot, val(rtr, "--port")])) == 8
+    assert "--disaggregation-bootstrap-port" not in dec
+    assert rtr[rtr.index("--prefill") + 2] == str(boot)          # the router is told it

@@ -96,14 +96,15 @@ def test_bad_file_gives_one_line_naming_the_key(tmp_path, text, want):
         (
             "sglang",
             "m",
-            "flags = { speculative-num-step = 1 }",
-            "unknown sglang flag 'speculative-num-step' (did you mean 'speculative-num-steps'?)",
+            "flags = { speculative-num-stepz = 1 }",
+            "unrecognized arguments: --speculative-num-stepz 1 (did you mean "
+            "--speculative-num-steps?) [judged by generated table sglang-server-0.5.23.json",
         ),
         (
             "sglang",
             "m",
-            "flags = { disable-cuda-graph = true, cuda-graph-max-bs = 16 }",
-            "'disable-cuda-graph' and 'cuda-graph-max-bs' conflict",
+            "flags = { disable-cuda-graph = true, cuda-graph-max-bs-decode = 16 }",
+            "'disable-cuda-graph' and 'cuda-graph-max-bs-decode' conflict",
         ),
         (
             "sglang",

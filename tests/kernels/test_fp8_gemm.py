@@ -127,7 +127,7 @@ def _engine_pick(entries: dict, m: int) -> dict:
 
 
 def test_nearest_m_lookup_matches_the_engines(tmp_path):
-    from servelab.tune import formats
+    from servelab.kernels.fp8_gemm import formats
     entries = {1: dict(CFGS[0]), 16: dict(CFGS[1]), 64: dict(CFGS[2]), 4096: dict(CFGS[3])}
     for m in [1, 2, 8, 9, 20, 40, 63, 100, 2000, 2080, 99999]:
         assert C.nearest(entries, m) == _engine_pick(entries, m), m

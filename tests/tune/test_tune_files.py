@@ -6,8 +6,8 @@ import json
 
 import pytest
 
+from servelab.kernels.fp8_gemm import formats as F
 from servelab.tune import checkpoint as CK
-from servelab.tune import formats as F
 
 E = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32,
      "num_warps": 4, "num_stages": 3}

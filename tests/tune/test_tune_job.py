@@ -17,7 +17,8 @@ from interpreter import interpreter_or_skip
 
 from servelab import jobs
 from servelab.errors import UserError
-from servelab.tune import checkpoint, formats
+from servelab.kernels.fp8_gemm import formats
+from servelab.tune import checkpoint
 from servelab.tune import verify as V
 
 DEV = "Triton_interpreter_CPU"
@@ -105,11 +106,18 @@ def test_verify_times_tuned_against_default_and_checks_files(tmp_path, monkeypat
              "num_warps": 4, "num_stages": 2}
     formats.merge_write_config(tmp_path / formats.config_file_name("sglang", 128, 256, DEV),
                                {1: tuned, 64: dict(tuned, BLOCK_SIZE_M=32)})
-    checks, rows, here = V.verify(tmp_path, "cpu", (2,))
+    shipped = tmp_path / "engine-configs"        # what the engine ships for this shape
+    shipped.mkdir()
+    formats.merge_write_config(shipped / formats.config_file_name("sglang", 128, 256, DEV),
+                               {4: dict(tuned, BLOCK_SIZE_N=32, SPLIT_K=2)})
+    checks, rows, here, label = V.verify(tmp_path, "cpu", (2,), kernel="servelab",
+                                         shipped_dir=shipped)
     assert here == DEV and len(checks) == 1 and checks[0].batch_sizes == (1, 64)
     assert 2 in checks[0].missing_default and 1 not in checks[0].missing_default
     assert [(r.n, r.k, r.m, r.tuned) for r in rows] == [(128, 256, 2, "m16n64k128g1w4s2")]
     assert rows[0].speedup is not None and rows[0].speedup > 0
+    assert rows[0].shipped == "m16n32k128g1w4s2sk2" and rows[0].shipped_us is not None
+    assert rows[0].vs_shipped is not None and "servelab" in label
     (tmp_path / formats.config_file_name("vllm", 128, 256, DEV)).write_text("{}")
     with pytest.raises(UserError, match="malformed"):
         V.check_dir(tmp_path)

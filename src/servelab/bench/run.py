@@ -38,7 +38,7 @@ def prompt_seed(seed: int, load_key: str) -> int:
 @dataclass(repr=False)
 class LoadPointResult:
     """The outcome of one load point: `summary` (docs/METRICS.md), per-request `records` (dicts),
-    and what the server said about itself (`/v1/models`, `/get_server_info`)."""
+    and what the server said about itself (`/v1/models`, `/server_info` or `/get_server_info`)."""
 
     summary: dict[str, Any]
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -94,13 +94,20 @@ class _Progress:
 
 
 async def _server_info(session: aiohttp.ClientSession, root: str) -> dict[str, Any]:
+    """`/v1/models` and the server's description of itself: SGLang's `/server_info` first,
+    `/get_server_info` (deprecated by SGLang for it, the only one before) as the fallback; the
+    key says which answered."""
     models, info = await asyncio.gather(get_json(session, root + "/v1/models"),
-                                        get_json(session, root + "/get_server_info"))
+                                        get_json(session, root + "/server_info"))
     out: dict[str, Any] = {}
     if models is not None:
         out["v1_models"] = models
     if info is not None:
-        out["get_server_info"] = info
+        out["server_info"] = info
+    else:
+        legacy = await get_json(session, root + "/get_server_info")
+        if legacy is not None:
+            out["get_server_info"] = legacy
     return out
 
 

@@ -19,7 +19,8 @@ def register(app: typer.Typer) -> None:
         ),
         store: Path = typer.Option(None, "--store", help=STORE_HELP),
         check: bool = typer.Option(
-            False, "--check", help="Only validate the file and print the plan."
+            False, "--check", help="Only validate the file and print the plan: per arm and "
+            "process the exact command, environment and the engine parser's verdict."
         ),
         fresh: bool = typer.Option(
             False, "--fresh", help="Forget this experiment's stored runs first and start over."
@@ -37,13 +38,18 @@ def register(app: typer.Typer) -> None:
         spec = spec_mod.load(file)
         console = make_console(stderr=as_json)  # --json: stdout holds the document only
         if check:
+            from servelab.experiment import check as check_mod
             from servelab.experiment.present import plan_lines
-            from servelab.experiment.schedule import plan
 
-            for p in plan(spec):
-                console.print(f"{p.seq:3d} block {p.block} deploy {p.group:3d}  {p.describe()}")
-            for line in plan_lines(spec):
-                console.print(line, highlight=False, markup=False)
+            data = check_mod.collect(spec)
+            if as_json:
+                from servelab import jsonout
+
+                data["stopping_and_noise"] = plan_lines(spec)
+                typer.echo(jsonout.dumps(jsonout.document("experiment_check", data)))
+            else:
+                for line in check_mod.lines(data) + plan_lines(spec):
+                    console.print(line, highlight=False, markup=False, soft_wrap=True)
             return
         if fresh:
             with Store(store) as st:

@@ -1,4 +1,5 @@
-"""CLI verbs: `servelab tune fp8-gemm ...` (tune, resumable, multi-GPU/Ray) and `tune verify DIR`."""
+"""CLI verbs: `servelab tune fp8-gemm ...` (tune, resumable, multi-GPU/Ray), `tune verify DIR`
+and `tune install DIR --engine ...` (and `--restore`)."""
 
 from __future__ import annotations
 
@@ -52,8 +53,11 @@ def register(app: typer.Typer) -> None:
         space: str = typer.Option(None, "--space", help="full (default on cuda) | tiny (default on cpu)."),
         name: str = typer.Option(None, "--name", help="Job name shown by `servelab status`."),
         detach: bool = typer.Option(False, "--detach", help="Run in the background; follow with `servelab status`."),
+        kernel: str = typer.Option("auto", "--kernel", help="Whose launcher to time: auto (the engine's own when importable here, else servelab's) | servelab | sglang | vllm."),
     ) -> None:
-        """Tune the block-FP8 GEMM per (N, K, M); resumable; writes SGLang/vLLM config files."""
+        """Tune the block-FP8 GEMM per (N, K, M); resumable; writes SGLang/vLLM config files.
+        The engine's shipped config for each point is always a finalist and is kept unless
+        beaten by more than 1.5%."""
         from servelab.errors import UserError
         from servelab.tune import job
         from servelab.tune.space import DEFAULT_BATCH_SIZES
@@ -78,7 +82,7 @@ def register(app: typer.Typer) -> None:
         spec = job.TuneSpec(
             shapes=shapes, out_dir=out, batch_sizes=bs, search=search, gpus=gpu_ids or ("0",),
             ray=ray, formats=("sglang", "vllm") if fmt == "both" else (fmt,), device=device,
-            space=space, budget_frac=budget, name=job_name)
+            space=space, budget_frac=budget, name=job_name, kernel=kernel)
         if detach:
             from servelab import jobs
             pid, log = jobs.detach(sys.argv[1:], job_name)
@@ -99,19 +103,29 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cuda", "--device", help="cuda, or cpu (interpreter; timings meaningless)."),
         batch_sizes: str = typer.Option(None, "--batch-sizes", help="Re-time only these M."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON (docs/JSON.md)."),
+        engine: str = typer.Option("sglang", "--engine", help="sglang | vllm: whose shipped files and default to compare with."),
+        kernel: str = typer.Option("auto", "--kernel", help="auto (the engine's own when importable) | servelab | sglang | vllm."),
+        shipped: Path = typer.Option(None, "--shipped", help="The engine's config folder (default: found in this interpreter)."),
     ) -> None:
-        """Re-time tuned vs default configs per (N, K, M) and print the speedups."""
+        """Re-time tuned vs the engine's shipped configs vs its default, per (N, K, M)."""
         from rich.table import Table
 
         from servelab.cli.console import make_console
         from servelab.tune import verify as V
-        checks, rows, here = V.verify(directory, device, _parse_ints(batch_sizes, "--batch-sizes"))
+        checks, rows, here, label = V.verify(directory, device,
+                                             _parse_ints(batch_sizes, "--batch-sizes"),
+                                             engine, kernel, shipped)
         if as_json:
             from servelab import jsonout
 
             gm = V.geomean([r.speedup for r in rows if r.speedup])
-            return jsonout.emit("tune_verify", jsonout.tune_verify(checks, rows, here, gm))
+            gs = V.geomean([r.vs_shipped for r in rows if r.vs_shipped])
+            jsonout.emit("tune_verify", jsonout.tune_verify(checks, rows, here, gm, gs, label))
+            if any(r.error for r in rows):
+                raise typer.Exit(1)
+            return
         con = make_console()
+        con.print(f"kernel timed: {label}")
         for c in checks:
             notes = []
             if c.device != here:
@@ -121,15 +135,49 @@ def register(app: typer.Typer) -> None:
             con.print(f"{c.path.name}: {len(c.batch_sizes)} batch sizes ({c.fmt}) " + "; ".join(notes))
         if device == "cpu":
             con.print("note: Triton interpreter on the CPU: timings are MEANINGLESS for any GPU")
-        t = Table(title=f"tuned vs default ({here})")
-        for col in ("N", "K", "M", "tuned config", "tuned_us", "default_us", "speedup", "TFLOP/s"):
+        t = Table(title=f"tuned vs shipped vs default ({here})")
+        for col in ("N", "K", "M", "tuned config", "tuned_us", "shipped config", "shipped_us",
+                    "default_us", "vs shipped", "vs default", "TFLOP/s"):
             t.add_column(col, justify="right")
         for r in rows:
-            t.add_row(str(r.n), str(r.k), str(r.m), r.tuned, _f(r.tuned_us), _f(r.default_us),
-                      _f(r.speedup, 3), _f(r.tflops))
+            t.add_row(str(r.n), str(r.k), str(r.m), r.tuned, _f(r.tuned_us),
+                      r.shipped or "(none: default)", _f(r.shipped_us), _f(r.default_us),
+                      _f(r.vs_shipped, 3), _f(r.speedup, 3), _f(r.tflops))
         con.print(t)
         gm = V.geomean([r.speedup for r in rows if r.speedup])
-        con.print(f"geometric-mean speedup over {len(rows)} points: {_f(gm, 3)}x")
+        gs = V.geomean([r.vs_shipped for r in rows if r.vs_shipped])
+        con.print(f"geometric-mean speedup over {len(rows)} points: {_f(gs, 3)}x vs shipped, "
+                  f"{_f(gm, 3)}x vs default")
+        failed = [r for r in rows if r.tuned_us is None]
+        if failed:
+            first = failed[0]
+            con.print(f"FAILED: {len(failed)} tuned config(s) did not launch, first N={first.n},"
+                      f"K={first.k},M={first.m} {first.tuned}: {first.error}")
+            raise typer.Exit(1)
+
+    @tune.command("install")
+    def install_cmd(
+        directory: Path = typer.Argument(None, help="Folder with tuned config files (not with --restore)."),
+        engine: str = typer.Option(..., "--engine", help="sglang | vllm: whose files to install, where it reads them."),
+        python: str = typer.Option(None, "--python", help="The engine's interpreter (its venv's python), if not this one."),
+        dest: Path = typer.Option(None, "--dest", help="The engine's config folder, if not found."),
+        restore: bool = typer.Option(False, "--restore", help="Put back what earlier installs replaced."),
+    ) -> None:
+        """Install tuned files where the engine reads them; shipped files are backed up."""
+        from servelab.errors import UserError
+        from servelab.tune import install as I
+        folder = dest or I.engine_config_dir(engine, python)
+        if restore:
+            for f in I.restore(folder):
+                typer.echo(f"{'restored' if f.replaced else 'removed '} {folder / f.name}")
+            return
+        if directory is None:
+            raise UserError("give the folder of tuned files: servelab tune install DIR --engine ...")
+        for f in I.install(directory, engine, folder):
+            note = "replaced the shipped file (backed up)" if f.replaced else "new"
+            typer.echo(f"installed {folder / f.name} ({note})")
+        typer.echo(f"undo with: servelab tune install --engine {engine} --restore"
+                   + (f" --dest {folder}" if dest else f" --python {python}" if python else ""))
 
 
 def _run_with_progress(job, spec):

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from servelab.engines.launcher import Entry, Launcher
+
 FlagValue = str | int | float | bool | list[str | int | float]
 Flags = dict[str, FlagValue]
 
@@ -43,6 +45,7 @@ class ProcessConfig:
     host: str = "127.0.0.1"
     port: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # engine-specific, e.g. bootstrap_port
+    launcher: Launcher = field(default_factory=Launcher)  # where the engine lives
 
 
 def render_flags(flags: Mapping[str, FlagValue]) -> list[str]:
@@ -86,27 +89,45 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 class Engine:
-    """Base adapter. Subclasses set the class attributes and override `command`."""
+    """Base adapter. Subclasses set the class attributes and override `args` (and `entry`)."""
 
     name: ClassVar[str] = "base"
     launches: ClassVar[bool] = True  # False: an existing URL (external)
     roles: ClassVar[tuple[str, ...]] = ("server",)  # process roles this engine can run
-    known_flags: ClassVar[frozenset[str] | None] = None  # None: flags are not checked
+    # servelab's own flags for engines servelab itself implements (embedded); None: the
+    # engine's own parser judges (parser = its name in engines/parser_probe.py)
+    known_flags: ClassVar[frozenset[str] | None] = None
+    parser: ClassVar[str | None] = None
     health_path: ClassVar[str] = "/health"
     info_path: ClassVar[str | None] = None
     metrics_path: ClassVar[str | None] = "/metrics"
     # (flag a, flag b) pairs that must not be set together
     conflicts: ClassVar[tuple[tuple[str, str], ...]] = ()
 
+    def entry(self, role: str) -> Entry:
+        """The program of a process of `role` (a Python module or a console command)."""
+        raise NotImplementedError
+
+    def args(self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]) -> list[str]:
+        """The engine's own arguments of one process (what its parser reads)."""
+        raise NotImplementedError
+
     def command(
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
-        """The argv of one process; `peers` are the processes already planned (for a router)."""
-        raise NotImplementedError
+        """The argv of one process: the launcher's program part, then the engine's arguments;
+        `peers` are the processes already planned (for a router)."""
+        return proc.launcher.argv(self.entry(proc.role)) + self.args(proc, model, peers)
+
+    def port_flags(self, role: str) -> tuple[str, ...]:
+        """Flags naming a port the process binds besides its HTTP port; the deployment gives
+        each process its own free one unless the file sets it, so several processes (PD,
+        several arms) fit one node."""
+        return ()
 
     def check(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
-        """Pre-flight problems of one process's flags (empty when fine): unknown flags with the
-        nearest known name, conflicting pairs, and the engine's own rules (`rules`)."""
+        """Pre-flight problems of one process's flags that need no parser (empty when fine):
+        servelab's own flags (embedded engine), conflicting pairs, the engine's rules."""
         problems: list[str] = []
         known = self.flags_for(role)
         if known is not None:
@@ -123,7 +144,7 @@ class Engine:
         return problems
 
     def flags_for(self, role: str) -> frozenset[str] | None:
-        """The flags valid for a role (None: unchecked)."""
+        """servelab's own flag names for a role (None: the engine's parser judges)."""
         return self.known_flags
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:

@@ -15,7 +15,7 @@ class Command(Engine):
     roles = ("server", "prefill", "decode", "router")
     known_flags = None
 
-    def command(
+    def command(  # a whole command line of the user's: no launcher prefix
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
         template: list[str] = proc.extra.get("command") or []

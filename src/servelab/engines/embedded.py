@@ -1,13 +1,16 @@
 """The embedded reference engine: `python -m servelab serve` (servelab.mini), the target on a
-fresh machine. It serves `/health`, `/get_server_info` and `/metrics` with vLLM-named
+fresh machine. It serves `/health`, `/server_info` (and `/get_server_info`) and `/metrics` with vLLM-named
 speculative-decoding counters."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
+from servelab.engines.launcher import Entry
 
 _FLAGS = frozenset(
     """
@@ -24,17 +27,29 @@ class Embedded(Engine):
     name = "embedded"
     roles = ("server",)
     known_flags = _FLAGS
-    info_path = "/get_server_info"
+    info_path = "/server_info"
+
+    def info(self, url: str) -> dict[str, Any] | None:
+        """`/server_info` (as SGLang), `/get_server_info` from builds that serve only that."""
+        return super().info(url) or self._json(url, "/get_server_info")
+
+    def entry(self, role: str) -> Entry:
+        return Entry(module="servelab")
 
     def command(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
+        """servelab's own engine: this interpreter unless the file names another."""
+        launcher = proc.launcher if proc.launcher.python else replace(
+            proc.launcher, python=sys.executable)
+        return launcher.argv(self.entry(proc.role)) + self.args(proc, model, peers)
+
+    def args(
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
         flags = dict(proc.flags)
         flags.setdefault("config", model)
         return [
-            sys.executable,
-            "-m",
-            "servelab",
             "serve",
             "--host",
             proc.host,

@@ -14,7 +14,7 @@ class External(Engine):
     launches = False
     known_flags = frozenset()
 
-    def command(
+    def command(  # a whole command line of the user's: no launcher prefix
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
         return []

@@ -1,13 +1,17 @@
 """SGLang: `python -m sglang.launch_server`, and `sglang_router` for prefill/decode disaggregation.
 
-Flag names follow SGLang's `ServerArgs` (python/sglang/srt/server_args.py). The server describes
+Flags are judged by SGLang's own parser (ServerArgs.add_cli_args; the router's RouterArgs),
+run in the engine's interpreter, or by the tables generated from it (engines/flagcheck.py;
+SGLang 0.5.23, sglang-router 0.3.2). Every server binds, besides its HTTP port, an NCCL port
+(`--nccl-port`) and an engine-info bootstrap port (`--engine-info-bootstrap-port`, default
+6789 in 0.5.23), and a prefill server its disaggregation bootstrap port: each process gets its
+own (port_flags), so prefill and decode, or several arms, share one node. The server describes
 itself at `/server_info` (`/get_server_info` before it); acceptance over a window comes from the
 `sglang:spec_accept_length` gauge (with --enable-metrics).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,45 +23,7 @@ from servelab.engines.base import (
     render_flags,
     spec_window,
 )
-
-_SERVER_FLAGS = frozenset(
-    """
-model-path tokenizer-path tokenizer-mode skip-tokenizer-init load-format trust-remote-code
-context-length is-embedding revision served-model-name chat-template dtype kv-cache-dtype
-quantization quantization-param-path mem-fraction-static max-running-requests max-total-tokens
-chunked-prefill-size max-prefill-tokens schedule-policy schedule-conservativeness page-size
-tp-size tensor-parallel-size pp-size dp-size data-parallel-size ep-size expert-parallel-size
-enable-dp-attention enable-dp-lm-head moe-a2a-backend moe-runner-backend deepep-mode
-enable-eplb ep-num-redundant-experts nnodes node-rank dist-init-addr random-seed log-level
-log-requests enable-metrics attention-backend prefill-attention-backend decode-attention-backend
-sampling-backend grammar-backend nsa-prefill-backend nsa-decode-backend
-disable-cuda-graph cuda-graph-max-bs cuda-graph-bs disable-cuda-graph-padding
-enable-torch-compile torch-compile-max-bs disable-radix-cache disable-overlap-schedule
-num-continuous-decode-steps enable-mixed-chunk enable-two-batch-overlap
-speculative-algorithm speculative-draft-model-path speculative-num-steps speculative-eagle-topk
-speculative-num-draft-tokens speculative-accept-threshold-single speculative-accept-threshold-acc
-speculative-token-map speculative-attention-mode
-disaggregation-mode disaggregation-bootstrap-port disaggregation-transfer-backend
-disaggregation-ib-device pp-max-micro-batch-size watchdog-timeout stream-interval base-gpu-id
-enable-nccl-nvls enable-symm-mem disable-custom-all-reduce pipeline-parallel-size ep
-dsa-prefill-backend dsa-decode-backend disable-decode-cuda-graph disable-prefill-cuda-graph
-cuda-graph-max-bs-decode cuda-graph-backend-decode speculative-draft-model
-engine-info-bootstrap-port nccl-port
-""".split()
-)
-# Checked against sgl-project/sglang python/sglang/srt/server_args.py (ServerArgs fields, flag =
-# field name with '-'): there is no enable-custom-all-reduce, the PP micro-batch flag is
-# pp-max-micro-batch-size; nsa-*-backend are deprecated aliases of dsa-*-backend.
-
-# sgl-project/sglang sgl-router/py_src/sglang_router/router_args.py (RouterArgs.add_cli_args)
-_ROUTER_FLAGS = frozenset(
-    """
-policy prefill-policy decode-policy worker-startup-timeout-secs request-timeout-secs
-max-concurrent-requests log-level prometheus-port prometheus-host cache-threshold
-balance-abs-threshold balance-rel-threshold max-payload-size retry-max-retries disable-retries
-disable-circuit-breaker health-check-interval-secs queue-size queue-timeout-secs
-""".split()
-)
+from servelab.engines.launcher import Entry
 
 _SPEC_FLAGS = (
     "speculative-num-steps",
@@ -72,28 +38,36 @@ class SGLang(Engine):
 
     name = "sglang"
     roles = ("server", "prefill", "decode", "router")
-    known_flags = _SERVER_FLAGS
+    parser = "sglang"
     # current SGLang serves /server_info and logs a deprecation warning for /get_server_info
     # (python/sglang/srt/entrypoints/http_server.py); older versions have only the latter
     info_path = "/server_info"
     conflicts = (
-        ("disable-cuda-graph", "cuda-graph-max-bs"),
-        ("disable-cuda-graph", "cuda-graph-bs"),
+        ("disable-cuda-graph", "cuda-graph-backend-decode"),
+        ("disable-cuda-graph", "cuda-graph-max-bs-decode"),
     )
 
     def info(self, url: str) -> dict[str, Any] | None:
         """`/server_info`, or `/get_server_info` on SGLang versions without it."""
         return super().info(url) or self._json(url, "/get_server_info")
 
-    def flags_for(self, role: str) -> frozenset[str] | None:
-        return _ROUTER_FLAGS if role == "router" else _SERVER_FLAGS
+    def entry(self, role: str) -> Entry:
+        if role == "router":
+            return Entry(module="sglang_router.launch_router")
+        return Entry(module="sglang.launch_server")
 
-    def command(
+    def port_flags(self, role: str) -> tuple[str, ...]:
+        if role == "router":
+            return ()
+        own = ("nccl-port", "engine-info-bootstrap-port")
+        return (*own, "disaggregation-bootstrap-port") if role == "prefill" else own
+
+    def args(
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
         host_port = ["--host", proc.host, "--port", str(proc.port)]
         if proc.role == "router":
-            argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation"]
+            argv = ["--pd-disaggregation"]
             for plan in peers.values():
                 if plan.role == "prefill":
                     argv += ["--prefill", plan.url]
@@ -103,7 +77,7 @@ class SGLang(Engine):
                 elif plan.role == "decode":
                     argv += ["--decode", plan.url]
             return argv + host_port + render_flags(proc.flags)
-        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, *host_port]
+        argv = ["--model-path", model, *host_port]
         if proc.role in ("prefill", "decode"):
             argv += ["--disaggregation-mode", proc.role]
         return argv + render_flags(proc.flags)

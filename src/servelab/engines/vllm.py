@@ -11,51 +11,35 @@ import json
 from collections.abc import Mapping
 
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
-
-_FLAGS = frozenset(
-    """
-tokenizer tokenizer-mode trust-remote-code revision served-model-name dtype kv-cache-dtype
-quantization load-format download-dir max-model-len gpu-memory-utilization max-num-seqs
-max-num-batched-tokens block-size swap-space seed enforce-eager compilation-config
-cuda-graph-sizes speculative-config enable-chunked-prefill no-enable-chunked-prefill
-enable-prefix-caching no-enable-prefix-caching tensor-parallel-size pipeline-parallel-size
-data-parallel-size enable-expert-parallel enable-eplb all2all-backend kv-transfer-config
-disable-log-requests enable-log-requests disable-log-stats async-scheduling attention-backend
-distributed-executor-backend max-logprobs generation-config override-generation-config
-cudagraph-capture-sizes max-cudagraph-capture-size kv-cache-memory-bytes enable-dbo
-decode-context-parallel-size disable-custom-all-reduce
-""".split()
-)
-# names checked against vllm/engine/arg_utils.py (EngineArgs.add_cli_args): cuda-graph-sizes is
-# deprecated there for cudagraph-capture-sizes; disable-log-requests for enable-log-requests
+from servelab.engines.launcher import Entry
 
 
 class VLLM(Engine):
-    """`vllm serve MODEL --host H --port P ...`."""
+    """`vllm serve MODEL --host H --port P ...` (flags judged by vLLM's own `serve` parser, or
+    the table generated from vLLM 0.33.0's)."""
 
     name = "vllm"
     roles = ("server",)
-    known_flags = _FLAGS
+    parser = "vllm"
     info_path = "/version"
-    conflicts = (
-        ("enable-prefix-caching", "no-enable-prefix-caching"),
-        ("enable-chunked-prefill", "no-enable-chunked-prefill"),
-        ("enforce-eager", "compilation-config"),
-    )
+    conflicts = (("enforce-eager", "compilation-config"),)
+
+    def entry(self, role: str) -> Entry:
+        # `python -m vllm.entrypoints.cli.main serve` is what the `vllm` command runs
+        return Entry(module="vllm.entrypoints.cli.main", console="vllm", subcommand=("serve",))
 
     def command(
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
-        return [
-            "vllm",
-            "serve",
-            model,
-            "--host",
-            proc.host,
-            "--port",
-            str(proc.port),
-            *render_flags(proc.flags),
-        ]
+        prog = proc.launcher.argv(self.entry(proc.role))
+        if prog[-1] == "vllm.entrypoints.cli.main":          # run through the interpreter
+            prog.append("serve")
+        return prog + self.args(proc, model, peers)
+
+    def args(
+        self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
+    ) -> list[str]:
+        return [model, "--host", proc.host, "--port", str(proc.port), *render_flags(proc.flags)]
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
         raw = flags.get("speculative-config")

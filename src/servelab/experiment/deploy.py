@@ -171,20 +171,38 @@ class Deployment:
         return [{"role": p.role, "argv": p.argv, "env": p.env} for p in self.plans]
 
     def plan(self) -> list[ProcessPlan]:
-        """Render commands with ports; the ports of fixed-port processes must be free."""
+        """Render commands with ports: the HTTP port, and each port the engine binds besides
+        it (Engine.port_flags: SGLang's NCCL, engine-info and prefill bootstrap ports) unless
+        the file sets it, all distinct, so PD and several arms fit one node. The ports of
+        fixed-port processes must be free at launch."""
         plans: dict[str, ProcessPlan] = {}
         out: list[ProcessPlan] = []
+        resolved_cfgs: list[ProcessConfig] = []
+        taken: set[int] = {c.port for c in self.procs if c.port}
+        taken |= {int(v) for c in self.procs for k, v in c.flags.items()
+                  if k in self.engine.port_flags(c.role) and str(v).isdigit()}
+
+        def fresh(host: str) -> int:
+            while (p := free_port(host)) in taken:
+                pass
+            taken.add(p)
+            return p
+
         for i, cfg in enumerate(self.procs):
-            port = cfg.port or free_port(cfg.host)
+            port = cfg.port or fresh(cfg.host)
+            flags = dict(cfg.flags)
+            for pf in self.engine.port_flags(cfg.role):
+                if pf not in flags:
+                    flags[pf] = fresh(cfg.host)
             extra = dict(cfg.extra)
             if cfg.role == "router":
-                for p, pc in zip(out, self.procs, strict=False):
+                for p, pc in zip(out, resolved_cfgs, strict=False):
                     boot = pc.flags.get("disaggregation-bootstrap-port")
                     if p.role == "prefill" and boot:
                         extra[f"bootstrap_port:{p.port}"] = boot
-            resolved = ProcessConfig(
-                role=cfg.role, flags=cfg.flags, env=cfg.env, host=cfg.host, port=port, extra=extra
-            )
+            resolved = ProcessConfig(role=cfg.role, flags=flags, env=cfg.env, host=cfg.host,
+                                     port=port, extra=extra, launcher=cfg.launcher)
+            resolved_cfgs.append(resolved)
             argv = self.engine.command(resolved, self.model, plans)
             url = f"http://{cfg.host}:{port}"
             plan = ProcessPlan(

@@ -11,6 +11,7 @@ import hashlib
 import re
 import tomllib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -29,17 +30,33 @@ from pydantic import (
 from servelab import engines
 from servelab.engines import recipe as recipes
 from servelab.engines.base import FlagValue, ProcessConfig
+from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
 from servelab.experiment.sweep_spec import SWEEP_KEY, SweepSpec
 
 if TYPE_CHECKING:
     from servelab.bench.config import BenchConfig
+    from servelab.engines.flagcheck import Verdict
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LauncherSpec(_Strict):
+    """Where the engine lives (engines/launcher.py): its interpreter, its executable, or a
+    container command prefix; `version` picks the generated flag table when the engine
+    cannot be imported there (default: the newest table)."""
+
+    python: str | None = None
+    executable: str | None = None
+    container: list[str] = []
+    version: str | None = None
+
+    def launcher(self) -> Launcher:
+        return Launcher(self.python, self.executable, tuple(self.container))
 
 
 class ProcessSpec(_Strict):
@@ -50,13 +67,15 @@ class ProcessSpec(_Strict):
     env: dict[str, str] = {}
     port: int | None = Field(None, ge=1, le=65535)
     command: list[str] | None = None  # engine 'command' only
+    launcher: LauncherSpec | None = None  # default: base.launcher
 
 
 class BaseSpec(_Strict):
     flags: dict[str, FlagValue] = {}
     env: dict[str, str] = {}
     processes: list[ProcessSpec] | None = None
-    check_flags: bool = True  # false: pass unknown flags through unchecked
+    check_flags: bool = True  # false: no parser or table judges the flags (rules still apply)
+    launcher: LauncherSpec = LauncherSpec()
 
 
 class ArmSpec(_Strict):
@@ -415,9 +434,19 @@ def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
                 host=spec.host,
                 port=proc.port or 0,
                 extra=extra,
+                launcher=(proc.launcher or spec.base.launcher).launcher(),
             )
         )
     return out
+
+
+def launcher_version(spec: ExperimentSpec, role: str) -> str | None:
+    """The engine version a process's flag table is picked by (see LauncherSpec); the base's
+    names the engine, so a router (its own package, e.g. sglang-router) takes only its own."""
+    for p in _layout(spec):
+        if p.role == role and p.launcher is not None and p.launcher.version:
+            return p.launcher.version
+    return None if role == "router" else spec.base.launcher.version
 
 
 def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
@@ -473,12 +502,51 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
                 problems += recipes.constraint_problems(spec.model, proc.flags)
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                hint = (
-                    "; set base.check_flags = false to pass unknown flags through"
-                    if problems[0].startswith("unknown")
-                    else ""
-                )
-                raise UserError(f"{source}: arms.{name} ({proc.role}): {problems[0]}{more}{hint}")
+                raise UserError(f"{source}: arms.{name} ({proc.role}): {problems[0]}{more}")
+        if spec.base.check_flags and eng.parser is not None:
+            for cmd in planned(spec, name):
+                v = cmd.verdict
+                if v is not None and not v.ok:
+                    raise UserError(
+                        f"{source}: arms.{name} ({cmd.role}): {v.error} [judged by {v.by}]; "
+                        "fix the flag, or set base.check_flags = false"
+                    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCommand:
+    """One process of one arm as it would launch, and what the engine's parser said of it."""
+
+    arm: str
+    role: str
+    argv: list[str]
+    env: dict[str, str]
+    verdict: Verdict | None
+
+
+def planned(spec: ExperimentSpec, arm: str) -> list[PlannedCommand]:
+    """The command lines of an arm's processes as the deployment renders them (ports
+    allocated, launcher applied), each judged by the engine's own parser where it can be
+    imported in the engine's interpreter, else by the generated table (engines/flagcheck.py)."""
+    from servelab.engines import flagcheck
+    from servelab.experiment.deploy import Deployment
+
+    eng = engines.get(spec.engine)
+    dep = Deployment(eng, spec.model, resolve(spec, arm), Path("."))
+    out = []
+    for plan, cfg in zip(dep.plan(), dep.procs, strict=True):
+        verdict = None
+        if eng.parser is not None and spec.base.check_flags:
+            args = plan.argv[len(cfg.launcher.argv(eng.entry(cfg.role))):]
+            if eng.name == "vllm" and cfg.launcher.python:
+                args = args[1:]                            # the module's "serve"
+            try:
+                verdict = flagcheck.judge(eng.parser, cfg.role, args, cfg.launcher,
+                                          launcher_version(spec, cfg.role))
+            except ValueError as exc:
+                raise UserError(f"arms.{arm} ({cfg.role}): {exc}") from None
+        out.append(PlannedCommand(arm, plan.role, plan.argv, plan.env, verdict))
+    return out
 
 
 def resolve_raw_base(spec: ExperimentSpec) -> list[ProcessConfig]:

@@ -18,7 +18,9 @@ from typing import Any
 
 from servelab import jobs, provenance
 from servelab.errors import UserError
-from servelab.tune import checkpoint, formats, search, space, timing
+from servelab.kernels.fp8_gemm import engine as engine_kernel
+from servelab.kernels.fp8_gemm import formats
+from servelab.tune import checkpoint, search, space, timing
 from servelab.tune.workers import Assignment, LocalPool, RayPool, WorkSpec
 
 Echo = Callable[[str], None]
@@ -40,6 +42,9 @@ class TuneSpec:
     budget_frac: float = 0.2
     name: str = "tune"
     compile_workers: int = 0
+    # whose launcher is timed: "auto" = the first of the formats' engines importable here
+    # (its own kernel reads the files), else servelab's kernel
+    kernel: str = "auto"
 
     def __post_init__(self) -> None:
         if not self.shapes:
@@ -60,6 +65,21 @@ class TuneSpec:
             raise UserError(f"space {self.space}: choose one of {', '.join(space.SPACES)}")
         if not 0 < self.budget_frac <= 1:
             raise UserError("budget fraction must be in (0, 1]")
+        if self.kernel not in ("auto", *engine_kernel.KERNELS):
+            raise UserError(f"--kernel {self.kernel}: choose auto, "
+                            f"{', '.join(engine_kernel.KERNELS)}")
+
+    @property
+    def kernel_name(self) -> str:
+        """The launcher timed: the named one, or for "auto" the first engine of `formats`
+        installed in this interpreter (on the CPU: servelab's, the interpreter's target)."""
+        if self.kernel != "auto":
+            return self.kernel
+        if self.device == "cuda":
+            for eng in self.formats:
+                if engine_kernel.package_dir(eng) is not None:
+                    return eng
+        return "servelab"
 
     @property
     def space_name(self) -> str:
@@ -101,8 +121,10 @@ def _write_shape(spec: TuneSpec, info: dict[str, Any], n: int, k: int,
             "timing_method": timing.method(spec.device),
             "timings_meaningless": spec.device != "cuda", "search": spec.search,
             "space": spec.space_name, "budget_frac": spec.budget_frac,
-            "servelab_git_sha": provenance.git_sha(), "N": n, "K": k}
+            "servelab_git_sha": provenance.git_sha(), "N": n, "K": k,
+            "kernel": info.get("kernel", "servelab kernels/fp8_gemm/kernel.py")}
     points = {m: {"config": u["best"], "time_us": u["us"], "default_us": u.get("default_us"),
+                  "baseline": u.get("baseline"), "baseline_config": u.get("baseline_config"),
                   "timed": u.get("timed"), "candidates": u.get("candidates"),
                   "failed": u.get("failed")}
               for (un, uk, m), u in units.items() if (un, uk) == (n, k) and u.get("best")}
@@ -117,14 +139,17 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
     after each unit (the CLI draws a bar with it)."""
     t0 = time.time()
     spec.out_dir.mkdir(parents=True, exist_ok=True)
+    kernel = spec.kernel_name
     ws = WorkSpec(spec.device, spec.search, spec.space_name, spec.budget_frac,
-                  compile_workers=spec.compile_workers)
+                  compile_workers=spec.compile_workers, kernel=kernel)
     backend = RayPool(ws, spec.ray, echo) if spec.ray else LocalPool(ws, list(spec.gpus), echo)
     info = backend.start()
+    info["kernel"] = engine_kernel.load(kernel).label
+    echo(f"timing on: {info['kernel']}")
     ctx = checkpoint.context_id(device=info["device_name"], method=timing.method(spec.device),
-                                triton=info["triton"], space=spec.space_name)
+                                triton=info["triton"], space=spec.space_name + "|" + kernel)
     ws = WorkSpec(spec.device, spec.search, spec.space_name, spec.budget_frac, ctx,
-                  spec.compile_workers)
+                  spec.compile_workers, kernel)
     backend.spec = ws
     ckpt = checkpoint.Checkpoint(spec.out_dir / checkpoint.FILE_NAME)
     state = ckpt.load(ctx, spec.search)

@@ -39,31 +39,63 @@ SPACES: dict[str, dict[str, tuple[int, ...]]] = {
 
 @dataclass(frozen=True, slots=True, order=True)
 class Config:
-    """One launch config of the block-FP8 GEMM (the engines' six keys)."""
+    """One launch config of the block-FP8 GEMM: the engines' six keys, plus SGLang's Hopper
+    keys (SPLIT_K, SWAP_AB; read on sm90 only) and any compiler hints an engine file carried
+    (`hints`, e.g. ROCm's waves_per_eu), so a config read from a shipped file is launched and
+    written back as it was. num_stages None: the file left it to Triton's default."""
 
     block_m: int
     block_n: int
     block_k: int
     group_m: int
     num_warps: int
-    num_stages: int
+    num_stages: int | None
+    split_k: int = 1
+    swap_ab: bool = False
+    hints: tuple[tuple[str, int], ...] = ()
 
-    def as_engine(self) -> dict[str, int]:
-        """The engines' JSON entry."""
-        return {"BLOCK_SIZE_M": self.block_m, "BLOCK_SIZE_N": self.block_n,
-                "BLOCK_SIZE_K": self.block_k, "GROUP_SIZE_M": self.group_m,
-                "num_warps": self.num_warps, "num_stages": self.num_stages}
+    def as_engine(self) -> dict[str, int | bool]:
+        """The engines' JSON entry (SPLIT_K / SWAP_AB only when they differ from the default)."""
+        d: dict[str, int | bool] = {"BLOCK_SIZE_M": self.block_m, "BLOCK_SIZE_N": self.block_n,
+                                    "BLOCK_SIZE_K": self.block_k, "GROUP_SIZE_M": self.group_m,
+                                    "num_warps": self.num_warps}
+        if self.num_stages is not None:
+            d["num_stages"] = self.num_stages
+        if self.split_k != 1:
+            d["SPLIT_K"] = self.split_k
+        if self.swap_ab:
+            d["SWAP_AB"] = True
+        d.update(dict(self.hints))
+        return d
 
     @classmethod
-    def from_engine(cls, d: Mapping[str, int]) -> Config:
+    def from_engine(cls, d: Mapping[str, int | bool]) -> Config:
+        """From an engine file's entry, every key kept (see kernels/fp8_gemm/formats.py)."""
+        skip = {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
+                "num_stages", "SPLIT_K", "SWAP_AB"}
+        stages = d.get("num_stages")
         return cls(int(d["BLOCK_SIZE_M"]), int(d["BLOCK_SIZE_N"]), int(d["BLOCK_SIZE_K"]),
-                   int(d["GROUP_SIZE_M"]), int(d["num_warps"]), int(d["num_stages"]))
+                   int(d["GROUP_SIZE_M"]), int(d["num_warps"]),
+                   None if stages is None else int(stages), int(d.get("SPLIT_K", 1)),
+                   bool(d.get("SWAP_AB", False)),
+                   tuple(sorted((k, int(v)) for k, v in d.items() if k not in skip)))
+
+    @property
+    def stages(self) -> int:
+        """num_stages as launched: Triton's CUDA default (3) where the file gave none."""
+        return 3 if self.num_stages is None else self.num_stages
 
     @property
     def key(self) -> str:
-        """Compact stable id, e.g. 'm64n128k128g32w4s3'."""
-        return (f"m{self.block_m}n{self.block_n}k{self.block_k}g{self.group_m}"
-                f"w{self.num_warps}s{self.num_stages}")
+        """Compact stable id, e.g. 'm64n128k128g32w4s3' ('s-' where num_stages is left to
+        Triton, then 'k2' split-K, 'x' swapped A/B, and any hints)."""
+        s = "-" if self.num_stages is None else str(self.num_stages)
+        out = f"m{self.block_m}n{self.block_n}k{self.block_k}g{self.group_m}w{self.num_warps}s{s}"
+        if self.split_k != 1:
+            out += f"sk{self.split_k}"
+        if self.swap_ab:
+            out += "x"
+        return out + "".join(f"_{k}{v}" for k, v in self.hints)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +121,7 @@ def enumerate_space(name: str = "full") -> list[Config]:
 
 def smem_bytes(c: Config) -> int:
     """Shared memory of the software pipeline: num_stages copies of the fp8 A and B tiles."""
-    return c.num_stages * (c.block_m + c.block_n) * c.block_k
+    return c.stages * (c.block_m + c.block_n) * c.block_k
 
 
 def fits_shared_memory(c: Config, lim: DeviceLimits) -> bool:

@@ -19,8 +19,12 @@ import math
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from servelab.tune.space import Config
+
+if TYPE_CHECKING:
+    from servelab.kernels.fp8_gemm.engine import EngineKernel
 
 CUDA_METHOD = ("median over CUDA-graph replays (>= 200 us each) of CUDA-event time per call; "
                "inputs rotated over copies totalling >= 2x L2")
@@ -54,10 +58,12 @@ class Problem:
     """Inputs of one (M, N, K) problem on one device, and `time(config, reps)`."""
 
     def __init__(self, n: int, k: int, m: int, device: str = "cuda", seed: int = 0,
-                 l2_bytes: int | None = None) -> None:
+                 l2_bytes: int | None = None, kernel: EngineKernel | None = None) -> None:
+        """`kernel`: the launcher to time (an engine's own, kernels/fp8_gemm/engine.py);
+        servelab's kernel when None."""
         import torch
 
-        from servelab.kernels.fp8_gemm import kernel, reference
+        from servelab.kernels.fp8_gemm import reference
         self.n, self.k, self.m, self.device = n, k, m, device
         self._kernel = kernel
         gen = torch.Generator(device=device).manual_seed(seed)
@@ -81,7 +87,11 @@ class Problem:
     def _launch(self, cfg: dict[str, int]) -> None:
         a_q, a_s, b_q, b_s = self.sets[self._next]
         self._next = (self._next + 1) % len(self.sets)
-        self._kernel.w8a8_block_fp8_matmul(a_q, a_s, b_q, b_s, cfg, out=self.out)
+        if self._kernel is None:
+            from servelab.kernels.fp8_gemm import kernel
+            kernel.w8a8_block_fp8_matmul(a_q, a_s, b_q, b_s, cfg, out=self.out)
+        else:
+            self._kernel.launch(a_q, a_s, b_q, b_s, cfg, out=self.out)
 
     def time(self, config: Config, reps: int) -> Measurement:
         """Time `config`; any failure (compile, resources, launch) becomes an error record."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelab import lifetime
-from servelab.tune import formats
+from servelab.kernels.fp8_gemm import formats
 from servelab.tune.space import Config
 
 MAX_ATTEMPTS = 2
@@ -37,6 +37,8 @@ class WorkSpec:
     budget_frac: float
     ctx: str = ""
     compile_workers: int = 0  # processes per worker for compile-ahead (cuda); 0 = auto
+    kernel: str = "servelab"  # whose launcher is timed: servelab | sglang | vllm
+    margin: float = 0.015     # a tuned config must beat the shipped one by this much
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +74,25 @@ def probe(spec: WorkSpec) -> dict[str, Any]:
 
 
 def _precompiler(spec: WorkSpec):
+    """Compile-ahead for servelab's kernel; an engine's launcher compiles on first launch
+    (benchmarks/bench_fp8_gemm_engine.py shows the pool for it, tune/engine_tune.py)."""
     from servelab.tune.compile import Precompiler
     pc = _PROC.get("precompiler")
     if pc is None:
         n = spec.compile_workers or max(1, (os.cpu_count() or 2) // max(1, _PROC.get("ngpus", 1)) - 1)
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
-        pc = _PROC["precompiler"] = Precompiler(spec.device, gpu, n if spec.device == "cuda" else 0)
+        on = spec.device == "cuda" and spec.kernel == "servelab"
+        pc = _PROC["precompiler"] = Precompiler(spec.device, gpu, n if on else 0)
     return pc
+
+
+def engine_kernel(spec: WorkSpec):
+    """The launcher timed by this worker (loaded once per process)."""
+    from servelab.kernels.fp8_gemm import engine
+    ek = _PROC.get("kernel")
+    if ek is None:
+        ek = _PROC["kernel"] = engine.load(spec.kernel)
+    return ek
 
 
 def measurement_record(ctx: str, x) -> dict[str, Any]:
@@ -90,14 +104,22 @@ def measurement_record(ctx: str, x) -> dict[str, Any]:
 def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
     """Search one (N, K, M); emits each new measurement; returns the unit record."""
     _prepare(spec)
-    from servelab.kernels.fp8_gemm.configs import default_config
-    from servelab.tune import search, space
+    from servelab.kernels.fp8_gemm.configs import default_config, nearest
+    from servelab.tune import engine_space, engine_tune, search, space
     from servelab.tune.timing import Measurement, Problem
 
     t0 = time.perf_counter()
     limits = space.device_limits() if spec.device == "cuda" else space.DeviceLimits()
     cands = space.candidates(a.n, a.k, a.m, spec.space, limits)
-    problem = Problem(a.n, a.k, a.m, spec.device, seed=a.n * 31 + a.k * 7 + a.m)
+    ek = engine_kernel(spec)
+    if spec.kernel != "servelab" and spec.device == "cuda":   # the engine's sm90 keys too
+        import torch
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        extra = engine_space.stage1(a.n, a.k, a.m, props.multi_processor_count,
+                                    props.major == 9, limits)
+        cands = list(dict.fromkeys([*cands, *extra]))
+    problem = Problem(a.n, a.k, a.m, spec.device, seed=a.n * 31 + a.k * 7 + a.m,
+                      kernel=None if spec.kernel == "servelab" else ek)
     pc = _precompiler(spec)
     if spec.device == "cuda" and not _PROC.get("warm"):
         from servelab.tune.timing import warm_up_gpu
@@ -129,17 +151,28 @@ def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
             out.append(x)
         return out
 
-    default = Config.from_engine(default_config("sglang"))
+    # the baseline is what the engine ships for this point (its file's nearest-M entry), or
+    # its default where it ships none: always a finalist, and kept unless clearly beaten
+    owner = spec.kernel if spec.kernel != "servelab" else "sglang"
+    shipped = ek.shipped(a.n, a.k, probe(spec)["device_name"]) if spec.kernel != "servelab" else None
+    default = Config.from_engine(nearest(shipped, a.m) if shipped else default_config(owner))
     hints = [Config.from_engine(h) for h in a.hints]
     res = search.run_search(spec.search, cands, measure, a.m, hints, spec.space, default,
                             seed=a.n * 1_000_003 + a.k * 1009 + a.m, budget_frac=spec.budget_frac)
-    # the default's equivalent among the candidates was re-timed with the finalists: same clocks
+    # the baseline (or its equivalent) was re-timed with the finalists: same clocks
     base = measure([search.equivalent_in(default, cands, a.m, spec.space) or default],
                    search.HIGH_REPS)[0]
+    best, best_us = res.best, res.best_us
+    if best is not None and best_us is not None and base.time_us is not None:
+        best = engine_tune.choose({best: best_us, base.config: base.time_us}, base.config,
+                                  spec.margin)
+        best_us = best_us if best == res.best else base.time_us
     fails = [f"{x.config.key}: {x.error}" for x in cache.values() if x.error][:5]
     return {"t": "unit", "ctx": spec.ctx, "search": spec.search, "n": a.n, "k": a.k, "m": a.m,
-            "best": res.best.as_engine() if res.best else None, "us": res.best_us,
-            "default_us": base.time_us, "timed": res.timed, "candidates": res.candidates,
+            "best": best.as_engine() if best else None, "us": best_us,
+            "default_us": base.time_us, "baseline": "shipped" if shipped else "default",
+            "baseline_config": base.config.as_engine(), "kernel": ek.label,
+            "timed": res.timed, "candidates": res.candidates,
             "failed": res.failed, "reused": reused, "fail_examples": fails,
             "seconds": time.perf_counter() - t0, "pid": os.getpid(),
             "compile_s": round(pc.seconds, 2), "compile_ahead": pc.status,

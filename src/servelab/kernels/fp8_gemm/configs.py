@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from servelab.tune import formats
+from servelab.kernels.fp8_gemm import formats
 
 # The engines' defaults when no tuned file exists (SGLang fp8_kernel.py; vLLM fp8_utils.py
 # differs only in num_stages=2).

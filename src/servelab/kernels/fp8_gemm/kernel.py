@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
+from servelab.kernels.fp8_gemm.formats import CONFIG_KEYS
 from servelab.kernels.fp8_gemm.reference import FP8_DTYPE, FP8_MAX, GROUP
-from servelab.tune.formats import CONFIG_KEYS
 
 
 @triton.jit

@@ -1,12 +1,20 @@
-"""SGLang and vLLM block-FP8 GEMM config files: names, contents, and servelab's side file.
+"""SGLang and vLLM block-FP8 GEMM config files: names, every key their files use, and
+servelab's side file. The kernel owns its launch-config format; the tuner writes it.
 
 Names, as the engines look them up (SGLang `fp8_kernel.get_w8a8_block_fp8_configs`, vLLM
 `fp8_utils.get_w8a8_block_fp8_configs`):
   SGLang: N={N},K={K},device_name={dev},dtype=fp8_w8a8,block_shape=[128, 128].json  (a space)
   vLLM:   N={N},K={K},device_name={dev},dtype=fp8_w8a8,block_shape=[128,128].json
-with dev = torch.cuda.get_device_name() with spaces replaced by '_'. Contents:
-{"<M>": {"BLOCK_SIZE_M": .., "BLOCK_SIZE_N": .., "BLOCK_SIZE_K": .., "GROUP_SIZE_M": ..,
-"num_warps": .., "num_stages": ..}, ...}; the engines pick the entry with the nearest M.
+with dev = the GPU's name with spaces replaced by '_'. Contents: {"<M>": {entry}, ...}; the
+engines pick the entry with the nearest M.
+
+Keys of an entry, as SGLang 0.5.23's and vLLM 0.33.0's shipped files use them (counted over
+all 137 + 244 block-FP8 files, scripts/engine_config_keys.py reproduces the census):
+  always: BLOCK_SIZE_M, BLOCK_SIZE_N, BLOCK_SIZE_K, GROUP_SIZE_M, num_warps;
+  num_stages   absent in 1296 of vLLM's ROCm entries: Triton's own default applies;
+  SPLIT_K, SWAP_AB  SGLang's Hopper kernel (`_w8a8_block_fp8_matmul_hopper`), read on sm90;
+  waves_per_eu, kpack, matrix_instr_nonkdim   AMD (ROCm) compiler hints, passed to Triton.
+An entry keeps every key it was read with, so a merged or installed file loses nothing.
 """
 
 from __future__ import annotations
@@ -20,8 +28,15 @@ from typing import Any
 
 from servelab import atomic
 
-CONFIG_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps",
-               "num_stages")
+REQUIRED_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps")
+# optional integer keys and the smallest value each may take
+OPTIONAL_INT_KEYS: dict[str, int] = {"num_stages": 1, "SPLIT_K": 1, "waves_per_eu": 0,
+                                     "kpack": 1, "matrix_instr_nonkdim": 0}
+OPTIONAL_BOOL_KEYS = ("SWAP_AB",)
+# the order keys are written in (the engines' own files: the five, num_stages, then the rest)
+KEY_ORDER = (*REQUIRED_KEYS, "num_stages", "SPLIT_K", "SWAP_AB", "waves_per_eu", "kpack",
+             "matrix_instr_nonkdim")
+CONFIG_KEYS = (*REQUIRED_KEYS, "num_stages")       # the six every NVIDIA entry servelab writes
 FORMATS = ("sglang", "vllm")
 CPU_DEVICE_NAME = "Triton_interpreter_CPU"  # the device name of --device cpu runs, in file names
 _NAME_RE = re.compile(
@@ -29,19 +44,23 @@ _NAME_RE = re.compile(
     r"block_shape=\[(?P<bn>\d+),(?P<space> ?)(?P<bk>\d+)\]\.json$"
 )
 
+Entry = dict[str, int | bool]
+
 
 def device_file_name(name: str) -> str:
     """A GPU name as the engines put it in file names: spaces become underscores."""
     return name.replace(" ", "_")
 
 
-def config_file_name(fmt: str, n: int, k: int, device_name: str, block: tuple[int, int] = (128, 128)) -> str:
+def config_file_name(fmt: str, n: int, k: int, device_name: str,
+                     block: tuple[int, int] = (128, 128)) -> str:
     """The file name the engine `fmt` ('sglang' or 'vllm') looks for."""
     sep = {"sglang": ", ", "vllm": ","}.get(fmt)
     if sep is None:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
     dev = device_file_name(device_name)
-    return f"N={n},K={k},device_name={dev},dtype=fp8_w8a8,block_shape=[{block[0]}{sep}{block[1]}].json"
+    return (f"N={n},K={k},device_name={dev},dtype=fp8_w8a8,"
+            f"block_shape=[{block[0]}{sep}{block[1]}].json")
 
 
 def side_file_name(n: int, k: int, device_name: str) -> str:
@@ -69,22 +88,33 @@ def parse_file_name(name: str) -> ParsedName | None:
     return ParsedName(fmt, int(m["n"]), int(m["k"]), m["dev"], (int(m["bn"]), int(m["bk"])))
 
 
-def validate_entry(entry: Mapping[str, Any], where: str) -> dict[str, int]:
-    """An entry's six launch parameters as ints; ValueError naming what is missing or extra."""
-    missing = [k for k in CONFIG_KEYS if k not in entry]
-    extra = [k for k in entry if k not in CONFIG_KEYS]
+def validate_entry(entry: Mapping[str, Any], where: str) -> Entry:
+    """An entry with every key checked, in the engines' key order; ValueError naming what is
+    missing, unknown or out of range."""
+    known = set(KEY_ORDER)
+    missing = [k for k in REQUIRED_KEYS if k not in entry]
+    extra = [k for k in entry if k not in known]
     if missing or extra:
-        raise ValueError(f"{where}: missing keys {missing}, unknown keys {extra}")
-    out = {}
-    for key in CONFIG_KEYS:
+        raise ValueError(f"{where}: missing keys {missing}, unknown keys {extra} "
+                         f"(known: {', '.join(KEY_ORDER)})")
+    out: Entry = {}
+    for key in KEY_ORDER:
+        if key not in entry:
+            continue
         v = entry[key]
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"{where}: {key}={v!r} is not a positive integer")
+        if key in OPTIONAL_BOOL_KEYS:
+            if not isinstance(v, bool):
+                raise ValueError(f"{where}: {key}={v!r} is not true/false")
+            out[key] = v
+            continue
+        low = OPTIONAL_INT_KEYS.get(key, 1)
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ValueError(f"{where}: {key}={v!r} is not an integer >= {low}")
         out[key] = v
     return out
 
 
-def read_config_file(path: str | Path) -> dict[int, dict[str, int]]:
+def read_config_file(path: str | Path) -> dict[int, Entry]:
     """A config file's entries by M, in file order; ValueError on a malformed file."""
     path = Path(path)
     try:
@@ -93,7 +123,7 @@ def read_config_file(path: str | Path) -> dict[int, dict[str, int]]:
         raise ValueError(f"{path.name}: not JSON ({exc})") from exc
     if not isinstance(raw, dict) or not raw:
         raise ValueError(f"{path.name}: expected a non-empty object keyed by batch size")
-    out: dict[int, dict[str, int]] = {}
+    out: dict[int, Entry] = {}
     for key, entry in raw.items():
         if not str(key).isdigit():
             raise ValueError(f"{path.name}: key {key!r} is not a batch size")
@@ -103,25 +133,26 @@ def read_config_file(path: str | Path) -> dict[int, dict[str, int]]:
     return out
 
 
-def render_config_file(entries: Mapping[int, Mapping[str, int]]) -> str:
-    """The engines' JSON: keys are M as strings in ascending order, the six keys in fixed order."""
-    body = {str(m): {k: int(entries[m][k]) for k in CONFIG_KEYS} for m in sorted(entries)}
+def render_config_file(entries: Mapping[int, Mapping[str, Any]]) -> str:
+    """The engines' JSON: keys are M as strings in ascending order, keys in the engines' order."""
+    body = {str(m): validate_entry(entries[m], f"entry {m}") for m in sorted(entries)}
     return json.dumps(body, indent=4) + "\n"
 
 
-def merge_write_config(path: str | Path, new: Mapping[int, Mapping[str, int]]) -> dict[int, dict[str, int]]:
+def merge_write_config(path: str | Path, new: Mapping[int, Mapping[str, Any]]) -> dict[int, Entry]:
     """Merge `new` entries into the file at `path` (keeping every batch size already there) and
     write it atomically; returns the merged entries. A malformed existing file is an error, not
     something to overwrite."""
     path = Path(path)
-    merged: dict[int, dict[str, int]] = read_config_file(path) if path.exists() else {}
+    merged: dict[int, Entry] = read_config_file(path) if path.exists() else {}
     for m, entry in new.items():
         merged[int(m)] = validate_entry(entry, f"new entry {m}")
     atomic.write_text(path, render_config_file(merged))
     return merged
 
 
-def merge_write_side(path: str | Path, meta: Mapping[str, Any], points: Mapping[int, Mapping[str, Any]]) -> None:
+def merge_write_side(path: str | Path, meta: Mapping[str, Any],
+                     points: Mapping[int, Mapping[str, Any]]) -> None:
     """Merge per-M tuning records into servelab's side file and write it atomically."""
     path = Path(path)
     old: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}

@@ -1,0 +1,122 @@
+"""`servelab tune install DIR --engine sglang|vllm`: put tuned config files where the installed
+engine reads them, keeping what they replace, and `--restore` to put that back.
+
+The folder is the engine's own (kernels/fp8_gemm/engine.config_dir: SGLang 0.5.23
+sglang/kernels/ops/gemm/configs/, vLLM vllm/model_executor/layers/quantization/utils/configs/),
+found in this interpreter or in the one `python` names (the engine's own venv or container
+entry). Both engines ship files for some shapes (SGLang 0.5.23: 29 block-FP8 files for
+NVIDIA_H200): a shipped file that a tuned one replaces is copied into
+`.servelab-backup/` beside it first, once, and the manifest there says which files were
+replaced and which were new, so `restore` returns the folder to what the engine shipped.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab import atomic
+from servelab.errors import UserError
+from servelab.kernels.fp8_gemm import engine as engine_kernel
+from servelab.kernels.fp8_gemm import formats
+
+BACKUP_DIR = ".servelab-backup"
+MANIFEST = "manifest.json"
+
+
+@dataclass(frozen=True, slots=True)
+class Installed:
+    """One file put in place: where, and whether it replaced a shipped file."""
+
+    name: str
+    replaced: bool
+
+
+def engine_config_dir(engine: str, python: str | None = None) -> Path:
+    """The engine's config folder, in this interpreter or in `python`'s; UserError when the
+    engine is not installed there."""
+    if engine not in engine_kernel.ENGINES:
+        raise UserError(f"--engine {engine}: choose one of {', '.join(engine_kernel.ENGINES)}")
+    if python is None:
+        found = engine_kernel.config_dir(engine)
+    else:
+        code = ("import sys; from servelab.kernels.fp8_gemm.engine import config_dir; "
+                f"d = config_dir({engine!r}); print(d if d else '')")
+        src = str(Path(__file__).resolve().parents[2])
+        try:
+            out = subprocess.run([python, "-c", f"import sys; sys.path.insert(0, {src!r}); {code}"],
+                                 capture_output=True, text=True, timeout=60)
+        except OSError as exc:
+            raise UserError(f"--python {python}: cannot run it ({exc.strerror})") from None
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or [""])[-1]
+            raise UserError(f"--python {python}: could not look for {engine}: {tail}")
+        found = Path(out.stdout.strip()) if out.stdout.strip() else None
+    if found is None:
+        where = python or "this interpreter"
+        raise UserError(f"{engine} is not installed in {where}; name the engine's interpreter "
+                        "with --python, or its folder with --dest")
+    return found
+
+
+def _manifest(dest: Path) -> dict[str, dict[str, object]]:
+    path = dest / BACKUP_DIR / MANIFEST
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def install(src: Path, engine: str, dest: Path) -> list[Installed]:
+    """Copy every `engine`-format config file of `src` into `dest` (see the module docstring).
+    Files are validated first: nothing is copied if one is malformed."""
+    if not src.is_dir():
+        raise UserError(f"{src}: not a folder; give the --out folder of a tuning run")
+    files = [p for p in sorted(src.iterdir())
+             if (pn := formats.parse_file_name(p.name)) is not None and pn.fmt == engine]
+    if not files:
+        raise UserError(f"{src}: no {engine} config files (N=...,K=...,device_name=...,"
+                        f"dtype=fp8_w8a8,block_shape=[...].json in {engine}'s spelling)")
+    for p in files:
+        try:
+            formats.read_config_file(p)
+        except ValueError as exc:
+            raise UserError(f"malformed config file, nothing installed: {exc}") from None
+    if not dest.is_dir():
+        raise UserError(f"{dest}: the engine's config folder does not exist")
+    backup = dest / BACKUP_DIR
+    manifest = _manifest(dest)
+    out = []
+    for p in files:
+        target = dest / p.name
+        if p.name not in manifest:                       # first install over this name
+            replaced = target.exists()
+            if replaced:
+                backup.mkdir(exist_ok=True)
+                shutil.copy2(target, backup / p.name)
+            manifest[p.name] = {"replaced": replaced}
+        atomic.write_text(target, p.read_text())
+        out.append(Installed(p.name, bool(manifest[p.name]["replaced"])))
+    backup.mkdir(exist_ok=True)
+    atomic.write_text(backup / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def restore(dest: Path) -> list[Installed]:
+    """Undo every install into `dest`: shipped files back, files the engine never had removed."""
+    manifest = _manifest(dest)
+    if not manifest:
+        raise UserError(f"{dest}: nothing to restore (no {BACKUP_DIR}/{MANIFEST})")
+    backup = dest / BACKUP_DIR
+    out = []
+    for name, rec in sorted(manifest.items()):
+        if rec.get("replaced"):
+            atomic.write_text(dest / name, (backup / name).read_text())
+            (backup / name).unlink()
+        else:
+            (dest / name).unlink(missing_ok=True)
+        out.append(Installed(name, bool(rec.get("replaced"))))
+    (backup / MANIFEST).unlink()
+    if not any(backup.iterdir()):
+        backup.rmdir()
+    return out
