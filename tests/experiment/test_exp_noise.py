@@ -257,3 +257,20 @@ def test_gpu_state_reads_clocks_temperature_and_foreign_processes(tmp_path, monk
             "foreign_pids": [777],
         },
     ]
+
+
+def test_repeat_mode_runs_no_extra_block_when_nothing_was_disturbed(tmp_path, scripted):
+    spec = _spec(
+        tmp_path,
+        scripted,
+        "calm",
+        '[noise]\nmax_other_cpu = 1000\non_interference = "repeat"\nmax_repeats = 2\n',
+        reps=2,
+        loads="[2]",
+        restart="block",
+    )
+    with Store(tmp_path / "r.db") as store:
+        lines: list[str] = []
+        Runner(spec, store, say=lines.append).run()
+        assert {r.block for r in store.runs("calm")} == {0, 1}  # the plan held 4 blocks
+        assert any("all 2 blocks measured (0 disturbed" in x for x in lines)

@@ -213,16 +213,23 @@ class Runner:
         adaptive ones stop when every primary effect is decided, at the maximum, or when the
         next block would overrun the time budget (estimated from this session's blocks)."""
         spec = self.spec
+        repeats = spec.noise.on_interference == "repeat"
         if block is None and not spec.adaptive_on:
             return None
+        if not spec.adaptive_on and not repeats:
+            return None  # the plan holds exactly the blocks to run
         from servelab.experiment.stats import undecided
 
         ev = evidence.gather(self.store, spec.name, metrics=[spec.primary_metric])
         base = spec.adaptive.max if spec.adaptive_on else int(spec.repetitions)  # type: ignore[arg-type]
         if block is not None and block >= base + len(ev.excluded):
-            return None if not spec.adaptive_on else (
-                f"adaptive: maximum of {spec.adaptive.max} blocks reached; "
-                + _undecided_text(undecided(ev.analysis, spec.primary_metric))
+            if not spec.adaptive_on:
+                return (
+                    f"all {base} blocks measured ({len(ev.excluded)} disturbed block(s) "
+                    "replaced by extra ones)"
+                )
+            return f"adaptive: maximum of {spec.adaptive.max} blocks reached; " + _undecided_text(
+                undecided(ev.analysis, spec.primary_metric)
             )
         if not spec.adaptive_on:
             return None
