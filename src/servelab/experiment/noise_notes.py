@@ -132,8 +132,16 @@ def measured_rate_line(spec: dict[str, Any]) -> str:
             f"{noise} machine: wrong verdict {aa.get('wrong_verdict', float('nan')) * 100:.1f}%, "
             f"interval missed the truth {aa.get('missed_truth', float('nan')) * 100:.1f}%"
         )
+    sim_band, band = float(data.get("band", 0.0)), float(spec.get("noise_band", 0.02))
+    note = (
+        f" (simulated with a {sim_band * 100:g}% band, this experiment's is {band * 100:g}%: the "
+        "interval's error does not depend on it; a wider band only lowers wrong verdicts)"
+        if abs(sim_band - band) > 1e-12
+        else ""
+    )
     return (
-        f"measured error rate of this rule ({key}, band {data.get('band', 0) * 100:g}%) over "
-        f"{data.get('experiments_per_cell')} simulated A/A experiments per noise model "
-        f"({data.get('date_utc')}): " + "; ".join(parts)
+        f"measured error rate of this rule ({key}) over {data.get('experiments_per_cell')} "
+        f"simulated A/A experiments per noise model ({data.get('date_utc')}): "
+        + "; ".join(parts)
+        + note
     )
