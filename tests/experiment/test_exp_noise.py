@@ -185,7 +185,7 @@ def test_adaptive_repetitions_stop_when_every_effect_is_decided(tmp_path, script
         tmp_path,
         scripted,
         "auto",
-        'repetitions = "auto"\n[adaptive]\nmin = 3\nmax = 8\nbudget_s = 600\n',
+        'repetitions = "auto"\n[adaptive]\nmin = 3\nmax = 10\nbudget_s = 600\n',
         loads="[1, 2]",
         restart="block",
         gap_ms=8.0,
@@ -196,11 +196,14 @@ def test_adaptive_repetitions_stop_when_every_effect_is_decided(tmp_path, script
         data = collect(store, "auto")
     blocks = {r.block for r in data.runs}
     # two tokens per chunk halve the time per token: decided at the first look or soon after
-    assert 3 <= len(blocks) < 8, lines
+    assert 3 <= len(blocks) < 10, lines
     assert any("every primary effect decided" in x for x in lines)
+    decided = []
     for lk in ("c=1", "c=2"):
         e = data.analysis.effects[("fast", lk, "output_throughput_tok_s")]
-        assert e.rule == "sequential" and e.verdict == "better" and e.decided_at == len(blocks)
+        assert e.rule == "sequential" and e.verdict == "better" and e.n == len(blocks)
+        decided.append(e.decided_at)
+    assert max(decided) == len(blocks)  # it stopped at the look that decided the last effect
     text = "\n".join(stopping_lines(data))
     assert "every primary effect decided" in text and "measured error rate" in text
 
