@@ -69,6 +69,11 @@ def blocks(rng: np.random.Generator, noise: Noise, n: int, log_effect: float) ->
     return out
 
 
+def rule_key(d: seq.Design) -> str:
+    """How the report finds a design's measured rates (noise_notes.measured_rates)."""
+    return f"adaptive {d.min_n}-{d.max_n}, {d.effects} effect(s), alpha {d.alpha:g}"
+
+
 def fixed_verdict(logr: np.ndarray, n: int, band: float, seed: int) -> str:
     r = np.exp(logr[:n])
     ratio, lo, hi = bootstrap_ratio(np.ones(n), r, paired=True, n_boot=2000, seed=seed)
@@ -90,10 +95,13 @@ class Cell:
 
 def simulate(noise: Noise, effect: float, n_exp: int, band: float, seed: int) -> list[Cell]:
     rng = np.random.default_rng(seed)
-    designs = {
-        "adaptive 4-10 (1 effect)": seq.Design(4, 10, 0.05, 1),
-        "adaptive 4-10 (3 effects)": seq.Design(4, 10, 0.05, 3),
-        "adaptive 5-20 (1 effect)": seq.Design(5, 20, 0.05, 1),
+    designs = {  # the default, the demo's (3 load points) and aa_noise.toml's (2)
+        rule_key(d): d
+        for d in (
+            seq.Design(5, 20, 0.05, 1),
+            seq.Design(4, 10, 0.05, 3),
+            seq.Design(4, 12, 0.05, 2),
+        )
     }
     tallies: dict[str, list] = {f"fixed {n}": [] for n in (3, 5, 10)}
     tallies["naive peeking 3-10"] = []
@@ -141,6 +149,11 @@ def main() -> None:
     ap.add_argument("--experiments", type=int, default=1000)
     ap.add_argument("--band", type=float, default=0.02)
     ap.add_argument("--out", default="/tmp/noise_sim.json")
+    ap.add_argument(
+        "--record",
+        default=None,
+        help="also write the A/A rates the report quotes (src/servelab/experiment/error_rates.json)",
+    )
     a = ap.parse_args()
     t0 = time.time()
     cells: list[Cell] = []
@@ -150,8 +163,11 @@ def main() -> None:
         print(f"{noise.name}: sd of a block's log ratio {pairs.std(ddof=1):.3f}", flush=True)
         for j, effect in enumerate((1.0, 1.2)):
             cells += simulate(noise, effect, a.experiments, a.band, seed=1000 * k + j)
-    print("| noise | rule | A/A false positives | power at +20% | blocks (A/A / +20%) |")
-    print("|---|---|---|---|---|")
+    print(
+        "| noise | rule | A/A false positives | power at +20% | blocks (A/A / +20%) "
+        "| interval missed the truth (A/A / +20%) |"
+    )
+    print("|---|---|---|---|---|---|")
     for noise in MODELS:
         for rule in dict.fromkeys(c.rule for c in cells):
             aa = next(c for c in cells if (c.noise, c.rule, c.effect) == (noise.name, rule, 1.0))
@@ -172,7 +188,34 @@ def main() -> None:
             f,
             indent=1,
         )
+    if a.record:
+        record(cells, a)
     print(f"{time.time() - t0:.0f} s; {a.out}")
+
+
+def record(cells: list[Cell], a: argparse.Namespace) -> None:
+    """The rates the experiment report quotes beside the rule it used."""
+    rules: dict[str, dict] = {}
+    for c in cells:
+        r = rules.setdefault(c.rule, {})
+        key = "aa" if c.effect == 1.0 else "effect_20pct"
+        r.setdefault(c.noise, {})[key] = {
+            "wrong_verdict": c.called_better + c.called_worse if key == "aa" else c.called_worse,
+            "missed_truth": c.excludes_truth,
+            "power": c.called_better if key != "aa" else None,
+            "mean_blocks": c.mean_blocks,
+        }
+    out = {
+        "what": "simulated error rates of the verdict rules (benchmarks/bench_noise_sim.py)",
+        "date_utc": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": f"python benchmarks/bench_noise_sim.py --experiments {a.experiments} "
+        f"--band {a.band:g} --record {a.record}",
+        "experiments_per_cell": a.experiments,
+        "band": a.band,
+        "rules": rules,
+    }
+    with open(a.record, "w") as f:
+        json.dump(out, f, indent=1)
 
 
 if __name__ == "__main__":

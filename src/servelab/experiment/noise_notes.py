@@ -4,6 +4,7 @@ Kept apart from report.py so that the report's layout and the noise story stay r
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -25,12 +26,19 @@ def stopping_lines(data: ExperimentData) -> list[str]:
             f"{d.max_n}); rule: {seq.RULE}; familywise alpha {d.alpha:g} over {d.effects} "
             f"primary effects (each look at nominal level {d.gamma:.2g})"
         )
+        out.append(measured_rate_line(data.spec))
         out.append(
             "every primary effect decided"
             if not und
             else "left undecided (budget or maximum reached): "
             + ", ".join(f"{a} at {lk}" for a, lk in und)
         )
+    else:
+        out.append(
+            f"rule: fixed repetitions ({data.spec.get('repetitions')}), expanded-bootstrap 95% "
+            "CI (paired by block when the schedule pairs runs) against the noise band"
+        )
+        out.append(measured_rate_line(data.spec))
     for b, why in sorted(data.flagged.items()):
         fate = (
             "repeated: left out of the statistics, stored and listed below"
@@ -86,3 +94,54 @@ def interference_cells(
 
 def _cores(c: list[int] | None) -> str:
     return ",".join(map(str, c)) if c else "?"
+
+
+RATES_FILE = Path(__file__).with_name("error_rates.json")
+
+
+def rule_key(spec: dict[str, Any]) -> str | None:
+    """The key of this experiment's rule in error_rates.json (as bench_noise_sim.py names it)."""
+    if spec.get("repetitions") == "auto":
+        from servelab.experiment.evidence import design_of
+
+        d = design_of(spec)
+        assert d is not None
+        return f"adaptive {d.min_n}-{d.max_n}, {d.effects} effect(s), alpha {d.alpha:g}"
+    return f"fixed {spec.get('repetitions')}"
+
+
+def measured_rate_line(spec: dict[str, Any]) -> str:
+    """The rule's simulated error rate under realistic noise, or where to find how to get it."""
+    import orjson
+
+    key = rule_key(spec)
+    try:
+        data = orjson.loads(RATES_FILE.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return "measured error rate: not recorded (run benchmarks/bench_noise_sim.py --record)"
+    rule = data.get("rules", {}).get(key)
+    if rule is None:
+        return (
+            f"measured error rate: this design ({key}) was not simulated; "
+            f"benchmarks/bench_noise_sim.py measures the ones in docs/EXPERIMENTS.md"
+        )
+    parts = []
+    for noise, cells in rule.items():
+        aa = cells.get("aa") or {}
+        parts.append(
+            f"{noise} machine: wrong verdict {aa.get('wrong_verdict', float('nan')) * 100:.1f}%, "
+            f"interval missed the truth {aa.get('missed_truth', float('nan')) * 100:.1f}%"
+        )
+    sim_band, band = float(data.get("band", 0.0)), float(spec.get("noise_band", 0.02))
+    note = (
+        f" (simulated with a {sim_band * 100:g}% band, this experiment's is {band * 100:g}%: the "
+        "interval's error does not depend on it; a wider band only lowers wrong verdicts)"
+        if abs(sim_band - band) > 1e-12
+        else ""
+    )
+    return (
+        f"measured error rate of this rule ({key}) over {data.get('experiments_per_cell')} "
+        f"simulated A/A experiments per noise model ({data.get('date_utc')}): "
+        + "; ".join(parts)
+        + note
+    )

@@ -12,8 +12,9 @@ with ONE nominal level gamma for every look, chosen so that, for Gaussian log ra
 and variance, all the intervals from min_n to max_n cover the true effect at once with
 probability 1 - alpha (a repeated-t group-sequential design with Pocock's constant nominal
 level). The t statistic is free of the mean and variance, so gamma depends only on
-(min_n, max_n, alpha) and is found once by a seeded simulation. The running intersection of the intervals is then also a (1 - alpha) confidence
-sequence, and it only shrinks: a decision once reached never reverses. Several primary effects
+(min_n, max_n, alpha) and is found once by a seeded simulation. The running intersection of
+the intervals is then also a (1 - alpha) confidence sequence, and it only shrinks: a decision
+once reached never reverses. Several primary effects
 (load points, arms) share alpha by Bonferroni, so the chance that ANY of them is called wrongly
 stays below alpha. docs/EXPERIMENTS.md gives the measured error rates under heavy-tailed,
 drifting, bursty noise (benchmarks/bench_noise_sim.py).
@@ -50,7 +51,7 @@ def nominal_level(min_n: int, max_n: int, alpha: float, seed: int = 0) -> float:
     rng = np.random.default_rng(seed)
     n = np.arange(1, max_n + 1)
     best_p = np.empty(_SIMS)
-    chunk = 50_000
+    chunk = max(1_000, 2_000_000 // max_n)  # ~16 MB of normals per step, whatever max_n
     for start in range(0, _SIMS, chunk):
         z = rng.standard_normal((min(chunk, _SIMS - start), max_n))
         mean = np.cumsum(z, axis=1) / n
