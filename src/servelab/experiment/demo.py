@@ -69,10 +69,6 @@ def run_demo(
     with Store(store_path) as st:
         md, page, data = write(st, spec.name)
     attribution(console, data)
-    from servelab.experiment.report_html import sections
-
-    for e in sections(data)[1]:  # SLO capacity ([load.sweep]): the sentence a reader wants
-        console.print(e.sentence(), style="bold", highlight=False)
     console.print(
         f"demo finished in {time.monotonic() - t0:.0f} s\nreport: {page}\nmarkdown: {md}",
         highlight=False,

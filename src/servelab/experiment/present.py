@@ -37,8 +37,12 @@ def attribution(console: Any, data: ExperimentData) -> None:
 
     title = f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
     console.print(verdict_table(title, attribution_rows(data), lambda r: r[5]))
+    from servelab.experiment.report_html import sections
+
     for line in headline(data.analysis, data.primary) + stopping_lines(data):
         console.print(Text(line))
+    for e in sections(data)[1]:  # SLO capacity ([load.sweep]): the sentence a reader wants
+        console.print(Text(e.sentence(), style="bold"))
     for w in data.analysis.warnings:
         console.print(Text.assemble(("warning: ", "yellow"), w))
 
