@@ -25,6 +25,7 @@ from servelab.engines import flagcheck, recipe
 from servelab.engines.base import render_flags
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
+from servelab.experiment import processes
 from servelab.experiment import spec as spec_mod
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +47,7 @@ def _real(engine: str) -> Launcher:
 def test_every_planned_command_of_every_example_is_accepted(name):
     spec = spec_mod.load(EXAMPLES / f"{name}.toml")
     for arm in spec.arms:
-        for cmd in spec_mod.planned(spec, arm):
+        for cmd in processes.planned(spec, arm):
             assert cmd.verdict is not None and cmd.verdict.ok, (arm, cmd.role, cmd.verdict)
             assert "generated table" in cmd.verdict.by or "parser" in cmd.verdict.by
 
@@ -57,7 +58,7 @@ def test_the_real_parsers_accept_every_example_command(name):
     launcher = _real(spec.engine)
     eng = spec_mod.engines.get(spec.engine)
     for arm in spec.arms:
-        for cfg, cmd in zip(spec_mod.resolve(spec, arm), spec_mod.planned(spec, arm),
+        for cfg, cmd in zip(processes.resolve(spec, arm), processes.planned(spec, arm),
                             strict=True):
             args = cmd.argv[len(cfg.launcher.argv(eng.entry(cfg.role))):]
             v = flagcheck.judge(spec.engine, cfg.role, args, launcher)
@@ -137,7 +138,7 @@ def test_unknown_version_names_what_exists():
 
 def test_pd_processes_get_their_own_ports_and_the_router_the_bootstrap_port():
     spec = spec_mod.load(EXAMPLES / "disagg.toml")
-    cmds = {c.role: c.argv for c in spec_mod.planned(spec, "baseline")}
+    cmds = {c.role: c.argv for c in processes.planned(spec, "baseline")}
 
     def val(argv, flag):
         return int(argv[argv.index(flag) + 1])

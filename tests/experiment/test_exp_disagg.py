@@ -6,6 +6,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from servelab.experiment import processes
 from servelab.experiment import spec as spec_mod
 from servelab.experiment.runner import Runner
 from servelab.store import Store
@@ -61,7 +62,7 @@ teardown_s = 5
     f = tmp_path / "pd.toml"
     f.write_text(text)
     spec = spec_mod.load(f)
-    procs = spec_mod.resolve(spec, "fast-decode")
+    procs = processes.resolve(spec, "fast-decode")
     assert [p.role for p in procs] == ["prefill", "decode", "router"]
     assert procs[1].flags["tokens-per-chunk"] == 2 and "tokens-per-chunk" not in procs[0].flags
     store = Store(tmp_path / "r.db")

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from servelab.experiment import processes
 from servelab.experiment import spec as spec_mod
 from servelab.experiment.report import collect
 from servelab.experiment.runner import Runner
@@ -319,7 +320,7 @@ def test_external_engine_open_loop_shuffled(tmp_path):
                 "workload": {"input_len": 8, "output_len": 5, "num_prompts": 6},
             }
         )
-        spec_mod.preflight(spec)
+        processes.preflight(spec)
         store = Store(tmp_path / "r.db")
         res = Runner(spec, store, say=lambda s: None).run()
         n_server = len(srv.log())
@@ -329,7 +330,7 @@ def test_external_engine_open_loop_shuffled(tmp_path):
     assert sum(store.load_point(r.load_point_id).summary["completed"] for r in runs) == 24
     assert n_server >= 24  # every request reached the server
     with pytest.raises(Exception, match="cannot change flags"):
-        spec_mod.preflight(
+        processes.preflight(
             spec_mod.parse({**spec.to_json(), "arms": {"a": {}, "b": {"flags": {"x": 1}}}})
         )
 

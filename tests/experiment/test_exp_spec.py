@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from servelab.errors import UserError
+from servelab.experiment import processes
 from servelab.experiment import spec as spec_mod
 from servelab.experiment.schedule import plan
 
@@ -152,7 +153,7 @@ def test_recipe_applies_per_engine(tmp_path):
             arm_b='recipe = "mtp-conservative"',
         ),
     )
-    (proc,) = spec_mod.resolve(s, "b")
+    (proc,) = processes.resolve(s, "b")
     assert proc.flags == {
         "speculative-algorithm": "EAGLE",
         "speculative-num-steps": 1,
@@ -163,7 +164,7 @@ def test_recipe_applies_per_engine(tmp_path):
         tmp_path,
         BASE.format(engine="vllm", model="m", arm_b='recipe = ["mtp-conservative", "nccl-ll"]'),
     )
-    (proc,) = spec_mod.resolve(v, "b")
+    (proc,) = processes.resolve(v, "b")
     assert '"method": "mtp"' in proc.flags["speculative-config"] and proc.env["NCCL_PROTO"] == "LL"
 
 
@@ -239,6 +240,6 @@ def test_the_documented_full_example_is_valid(tmp_path):
         line for line in block.splitlines() if not line.startswith(("dataset =", "tokenizer ="))
     )
     s = _load(tmp_path, text)
-    (proc,) = spec_mod.resolve(s, "mtp")
+    (proc,) = processes.resolve(s, "mtp")
     assert proc.flags["speculative-num-draft-tokens"] == 2 and "cuda-graph-max-bs" not in proc.flags
     assert proc.flags["mem-fraction-static"] == 0.8 and proc.env["NCCL_PROTO"] == "LL"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from servelab.experiment import processes
 from servelab.experiment import spec as spec_mod
 from servelab.experiment.schedule import plan
 
@@ -24,7 +25,7 @@ def collect(spec: spec_mod.ExperimentSpec) -> dict[str, Any]:
              "verdict": None if c.verdict is None else {
                  "ok": c.verdict.ok, "error": c.verdict.error, "by": c.verdict.by,
                  "version": c.verdict.version}}
-            for c in spec_mod.planned(spec, arm)
+            for c in processes.planned(spec, arm)
         ]
     return {"name": spec.name, "engine": spec.engine, "model": spec.model, "arms": arms,
             "ports_note": "ports are allocated again at launch; these show the layout",

@@ -22,8 +22,9 @@ from servelab.engines.base import Engine
 from servelab.errors import UserError
 from servelab.experiment import evidence, interference, pinning
 from servelab.experiment.deploy import DeployError, Deployment, on_main_thread
+from servelab.experiment.processes import resolve
 from servelab.experiment.schedule import PlannedRun, plan
-from servelab.experiment.spec import ExperimentSpec, resolve
+from servelab.experiment.spec import ExperimentSpec
 from servelab.store import Store
 
 

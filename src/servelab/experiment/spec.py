@@ -1,7 +1,8 @@
 """The experiment file (TOML), validated with pydantic, and its pre-flight checks.
 
 A bad file gives ONE line naming the key and the problem (`spec.load`); pre-flight checks
-(unknown flags per engine, conflicting flags, recipe constraints) run before anything launches.
+(unknown flags per engine, conflicting flags, recipe constraints) run before anything launches
+(experiment/processes.py).
 The full format, with an example, is documented in docs/EXPERIMENTS.md.
 """
 
@@ -11,7 +12,6 @@ import hashlib
 import re
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,15 +28,13 @@ from pydantic import (
 )
 
 from servelab import engines
-from servelab.engines import recipe as recipes
-from servelab.engines.base import FlagValue, ProcessConfig
+from servelab.engines.base import FlagValue
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
 from servelab.experiment.sweep_spec import SWEEP_KEY, SweepSpec
 
 if TYPE_CHECKING:
     from servelab.bench.config import BenchConfig
-    from servelab.engines.flagcheck import Verdict
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
@@ -391,170 +389,7 @@ def load(path: str | Path, transform: Callable[[dict], dict] | None = None) -> E
     if transform is not None:
         data = transform(data)
     spec = parse(data, str(p))
+    from servelab.experiment.processes import preflight  # it builds on this module's types
+
     preflight(spec, str(p))
     return spec
-
-
-# ---- resolving arms into processes --------------------------------------------------------------
-
-
-def _layout(spec: ExperimentSpec) -> list[ProcessSpec]:
-    if spec.base.processes:
-        return list(spec.base.processes)
-    return [ProcessSpec(role="server", command=spec.command)]
-
-
-def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
-    """The process configurations of one arm, in launch order (router last)."""
-    arm = spec.arms[arm_name]
-    out: list[ProcessConfig] = []
-    layout = sorted(_layout(spec), key=lambda p: p.role == "router")
-    for proc in layout:
-        is_router = proc.role == "router"
-        flags: dict[str, FlagValue] = {} if is_router else dict(spec.base.flags)
-        env = dict(spec.base.env)
-        flags.update(proc.flags)
-        env.update(proc.env)
-        applies = proc.role in arm.roles if arm.roles is not None else not is_router
-        if applies:
-            for rname in arm.recipes:
-                r = recipes.get(rname)
-                flags.update(r.flags_for(spec.engine))
-                env.update(r.env)
-            flags.update(arm.flags)
-            for k in arm.remove:
-                flags.pop(k, None)
-            env.update(arm.env)
-        flags = {k: v for k, v in flags.items() if v is not False}
-        extra: dict[str, Any] = {"command": proc.command or spec.command}
-        out.append(
-            ProcessConfig(
-                role=proc.role,
-                flags=flags,
-                env=env,
-                host=spec.host,
-                port=proc.port or 0,
-                extra=extra,
-                launcher=(proc.launcher or spec.base.launcher).launcher(),
-            )
-        )
-    return out
-
-
-def launcher_version(spec: ExperimentSpec, role: str) -> str | None:
-    """The engine version a process's flag table is picked by (see LauncherSpec); the base's
-    names the engine, so a router (its own package, e.g. sglang-router) takes only its own."""
-    for p in _layout(spec):
-        if p.role == role and p.launcher is not None and p.launcher.version:
-            return p.launcher.version
-    return None if role == "router" else spec.base.launcher.version
-
-
-def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
-    """Every check that can fail without launching anything; raises UserError (one line)."""
-    try:  # the bench's own checks (dataset and tokenizer files exist, goodput keys, ...)
-        spec.workload.bench_config(spec.url or "http://127.0.0.1:1")
-    except UserError as exc:
-        raise UserError(f"{source}: workload: {exc}") from None
-    eng = engines.get(spec.engine)
-    layout = _layout(spec)
-    roles = [p.role for p in layout]
-    for r in roles:
-        if r not in eng.roles:
-            raise UserError(
-                f"{source}: base.processes: engine '{spec.engine}' cannot run a '{r}' "
-                f"process (roles: {', '.join(eng.roles)})"
-            )
-    if len(layout) > 1 and roles.count("router") != 1:
-        raise UserError(
-            f"{source}: base.processes: a deployment of several processes needs "
-            "exactly one 'router' process (the endpoint the benchmark talks to)"
-        )
-    if not eng.launches:
-        for name, arm in spec.arms.items():
-            if arm.flags or arm.remove or arm.recipe or arm.env:
-                raise UserError(
-                    f"{source}: arms.{name}: engine 'external' is not launched by "
-                    "servelab, so arms cannot change flags or env"
-                )
-    base_flags = [p.flags for p in resolve_raw_base(spec)]
-    for name, arm in spec.arms.items():
-        missing = [r for r in arm.roles or [] if r not in roles]
-        if missing:  # the delta would silently apply to nothing: the arm would equal the base
-            raise UserError(
-                f"{source}: arms.{name}.roles: no '{missing[0]}' process in this deployment "
-                f"(its processes: {', '.join(roles)})"
-            )
-        for rname in arm.recipes:
-            try:
-                recipes.get(rname).flags_for(spec.engine)
-            except UserError as exc:
-                raise UserError(f"{source}: arms.{name}.recipe: {exc}") from None
-        for k in arm.remove:
-            if all(k not in flags for flags in base_flags):
-                raise UserError(f"{source}: arms.{name}.remove: flag '{k}' is not set in the base")
-        for proc in resolve(spec, name):
-            problems = (
-                eng.check(spec.model, proc.role, proc.flags)
-                if spec.base.check_flags
-                else eng.rules(spec.model, proc.role, proc.flags)
-            )
-            if proc.role != "router":
-                problems += recipes.constraint_problems(spec.model, proc.flags)
-            if problems:
-                more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-                raise UserError(f"{source}: arms.{name} ({proc.role}): {problems[0]}{more}")
-        if spec.base.check_flags and eng.parser is not None:
-            for cmd in planned(spec, name):
-                v = cmd.verdict
-                if v is not None and not v.ok:
-                    raise UserError(
-                        f"{source}: arms.{name} ({cmd.role}): {v.error} [judged by {v.by}]; "
-                        "fix the flag, or set base.check_flags = false"
-                    )
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedCommand:
-    """One process of one arm as it would launch, and what the engine's parser said of it."""
-
-    arm: str
-    role: str
-    argv: list[str]
-    env: dict[str, str]
-    verdict: Verdict | None
-
-
-def planned(spec: ExperimentSpec, arm: str) -> list[PlannedCommand]:
-    """The command lines of an arm's processes as the deployment renders them (ports
-    allocated, launcher applied), each judged by the engine's own parser where it can be
-    imported in the engine's interpreter, else by the generated table (engines/flagcheck.py)."""
-    from servelab.engines import flagcheck
-    from servelab.experiment.deploy import Deployment
-
-    eng = engines.get(spec.engine)
-    dep = Deployment(eng, spec.model, resolve(spec, arm), Path("."))
-    out = []
-    for plan, cfg in zip(dep.plan(), dep.procs, strict=True):
-        verdict = None
-        if eng.parser is not None and spec.base.check_flags:
-            args = plan.argv[len(cfg.launcher.argv(eng.entry(cfg.role))):]
-            if eng.name == "vllm" and cfg.launcher.python:
-                args = args[1:]                            # the module's "serve"
-            try:
-                verdict = flagcheck.judge(eng.parser, cfg.role, args, cfg.launcher,
-                                          launcher_version(spec, cfg.role))
-            except ValueError as exc:
-                raise UserError(f"arms.{arm} ({cfg.role}): {exc}") from None
-        out.append(PlannedCommand(arm, plan.role, plan.argv, plan.env, verdict))
-    return out
-
-
-def resolve_raw_base(spec: ExperimentSpec) -> list[ProcessConfig]:
-    """The base processes without any arm delta (for checks of `remove`)."""
-    return [
-        ProcessConfig(
-            role=p.role, flags={**({} if p.role == "router" else spec.base.flags), **p.flags}
-        )
-        for p in _layout(spec)
-    ]
