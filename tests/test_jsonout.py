@@ -4,10 +4,10 @@ document with its schema tag, and its numbers are the ones stored or written els
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from cli_inproc import cli
 
 from servelab.bench.scripted_harness import serve_in_thread
 from servelab.bench.scripted_server import Script
@@ -16,17 +16,6 @@ from servelab.store import Store
 FIXTURES = Path(__file__).parent / "profile" / "fixtures"
 
 
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from servelab.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["servelab", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_bench_results_and_compare_print_one_document(monkeypatch, capsys, tmp_path):

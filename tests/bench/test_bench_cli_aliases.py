@@ -5,23 +5,13 @@ once (checked on the scripted server's own arrival log)."""
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
+from cli_inproc import cli
 
 from servelab.bench.scripted_harness import serve_in_thread
 from servelab.bench.scripted_server import Script
 from servelab.store import Store
-
-
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from servelab.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["servelab", *args])
-    with pytest.raises(SystemExit) as ei:
-        main()
-    out, err = capsys.readouterr()
-    return ei.value.code or 0, out, err
 
 
 def test_vllm_command_line(monkeypatch, capsys, tmp_path):

@@ -5,10 +5,10 @@ them), and the contract keys of the summary."""
 from __future__ import annotations
 
 import json
-import sys
 
 import orjson
 import pytest
+from cli_inproc import cli
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point, save_load_point
@@ -23,17 +23,6 @@ CONTRACT = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "output_th
             "request_rate")
 
 
-def cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    from servelab.cli import main
-
-    monkeypatch.setattr(sys, "argv", ["servelab", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_save_list_show(monkeypatch, capsys, tmp_path):
