@@ -20,9 +20,8 @@ from typing import Any
 from servelab import engines, paths, provenance
 from servelab.engines.base import Engine
 from servelab.errors import UserError
-from servelab.experiment import evidence, interference, pinning
+from servelab.experiment import evidence, interference, pinning, processes
 from servelab.experiment.deploy import DeployError, Deployment, on_main_thread
-from servelab.experiment.processes import resolve
 from servelab.experiment.schedule import PlannedRun, plan
 from servelab.experiment.spec import ExperimentSpec
 from servelab.store import Store
@@ -356,7 +355,7 @@ class Runner:
             dep = Deployment(
                 self.engine,
                 spec.model,
-                resolve(spec, p.arm),
+                processes.resolve(spec, p.arm),
                 log_dir,
                 ready_timeout_s=t.ready_s,
                 grace_s=t.teardown_s,
