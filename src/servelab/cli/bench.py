@@ -299,7 +299,8 @@ def register(app: typer.Typer) -> None:
                                 + ("; the load points are in the store" if st else "")) from None
 
         def keep(lp: Any, res: Any, line: Any = None) -> int | None:
-            """Store, print (a table; `line(store_id)` in a sweep) and write one load point."""
+            """Store and print one load point (a table; `line(store_id)` in a sweep); the
+            caller rewrites --output once the point is complete."""
             nonlocal server_info
             server_info = res.server_info
             row = save_load_point(st, cfg, lp, res, label=label) if st is not None else None
@@ -309,12 +310,12 @@ def register(app: typer.Typer) -> None:
             else:
                 _report_point(console, res, line(row), full=False)
             out.append({**res.summary, "store_id": row})
-            write_output()
             return row
 
         if not sweep:
             for lp in loads:
                 keep(lp, run_load_point(cfg, lp, progress=not quiet))
+                write_output()
         else:
             sweep_id = "sweep-" + uuid.uuid4().hex[:8]
             label = label or sweep_id
