@@ -176,3 +176,27 @@ def test_truncated_request_file_is_a_warning_not_a_crash(finished, tmp_path):
     assert page.read_text().count('class="plot"') >= 4
     with pytest.raises(UserError, match="unreadable"):
         list(finished.requests(finished.load_point(runs[1].load_point_id)))
+
+
+def test_report_out_writes_the_folder_and_refuses_a_file(finished, tmp_path, monkeypatch, capsys):
+    """`report NAME --out DIR` writes report.md and report.html there; `--out` naming an existing
+    file (not a folder) is one line naming the path, exit 2, never a traceback, and the file is
+    left as it was."""
+    from cli_inproc import cli
+
+    store = str(finished.path)
+    code, out, err = cli(monkeypatch, capsys, "report", "rep", "--store", store,
+                         "--out", str(tmp_path / "dir"))
+    assert code == 0, err
+    assert (tmp_path / "dir" / "report.md").read_text().startswith("#")
+    assert "<html" in (tmp_path / "dir" / "report.html").read_text()[:500].lower()
+    assert str(tmp_path / "dir" / "report.html") in out
+    plain = tmp_path / "plain.txt"
+    plain.write_text("keep me")
+    code, out, err = cli(monkeypatch, capsys, "report", "rep", "--store", store,
+                         "--out", str(plain))
+    assert code == 2, (code, out, err)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert str(plain) in lines[0] and "check the path" in lines[0], lines[0]
+    assert plain.read_text() == "keep me"
