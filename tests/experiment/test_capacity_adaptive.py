@@ -127,3 +127,70 @@ def test_fixed_repetitions_analysis_is_unchanged_by_sweeps():
     an = analyze(runs, baseline="base", arms=["base", "mtp"], load_keys=["capacity"],
                  metrics=["output_throughput_tok_s"])
     assert an.capacity == {}  # no stopping rule to feed: the report computes the fixed-n CI
+
+
+def test_adaptive_experiment_stops_when_its_capacity_effect_is_decided(tmp_path, monkeypatch,
+                                                                        capsys):
+    """A real adaptive experiment (scripted servers, one capacity sweep per run): the runner
+    stops right after the block at which the capacity effect is decided (or runs to the
+    maximum when it never is), and `report --json` states that same always-valid interval."""
+    import json
+    import sys
+
+    from servelab.cli import main
+    from servelab.experiment import evidence
+    from servelab.experiment import spec as spec_mod
+    from servelab.experiment.runner import Runner
+    from servelab.store import Store
+
+    f = tmp_path / "capa.toml"
+    f.write_text(f"""
+name = "capa"
+engine = "command"
+command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
+           "--port", "{{port}}", "--model", "capa", "--no-log"]
+baseline = "slow"
+repetitions = "auto"
+restart = "block"
+noise_band = 0.05
+[adaptive]
+min = 3
+max = 5
+budget_s = 300
+[base.flags]
+ttft-ms = 5
+gap-ms = 4
+max-running = 1
+[arms.slow]
+[arms.fast]
+flags = {{ tokens-per-chunk = 2 }}
+[load]
+sweep = {{ slo = "ttft_p90_ms=40", precision = 0.5, rates = 1, max_points = 5 }}
+[workload]
+input_len = 8
+output_len = 5
+num_prompts = 8
+[timeouts]
+ready_s = 30
+teardown_s = 5
+""")
+    said: list[str] = []
+    store = Store(tmp_path / "r.db")
+    Runner(spec_mod.load(f), store, say=said.append).run()
+    ev = evidence.gather(store, "capa")
+    e = ev.analysis.capacity["fast"]
+    assert e.rule == "sequential" and e.n == ev.blocks_used
+    if e.verdict == "undecided":
+        assert ev.blocks_used == 5 and any("maximum of 5 blocks" in s for s in said), said
+    else:  # decided at a look: no block after it
+        assert ev.blocks_used == e.decided_at >= 3, (e, said)
+        assert any("every primary effect decided" in s for s in said), said
+    monkeypatch.setattr(sys, "argv", ["servelab", "report", "capa", "--store", str(store.path),
+                                      "--out", str(tmp_path / "rep"), "--json"])
+    try:
+        main()
+    except SystemExit as exc:
+        assert not exc.code
+    (doc,) = json.loads(capsys.readouterr().out)["capacity"]["effects"]
+    assert (doc["rule"], doc["verdict"], doc["decided_at"]) == (e.rule, e.verdict, e.decided_at)
+    assert doc["ci_low"] == pytest.approx(e.ci_low) and doc["n"] == e.n
