@@ -19,7 +19,7 @@ record() {  # label steps load serve-flags...
     sleep 1
   done
   python3 -m servelab profile capture --url "http://127.0.0.1:$port" --num-steps "$steps" \
-    --load "$load" --max-tokens 96 --out "$out/$label" --json "$out/$label.json" --timeout 90 \
+    --load "$load" --max-tokens 96 --out "$out/$label" --output-file "$out/$label.json" --timeout 90 \
     >>"$out/$label.log" 2>&1 || echo "capture $label failed (see $label.log)"
   kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null
   tail -n 25 "$out/$label.log"

@@ -42,10 +42,11 @@ def test_bare_servelab_prints_help_without_an_error_line():
 
 
 def test_outputs_that_cannot_be_written(tmp_path, trace):
-    """--json DIR, --json /proc/1/x: one line before the work (they used to traceback)."""
-    _one_line(servelab("profile", str(trace), "--json", str(tmp_path)), 2, "is a folder")
-    _one_line(servelab("profile", str(trace), "--json", "/proc/1/x"), 2, "/proc/1/x")
-    _one_line(servelab("ceiling", "--model", "deepseek-v3", "--gpu", "h200", "--json",
+    """--output-file DIR, --output-file /proc/1/x: one line before the work (they used to
+    traceback)."""
+    _one_line(servelab("profile", str(trace), "--output-file", str(tmp_path)), 2, "is a folder")
+    _one_line(servelab("profile", str(trace), "--output-file", "/proc/1/x"), 2, "/proc/1/x")
+    _one_line(servelab("ceiling", "--model", "deepseek-v3", "--gpu", "h200", "--output-file",
                        str(tmp_path)), 2, "is a folder")
 
 
@@ -89,9 +90,10 @@ def test_files_of_the_wrong_kind_are_one_line(tmp_path, monkeypatch, capsys, arg
 
 
 def test_debug_shows_the_traceback(tmp_path, trace):
-    r = servelab("profile", str(trace), "--json", str(tmp_path), "--debug")
+    r = servelab("profile", str(trace), "--output-file", str(tmp_path), "--debug")
     assert r.returncode == 2 and "Traceback" in r.stderr and "error: " in r.stderr
-    r = servelab("profile", str(trace), "--json", str(tmp_path), env={"SERVELAB_DEBUG": "1"})
+    r = servelab("profile", str(trace), "--output-file", str(tmp_path),
+                 env={"SERVELAB_DEBUG": "1"})
     assert r.returncode == 2 and "Traceback" in r.stderr
 
 

@@ -71,20 +71,30 @@ def test_status_json_lists_jobs(monkeypatch, capsys, tmp_path):
 
 
 def test_profile_and_ceiling_json_to_stdout_match_the_file(monkeypatch, capsys, tmp_path):
+    # bare --json prints the document on stdout (tables on stderr), as every other verb does;
+    # --output-file writes the same document
     trace = str(FIXTURES / "eager_small.json.gz")
     f = tmp_path / "p.json"
-    code, _, _ = cli(monkeypatch, capsys, "profile", trace, "--json", str(f))
-    assert code == 0
-    code, out, _ = cli(monkeypatch, capsys, "profile", trace, "--json", "-")
+    code, out, err = cli(monkeypatch, capsys, "profile", trace, "--output-file", str(f))
+    assert code == 0 and "wrote" in out and "steps" in out  # the tables, then the file's name
+    code, out, err = cli(monkeypatch, capsys, "profile", trace, "--json")
     doc = json.loads(out)
-    assert code == 0 and doc.pop("schema") == "servelab.profile/1"
+    assert code == 0 and doc.pop("schema") == "servelab.profile/1" and "steps" in err
     want = json.loads(f.read_text())
+    assert want.pop("schema") == "servelab.profile/1"
     for k in ("steps", "categories", "top_kernels", "gpu_busy_us"):  # provenance differs (time)
         assert doc[k] == want[k]
-    code, out, _ = cli(monkeypatch, capsys, "ceiling", "--model", "llama-3.1-8b", "--gpu", "h200",
-                       "--batch", "1,8", "--json", "-")
+    g = tmp_path / "c.json"
+    code, out, err = cli(monkeypatch, capsys, "ceiling", "--model", "llama-3.1-8b", "--gpu",
+                         "h200", "--batch", "1,8", "--json", "--output-file", str(g))
     doc = json.loads(out)
     assert code == 0 and doc["schema"] == "servelab.ceiling/1" and set(doc["tok_s"]) == {"1", "8"}
+    assert "tok/s" in err and "wrote" in err  # the table and the note, off stdout
+    assert json.loads(g.read_text()) == doc
+    # the old spelling names the fix instead of writing a file called '-'
+    code, out, err = cli(monkeypatch, capsys, "ceiling", "--model", "llama-3.1-8b", "--gpu",
+                         "h200", "--json", "-")
+    assert code == 2 and not out and "--output-file FILE" in err and len(err.splitlines()) == 1
 
 
 def test_tune_verify_document_and_non_finite_numbers():

@@ -24,7 +24,7 @@ def test_profile_trace_json_html_whatif_vs(tmp_path):
     res = runner.invoke(app, [
         "profile", str(FIX / "eager_big.json.gz"), "--what-if", "attention=free",
         "--what-if", "gemm=2x", "--vs", str(FIX / "graph_big.json.gz"),
-        "--json", str(out), "--html", str(page),
+        "--output-file", str(out), "--html", str(page),
     ])
     assert res.exit_code == 0, res.output
     assert res.output.lstrip().startswith("HOST-BOUND")  # idle is reported before any kernel
@@ -57,7 +57,7 @@ def test_step_regex_and_user_rules(tmp_path):
     rules.write_text('[[rule]]\ncategory = "my_gemms"\npatterns = ["nvjet"]\n')
     out = tmp_path / "r.json"
     res = runner.invoke(app, ["profile", str(FIX / "eager_big.json.gz"), "--rules", str(rules),
-                              "--step-regex", r"^ProfilerStep#\d+$", "--json", str(out)])
+                              "--step-regex", r"^ProfilerStep#\d+$", "--output-file", str(out)])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     cats = {c["category"] for c in doc["categories"]}
@@ -93,7 +93,7 @@ def test_ceiling_json_has_tok_s(tmp_path):
     res = runner.invoke(app, ["ceiling", "--model", "deepseek-v4-flash", "--gpu", "rtx-pro-6000",
                               "--tp", "8", "--batch", "1,8,16", "--context", "512", "--kv-dtype",
                               "fp8", "--mtp-accept", "1.7", "--mtp-draft", "1", "--measured", "25",
-                              "--json", str(out)])
+                              "--output-file", str(out)])
     assert res.exit_code == 0, res.output
     doc = json.loads(out.read_text())
     assert set(doc["tok_s"]) == {"1", "8", "16"}
@@ -142,7 +142,7 @@ def test_profile_capture_against_a_fake_server(tmp_path):
         out = tmp_path / "traces"
         res = runner.invoke(app, ["profile", "capture", "--url", url, "--num-steps", "40",
                                   "--out", str(out), "--load", "2", "--timeout", "20",
-                                  "--json", str(tmp_path / "cap.json")])
+                                  "--output-file", str(tmp_path / "cap.json")])
         assert res.exit_code == 0, res.output
         req = _FakeSGLang.state["req"]
         assert req["num_steps"] == 40 and req["activities"] == ["CPU", "GPU"]

@@ -2,18 +2,26 @@
 
 Thin: parse options, call servelab.profile.*, print tables. `profile` is a group whose default
 command analyses a trace, so `servelab profile TRACE` and `servelab profile capture --url URL`
-both read as documented.
+both read as documented. Outputs follow the other verbs (docs/JSON.md): `--json` prints the
+document on stdout (the tables then go to stderr), `--output-file FILE` writes the same document
+to a file, `--html FILE` a page.
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import math
 import os
+import sys
 from pathlib import Path
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
+
+try:  # recent Typer releases vendor click; older ones use the click package (as cli/__init__)
+    from typer._click import exceptions as _click_exc
+except ImportError:  # pragma: no cover - depends on the Typer version installed
+    from click import exceptions as _click_exc
 
 from servelab.console import literal
 from servelab.errors import UserError
@@ -28,6 +36,22 @@ class _DefaultToAnalyze(TyperGroup):
         return super().parse_args(ctx, args)
 
 
+class _JsonFlagCommand(TyperCommand):
+    """`--json` is a flag (stdout), as on every verb; `--json FILE` / `--json -`, the spelling
+    these verbs had before, fails as an extra argument: say what replaced it."""
+
+    def parse_args(self, ctx, args):  # noqa: D401 - click hook
+        given = list(args)  # the parser consumes `args`
+        try:
+            return super().parse_args(ctx, args)
+        except _click_exc.UsageError as exc:
+            if "--json" in given and "unexpected extra argument" in exc.message:
+                raise _click_exc.UsageError(
+                    f"{exc.message}; --json takes no value: it prints the document on stdout "
+                    "(write a file with --output-file FILE)", ctx) from None
+            raise
+
+
 def _fmt(x: float | None, nd: int = 1) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:,.{nd}f}"
 
@@ -36,12 +60,12 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.1f}%"
 
 
-def _print_report(r: dict, vs: dict | None, top: int) -> None:
+def _print_report(r: dict, vs: dict | None, top: int, err: bool = False) -> None:
     from rich.table import Table
 
     from servelab.cli.console import make_console
 
-    con = make_console()  # pipes: wide, so rows stay on one line
+    con = make_console(stderr=err)  # pipes: wide, so rows stay on one line
     con.print(r["verdict"], style="bold")
     n = max(r["n_steps"], 1)
     g = r["cuda_graphs"]
@@ -131,7 +155,20 @@ def _check_outputs(*outs: str | None) -> None:
             raise UserError(f"{out}: cannot write there; give a path you can write")
 
 
-def _write_outputs(report: dict, vs: dict | None, json_out: str | None, html_out: str | None) -> None:
+def _write_document(kind: str, doc: dict, as_json: bool, output_file: str | None) -> None:
+    """The `--json` document on stdout and/or in `--output-file` (the same document)."""
+    from servelab import atomic, jsonout
+
+    text = jsonout.dumps(jsonout.document(kind, doc))
+    if output_file:
+        atomic.write_text(output_file, text + "\n")
+        typer.echo(f"wrote {literal(output_file)}", err=as_json)
+    if as_json:
+        typer.echo(text)
+
+
+def _write_outputs(report: dict, vs: dict | None, as_json: bool, output_file: str | None,
+                   html_out: str | None) -> None:
     from servelab import atomic
     from servelab.profile.analyze import public
     from servelab.profile.html import profile_html
@@ -139,19 +176,14 @@ def _write_outputs(report: dict, vs: dict | None, json_out: str | None, html_out
     doc = public(report)
     if vs is not None:
         doc["vs"] = vs
-    if json_out == "-":  # stdout
-        from servelab import jsonout
-
-        typer.echo(jsonout.dumps(jsonout.document("profile", doc)))
-    elif json_out:
-        atomic.write_text(json_out, json.dumps(doc, indent=1, default=str))
-        typer.echo(f"wrote {literal(json_out)}")
     if html_out:
         atomic.write_text(html_out, profile_html(doc, vs))
-        typer.echo(f"wrote {literal(html_out)}")
+        typer.echo(f"wrote {literal(html_out)}", err=as_json)
+    _write_document("profile", doc, as_json, output_file)
 
 
-def _analyze_and_print(trace, step_regex, rules, what_if, vs, json_out, html_out, top) -> None:
+def _analyze_and_print(trace, step_regex, rules, what_if, vs, as_json, output_file, html_out,
+                       top) -> None:
     from servelab import provenance
     from servelab.profile.analyze import analyze, compare
     from servelab.profile.breakdown import load_rules
@@ -163,9 +195,13 @@ def _analyze_and_print(trace, step_regex, rules, what_if, vs, json_out, html_out
     if vs:
         other = analyze(vs, step_regex=step_regex, rules=ruleset)
         diff = compare(report, other)
-    if json_out != "-":  # `--json -`: stdout holds the document only
-        _print_report(report, diff, top)
-    _write_outputs(report, diff, json_out, html_out)
+    _print_report(report, diff, top, err=as_json)  # with --json, stdout holds the document only
+    _write_outputs(report, diff, as_json, output_file, html_out)
+
+
+_JSON_HELP = ("Print the result as one JSON document on stdout (docs/JSON.md); the tables go "
+              "to stderr.")
+_FILE_HELP = "Also write that JSON document to FILE."
 
 
 def register(app: typer.Typer) -> None:
@@ -176,24 +212,26 @@ def register(app: typer.Typer) -> None:
         no_args_is_help=True,
     )
 
-    @prof.command("analyze")
+    @prof.command("analyze", cls=_JsonFlagCommand)
     def analyze_cmd(
         trace: str = typer.Argument(..., help="Kineto/Chrome trace, .json or .json.gz."),
         step_regex: str = typer.Option(None, "--step-regex", help="Annotation names that mark steps."),
         rules: str = typer.Option(None, "--rules", help="TOML of category rules tried before the built-in ones."),
         what_if: list[str] = typer.Option(None, "--what-if", help="CATEGORY=free, CATEGORY=2x, kernel:REGEX=free; repeatable."),
         vs: str = typer.Option(None, "--vs", help="A second trace to diff against (B vs this A)."),
-        json_out: str = typer.Option(None, "--json", help="Write the report as JSON to FILE (- : stdout)."),
+        as_json: bool = typer.Option(False, "--json", help=_JSON_HELP),
+        output_file: str = typer.Option(None, "--output-file", help=_FILE_HELP),
         html_out: str = typer.Option(None, "--html", help="Write a self-contained HTML page."),
         top: int = typer.Option(15, "--top", help="Kernels to list."),
     ) -> None:
         """Analyse TRACE (also: `servelab profile TRACE ...`)."""
         if top < 1:
             raise UserError(f"--top must be >= 1, got {top}")
-        _check_outputs(json_out, html_out)
-        _analyze_and_print(trace, step_regex, rules, what_if, vs, json_out, html_out, top)
+        _check_outputs(output_file, html_out)
+        _analyze_and_print(trace, step_regex, rules, what_if, vs, as_json, output_file, html_out,
+                           top)
 
-    @prof.command("capture")
+    @prof.command("capture", cls=_JsonFlagCommand)
     def capture_cmd(
         url: str = typer.Option(..., "--url", help="Server root with /start_profile, e.g. http://127.0.0.1:30000."),
         num_steps: int = typer.Option(40, "--num-steps", help="Forward steps to profile."),
@@ -202,21 +240,23 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens per load request."),
         model: str = typer.Option(None, "--model", help="Model name for the load requests."),
         timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for the trace files."),
-        json_out: str = typer.Option(None, "--json", help="Also write the analysis as JSON to FILE (- : stdout)."),
+        as_json: bool = typer.Option(False, "--json", help=_JSON_HELP),
+        output_file: str = typer.Option(None, "--output-file", help=_FILE_HELP),
         html_out: str = typer.Option(None, "--html", help="Also write the analysis as HTML."),
     ) -> None:
         """Ask a server for a trace of --num-steps forward steps, then analyse it."""
         from servelab.profile.capture import CaptureConfig, capture
 
-        _check_outputs(json_out, html_out)
+        _check_outputs(output_file, html_out)
         files = capture(CaptureConfig(url, num_steps, Path(out), load, max_tokens, model, timeout))
         for f in files:
-            typer.echo(f"trace: {literal(f)}", err=json_out == "-")
-        _analyze_and_print(str(files[0]), None, None, None, None, json_out, html_out, 15)
+            typer.echo(f"trace: {literal(f)}", err=as_json)
+        _analyze_and_print(str(files[0]), None, None, None, None, as_json, output_file, html_out,
+                           15)
 
     app.add_typer(prof, name="profile")
 
-    @app.command("ceiling")
+    @app.command("ceiling", cls=_JsonFlagCommand)
     def ceiling_cmd(
         model: str = typer.Option(..., "--model", help="Model preset or a Hugging Face config.json path."),
         gpu: str = typer.Option(..., "--gpu", help="GPU preset (h100, h200, b200, rtx-pro-6000 [Server Edition], rtx-pro-6000-ws)."),
@@ -231,12 +271,13 @@ def register(app: typer.Typer) -> None:
         measured: float = typer.Option(None, "--measured", help="Measured tok/s to compare with the bound."),
         measured_peaks: bool = typer.Option(False, "--measured-peaks", help="Use this lab's measured GPU peaks."),
         allreduce_latency_us: float = typer.Option(0.0, "--allreduce-latency-us", help="Fixed cost per TP all-reduce (e.g. NCCL small-message latency); 0 = bandwidth only."),
-        json_out: str = typer.Option(None, "--json", help="Write the bounds as JSON to FILE (- : stdout)."),
+        as_json: bool = typer.Option(False, "--json", help=_JSON_HELP),
+        output_file: str = typer.Option(None, "--output-file", help=_FILE_HELP),
     ) -> None:
         """Roofline tokens/s ceiling of decode for a model on GPUs, per batch size."""
         from servelab.profile.ceiling_report import ceiling_report, print_ceiling
 
-        _check_outputs(json_out)
+        _check_outputs(output_file)
 
         try:
             batches = [int(x) for x in batch.split(",") if x.strip()]
@@ -244,13 +285,9 @@ def register(app: typer.Typer) -> None:
             raise UserError(f"--batch {batch!r}: write integers separated by commas, e.g. 1,8,16") from None
         doc = ceiling_report(model, gpu, batches, context, tp, weight_dtype, expert_dtype, kv_dtype,
                              mtp_accept, mtp_draft, measured, measured_peaks, allreduce_latency_us)
-        if json_out == "-":  # stdout holds the document only
-            from servelab import jsonout
-
-            return typer.echo(jsonout.dumps(jsonout.document("ceiling", doc)))
-        print_ceiling(doc)
-        if json_out:
-            from servelab import atomic
-
-            atomic.write_text(json_out, json.dumps(doc, indent=1, default=str))
-            typer.echo(f"wrote {literal(json_out)}")
+        if as_json:  # stdout holds the document only; the table goes to stderr
+            with contextlib.redirect_stdout(sys.stderr):
+                print_ceiling(doc)
+        else:
+            print_ceiling(doc)
+        _write_document("ceiling", doc, as_json, output_file)

@@ -16,6 +16,21 @@ mean of each end over the blocks is bootstrapped (blocks resampled, as stats.py 
 width and the noise between blocks both widen it. An open bound makes that end of the CI open
 (+inf, or -100%), and the point estimate (the geometric mean of the bracket midpoints) is given
 only when every bracket is closed.
+
+With adaptive repetitions (`repetitions = "auto"`) the same ends get the experiment's always-valid
+interval instead (sequential.py: the repeated-t boundary at the design's nominal level, looks in
+block order, running intersection, a decision never reverses): the lower end from the lower
+ends' sequence, the upper end from the upper ends'. The runner's stopping rule reads that
+verdict for the `capacity` load key (stats.undecided), so an adaptive experiment with a sweep
+runs until its capacity effect is decided, and the report states the same interval.
+
+Why the interval of a few noisy sweeps is wide (measured, docs/performance.md): each end of the
+fixed-n CI is a bootstrap quantile of a geometric mean over blocks; at n = 5 the expanded
+percentile bootstrap takes its 0.1% quantile, i.e. a resample that repeats the most extreme
+block four times. One disturbed sweep (a capacity 10x below its siblings) therefore sets that
+end almost alone: the interval reports the spread of the sweeps, and only steadier sweeps
+(SLOs that bind where the latency curve is steep, enough requests per point, a quiet machine)
+or more blocks narrow it.
 """
 
 from __future__ import annotations
@@ -28,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from servelab.errors import UserError
+from servelab.experiment import sequential as seq
 from servelab.experiment.stats import MIN_REPS_TO_DECIDE, RunValue, expanded_alpha
 
 CAPACITY_STATUSES_OPEN = ("above_saturation", "unmet_at_synchronous", "none_met", "unresolved")
@@ -143,8 +159,12 @@ class CapacityEffect:
     ratio: float
     ci_low: float
     ci_high: float
-    verdict: str  # better | worse | within noise | inconclusive | too few runs
+    # fixed repetitions: better | worse | within noise | inconclusive | too few runs;
+    # adaptive (rule 'sequential'): better | worse | no change | undecided
+    verdict: str
     open_blocks: int  # blocks where a bracket was open (above saturation, unmet)
+    rule: str = "bootstrap"  # bootstrap: fixed-n 95% CI; sequential: always-valid (sequential.py)
+    decided_at: int | None = None  # sequential: blocks at the look that decided
 
     def pct_text(self) -> str:
         """`+18% [+9%, +27%]`; open ends as `-100%` / `+inf`."""
@@ -172,8 +192,11 @@ class CapacityEffect:
             return f"{self.arm} raises {under} by {self.pct_text()} (vs {self.baseline})"
         if self.verdict == "worse":
             return f"{self.arm} lowers {under} by {self.pct_text()} (vs {self.baseline})"
-        if self.verdict == "within noise":
+        if self.verdict in ("within noise", seq.NO_CHANGE):
             return (f"{self.arm} leaves {under} unchanged within the noise band: "
+                    f"{self.pct_text()} (vs {self.baseline})")
+        if self.verdict == seq.UNDECIDED:
+            return (f"{self.arm}'s effect on {under} is not decided yet after {self.n} blocks: "
                     f"{self.pct_text()} (vs {self.baseline})")
         if self.verdict == "too few runs":
             return f"{self.arm} vs {self.baseline}, {under}: too few paired sweeps to decide"
@@ -188,8 +211,10 @@ def _geo(logs: np.ndarray) -> np.ndarray:
 
 
 def compare(runs: Sequence[RunValue], arm: str, baseline: str, band: float, load_key: str,
-            n_boot: int = 10_000, seed: int = 0) -> CapacityEffect:
-    """The capacity effect of `arm` over `baseline` from their sweeps paired by block."""
+            n_boot: int = 10_000, seed: int = 0, design: seq.Design | None = None
+            ) -> CapacityEffect:
+    """The capacity effect of `arm` over `baseline` from their sweeps paired by block; with an
+    adaptive `design`, the always-valid interval and its decision (module docstring)."""
     a = {r.block: bracket_of(r.summary) for r in runs if r.arm == arm and r.load_key == load_key}
     b = {r.block: bracket_of(r.summary) for r in runs
          if r.arm == baseline and r.load_key == load_key}
@@ -200,6 +225,9 @@ def compare(runs: Sequence[RunValue], arm: str, baseline: str, band: float, load
     n = len(blocks)
     nan = math.nan
     if n == 0:
+        if design is not None:
+            return CapacityEffect(arm, baseline, slo_text, 0, nan, nan, nan, seq.UNDECIDED, 0,
+                                  "sequential")
         return CapacityEffect(arm, baseline, slo_text, 0, nan, nan, nan, "too few runs", 0)
     pa = [a[k] for k in blocks]
     pb = [b[k] for k in blocks]
@@ -208,6 +236,10 @@ def compare(runs: Sequence[RunValue], arm: str, baseline: str, band: float, load
         hi = np.log(np.array([x.high for x in pa])) - np.log(np.array([y.low for y in pb]))
     open_blocks = sum(not (x.closed and y.closed) for x, y in zip(pa, pb, strict=True))
     ratio = float(_geo((lo + hi) / 2)) if open_blocks == 0 else nan
+    if design is not None:
+        ci_lo, ci_hi, v, at = _sequential(lo, hi, design, band)
+        return CapacityEffect(arm, baseline, slo_text, n, ratio, ci_lo, ci_hi, v, open_blocks,
+                              "sequential", at)
     if n < 2:
         return CapacityEffect(arm, baseline, slo_text, n, ratio, nan, nan, "too few runs",
                               open_blocks)
@@ -234,6 +266,36 @@ def compare(runs: Sequence[RunValue], arm: str, baseline: str, band: float, load
     else:
         v = "inconclusive"
     return CapacityEffect(arm, baseline, slo_text, n, ratio, ci_lo, ci_hi, v, open_blocks)
+
+
+def _sequential(lo: np.ndarray, hi: np.ndarray, design: seq.Design, band: float
+                ) -> tuple[float, float, str, int | None]:
+    """(CI low, CI high, verdict, blocks at the deciding look) of the always-valid interval:
+    at every look n = min_n .. min(blocks, max_n), the lower ends' repeated-t lower bound and
+    the upper ends' upper bound at the design's nominal level, intersected with the earlier
+    looks'. An open bracket in the first n blocks leaves that end of look n open (-100% / +inf).
+    Each side of the two-sided Pocock boundary errs with about half the design's alpha, so the
+    pair covers the capacity ratio at every look at once with about 1 - alpha."""
+    n_all = min(int(lo.size), design.max_n)
+    if n_all < design.min_n:
+        return math.nan, math.nan, seq.UNDECIDED, None
+    gamma = design.gamma
+    low, high = -math.inf, math.inf
+    decided: int | None = None
+    verdict = seq.UNDECIDED
+    for n in range(design.min_n, n_all + 1):
+        b = seq.boundary(n, gamma) / math.sqrt(n)
+        x, y = lo[:n], hi[:n]
+        lo_n = float(x.mean() - b * x.std(ddof=1)) if np.isfinite(x).all() else -math.inf
+        hi_n = float(y.mean() + b * y.std(ddof=1)) if np.isfinite(y).all() else math.inf
+        low, high = max(low, lo_n), min(high, hi_n)
+        if low > high:  # the looks disagree (far from Gaussian): keep the latest, as sequential.py
+            low, high = lo_n, hi_n
+        if decided is None:
+            v = seq.decide(math.exp(low), math.exp(high), band, True)
+            if v != seq.UNDECIDED:
+                decided, verdict = n, v
+    return math.exp(low), math.exp(high), verdict, decided
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,17 +75,21 @@ def run_values(data: Any) -> list[RunValue]:
 def sections(data: Any) -> tuple[list[capacity.ArmCapacity], list[capacity.CapacityEffect], list[str]]:
     """(capacity per arm, capacity effects, suggested decisions) of report data."""
     an = data.analysis
-    per, effects = capacity_parts(run_values(data), an.arms, an.baseline, an.noise_band)
+    per, effects = capacity_parts(run_values(data), an.arms, an.baseline, an.noise_band,
+                                  an.design)
     return per, effects, suggestion(an, data.primary, effects)
 
 
-def capacity_parts(runs: list[RunValue], arms: list[str], baseline: str, band: float
+def capacity_parts(runs: list[RunValue], arms: list[str], baseline: str, band: float,
+                   design: Any = None
                    ) -> tuple[list[capacity.ArmCapacity], list[capacity.CapacityEffect]]:
-    """Each arm's capacity brackets and each non-baseline arm's effect (empty without sweeps)."""
+    """Each arm's capacity brackets and each non-baseline arm's effect (empty without sweeps);
+    with an adaptive `design`, the always-valid interval the stopping rule decided on."""
     if not any(r.load_key == SWEEP_KEY for r in runs):
         return [], []
     per = capacity.per_arm(runs, arms, SWEEP_KEY)
-    effects = [capacity.compare(runs, a, baseline, band, SWEEP_KEY) for a in arms if a != baseline]
+    effects = [capacity.compare(runs, a, baseline, band, SWEEP_KEY, design=design)
+               for a in arms if a != baseline]
     return per, effects
 
 

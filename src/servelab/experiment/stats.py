@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from servelab.experiment import sequential as seq
+from servelab.experiment.sweep_spec import SWEEP_KEY
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +135,9 @@ class Analysis:
     effects: dict[tuple[str, str, str], Effect] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     design: seq.Design | None = None  # the stopping rule, for repetitions = "auto"
+    # adaptive experiments with a capacity sweep: arm -> its SLO-capacity effect
+    # (experiment/capacity.py), the effect the stopping rule decides on at that load key
+    capacity: dict[str, Any] = field(default_factory=dict)
 
 
 def expanded_alpha(n: int, conf: float = 0.95) -> float:
@@ -333,6 +337,14 @@ def analyze(
                 ratio, lo, hi = bootstrap_ratio(bv, av, paired=paired)
                 v = verdict(ratio, lo, hi, noise_band, METRICS[m].higher_is_better)
                 an.effects[(arm, lk, m)] = Effect(arm, baseline, lk, m, ratio, lo, hi, n, paired, v)
+    if design is not None and SWEEP_KEY in load_keys:
+        from servelab.experiment import capacity
+
+        an.capacity = {
+            arm: capacity.compare(runs, arm, baseline, noise_band, SWEEP_KEY, design=design)
+            for arm in arms
+            if arm != baseline
+        }
     an.warnings = _warnings(an, by)
     return an
 
@@ -372,14 +384,18 @@ def _sequential_effect(
 
 
 def undecided(an: Analysis, metric: str) -> list[tuple[str, str]]:
-    """(arm, load key) of the primary effects an adaptive experiment has not decided yet."""
-    return [
-        (arm, lk)
-        for arm in an.arms
-        if arm != an.baseline
-        for lk in an.load_keys
-        if (e := an.effects.get((arm, lk, metric))) is None or e.verdict == seq.UNDECIDED
-    ]
+    """(arm, load key) of the primary effects an adaptive experiment has not decided yet. At a
+    capacity sweep's load key the primary effect is the SLO capacity itself (not the primary
+    metric at the point where capacity was found)."""
+    out = []
+    for arm in an.arms:
+        if arm == an.baseline:
+            continue
+        for lk in an.load_keys:
+            e = an.capacity.get(arm) if lk == SWEEP_KEY else an.effects.get((arm, lk, metric))
+            if e is None or e.verdict == seq.UNDECIDED:
+                out.append((arm, lk))
+    return out
 
 
 def _warnings(an: Analysis, by: dict[tuple[str, str], list[RunValue]]) -> list[str]:
