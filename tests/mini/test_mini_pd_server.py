@@ -250,3 +250,28 @@ def test_a_dead_prefill_fails_requests_cleanly(pd):
     assert st == 502 and "cannot be reached" in err["error"]["message"], err
     assert call(pd["decode_mtp"], "/health")[0] == 200
     assert call(pd["router_mtp"], "/health")[0] == 503
+
+
+def test_router_flags_parse_as_sglang_router_spells_them():
+    from servelab.cli.router import parse
+    from servelab.errors import UserError
+
+    cfg, host, port = parse(["--pd-disaggregation", "--prefill", "http://10.0.0.1:30000", "8998",
+                             "--prefill", "http://10.0.0.2:30000", "none", "--prefill",
+                             "http://10.0.0.3:30000", "--decode", "http://10.0.0.4:30001",
+                             "--host", "0.0.0.0", "--port", "8000", "--policy", "random"])
+    assert [(p.url, p.bootstrap_port) for p in cfg.prefills] == [
+        ("http://10.0.0.1:30000", 8998), ("http://10.0.0.2:30000", None),
+        ("http://10.0.0.3:30000", None)]
+    assert cfg.decodes == ("http://10.0.0.4:30001",) and cfg.policy == "random"
+    assert (host, port) == ("0.0.0.0", 8000)
+    for argv, why in (([], "--pd-disaggregation"),
+                      (["--pd-disaggregation", "--decode", "http://a:1"], "at least one --prefill"),
+                      (["--pd-disaggregation", "--prefill", "a:1", "--decode", "http://a:1"],
+                       "worker URL"),
+                      (["--pd-disaggregation", "--prefill", "http://a:1", "0", "--decode",
+                        "http://a:2"], "bootstrap port '0'"),
+                      (["--pd-disaggregation", "--prefill", "http://a:1", "--decode",
+                        "http://a:2", "--policy", "cache_aware"], "knows round_robin")):
+        with pytest.raises(UserError, match=why):
+            parse(argv)

@@ -87,8 +87,12 @@ class BootstrapServer:
                 return web.json_response(
                     {"error": f"no prefill for bootstrap_room {room} within {wait_s:g} s"},
                     status=404)
-        entry = self._rooms.pop(room)
+        entry = self._rooms.pop(room, None)
         self._ready.pop(room, None)
+        if entry is None:  # another fetch of the same room took it first
+            self.stats.add("duplicate")
+            return web.json_response({"error": f"bootstrap_room {room} was already fetched"},
+                                     status=409)
         if entry.error is not None:
             self.stats.add("prefill_failed")
             return web.json_response({"error": entry.error}, status=409)

@@ -271,6 +271,13 @@ def build_app(engine: Engine, model_name: str, server_args: dict, pd: PD | None 
             "id": model_name, "object": "model", "created": 0, "owned_by": "servelab",
             "root": model_name, "max_model_len": engine.args.context_length}]}
 
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info() -> dict:
+        # SGLang's: routers and clients that discover a worker's model read this
+        return {"model_path": model_name, "tokenizer_path": None, "is_generation": True,
+                "served_model_name": model_name}
+
     @app.get("/health")
     async def health() -> Response:
         bad = engine.unhealthy()
