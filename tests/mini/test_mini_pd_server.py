@@ -4,11 +4,16 @@ and `decode` subprocesses behind `servelab router --pd-disaggregation` on loopba
 Greedy output through router -> prefill -> decode equals one engine's (with and without MTP on
 decode), streaming too; /metrics on both sides count the bytes that went over the wire; a
 request whose KV never comes (or whose prefill is gone) fails alone and the decode server keeps
-serving."""
+serving. The same servers behind the real sglang_router (its PD mode) give the same output when
+SERVELAB_SGLANG_ROUTER_PYTHON names an interpreter with sglang-router installed, e.g.
+  python3 -m venv /tmp/sgr && /tmp/sgr/bin/pip install sglang-router==0.3.2
+  SERVELAB_SGLANG_ROUTER_PYTHON=/tmp/sgr/bin/python python -m pytest tests/mini/test_mini_pd_server.py
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -236,6 +241,41 @@ def test_a_refused_prefill_fails_its_decode_side_at_once(pd):
     assert time.monotonic() - t0 < WAIT_S
     m = metrics(pd["decode_plain"])
     assert _sum(m, "servelab:kv_transfers_total", outcome="prefill_failed") >= 1
+
+
+def test_the_real_sglang_router_fronts_these_servers(pd, reference):
+    py = os.environ.get("SERVELAB_SGLANG_ROUTER_PYTHON")
+    if not py:
+        pytest.skip("no interpreter with sglang-router: set SERVELAB_SGLANG_ROUTER_PYTHON "
+                    "(this module's docstring)")
+    port = _port()
+    proc = subprocess.Popen([py, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                             "--prefill", pd["prefill"], str(pd["boot"]), "--decode",
+                             pd["decode_mtp"], "--host", "127.0.0.1", "--port", str(port),
+                             "--policy", "round_robin"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if call(url, "/health", timeout=2)[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.5)
+        want = reference(PROMPT, 30)
+        body = {"model": "servelab-mini-tiny", "prompt": PROMPT, "max_tokens": 30, **GREEDY}
+        st, full = call(url, "/v1/completions", body)
+        assert st == 200 and full["choices"][0]["text"] == want, full
+        chunks = sse(url, "/v1/completions", {**body, "stream": True})
+        assert "".join(c["choices"][0]["text"] for c in chunks) == want
+        st, gen = call(url, "/generate", {"text": PROMPT, "sampling_params": {
+            "max_new_tokens": 30, "temperature": 0, "ignore_eos": True}})
+        assert st == 200 and gen["text"] == want
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_a_dead_prefill_fails_requests_cleanly(pd):
