@@ -15,7 +15,15 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from servelab.errors import UserError
 from servelab.mini.config import CONFIGS
@@ -54,6 +62,12 @@ def _number(v: Any) -> Any:
     return v
 
 
+def _device(v: str) -> str:
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", v):
+        raise ValueError("use cpu, cuda or cuda:N")
+    return v
+
+
 def _lower(v: Any) -> Any:
     return v.lower() if isinstance(v, str) else v
 
@@ -73,7 +87,7 @@ class ServeArgs(BaseModel):
     random_weights: bool = False
     host: str = Field("127.0.0.1", min_length=1, max_length=253)
     port: Port = 30000
-    device: str = Field("cpu", pattern=r"^(cpu|cuda(:\d+)?)$")
+    device: Annotated[str, AfterValidator(_device)] = "cpu"
     # KV slots; 65536 is far beyond what fits, and the engine checks the KV cache fits first
     max_running_requests: Int = Field(8, ge=1, le=65536)
     context_length: Int = Field(1024, ge=8, le=1 << 20)
