@@ -167,7 +167,7 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
                 raise TransferError(f"the KV of bootstrap_room {room} did not arrive from the "
                                     f"prefill server at {where} within {timeout_s:g} s", 504)
             if resp.status != 200:
-                why = (await resp.json(content_type=None)).get("error", resp.reason)
+                why = _reason(await resp.read(), resp.reason)
                 stats.add("prefill_failed", wait_seconds=t1 - t0)
                 raise TransferError(f"the prefill server at {where} failed bootstrap_room "
                                     f"{room}: {why}")
@@ -191,3 +191,14 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
         raise
     stats.add("ok", len(body), t2 - t1, t1 - t0)
     return handoff
+
+
+def _reason(body: bytes, fallback: str | None) -> str:
+    """The `error` of a bootstrap server's JSON answer (its text if it is not one)."""
+    import json
+
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.decode(errors="replace")[:200] or str(fallback)
+    return str(data.get("error", fallback)) if isinstance(data, dict) else str(data)[:200]
