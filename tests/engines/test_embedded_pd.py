@@ -58,7 +58,8 @@ def test_adapter_renders_roles_like_sglang():
                     "--policy", "random"]
     assert eng.port_flags("prefill") == ("disaggregation-bootstrap-port",)
     assert eng.port_flags("decode") == eng.port_flags("router") == ()
-    assert eng.check("tiny", "router", {"policy": "cache_aware"})  # not this router's
+    assert "knows round_robin" in eng.check("tiny", "router", {"policy": "cache_aware"})[0]
+    assert "must be > 0" in eng.check("tiny", "router", {"request-timeout-secs": -1})[0]
     assert eng.check("tiny", "prefill", {"disaggregation-mode": "decode"})  # comes from the role
 
 

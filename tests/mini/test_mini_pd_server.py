@@ -293,8 +293,8 @@ def test_a_dead_prefill_fails_requests_cleanly(pd):
 
 
 def test_router_flags_parse_as_sglang_router_spells_them():
-    from servelab.cli.router import parse
     from servelab.errors import UserError
+    from servelab.mini.router_args import parse
 
     cfg, host, port = parse(["--pd-disaggregation", "--prefill", "http://10.0.0.1:30000", "8998",
                              "--prefill", "http://10.0.0.2:30000", "none", "--prefill",

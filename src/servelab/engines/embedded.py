@@ -6,8 +6,9 @@ Roles as SGLang's adapter: "server"; "prefill" and "decode" (`serve --disaggrega
 prefill|decode`, the prefill with its own `--disaggregation-bootstrap-port` per process, so
 several arms share a node); "router" (`servelab router --pd-disaggregation --prefill URL BOOT
 --decode URL`, sglang_router's flags). The pre-flight judges serve's flags with the same typed
-model `servelab serve` parses them with (mini/serve_args.py): `run --check` refuses what the
-server would, with the same message, and starts nothing.
+model `servelab serve` parses them with (mini/serve_args.py), a router's with the router's own
+parser (mini/router_args.py): `run --check` refuses what the process would, with the same
+message, and starts nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
 from servelab.engines.launcher import Entry
 from servelab.errors import UserError
+from servelab.mini import router_args
 from servelab.mini.serve_args import ServeArgs
 
 # host, port and the disaggregation mode come from the process itself (its role), not flags
@@ -81,10 +83,13 @@ class Embedded(Engine):
         return argv + render_flags(flags)
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
-        if role == "router":
-            policy = flags.get("policy", "round_robin")
-            return [] if policy in ("round_robin", "random") else [
-                f"router policy {policy!r}: the embedded router knows round_robin and random"]
+        if role == "router":  # the router's own parser judges its flags (workers stand in)
+            try:
+                router_args.parse(["--pd-disaggregation", "--prefill", "http://127.0.0.1:1",
+                                   "--decode", "http://127.0.0.1:2", *render_flags(flags)])
+            except UserError as exc:
+                return [str(exc)]
+            return []
         problems = []
         if "disaggregation-mode" in flags:
             problems.append("'disaggregation-mode' comes from the process role (prefill/decode); "

@@ -32,27 +32,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
+from servelab.mini.router_args import RouterConfig
+
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 FORWARD_GET = ("/v1/models",)
 FORWARD_POST = ("/tokenize", "/detokenize")
-POLICIES = ("round_robin", "random")
 MAX_BODY_BYTES = 64 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Prefill:
-    url: str
-    bootstrap_port: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class RouterConfig:
-    """The router's workers and policy (validated by cli/router.py)."""
-
-    prefills: tuple[Prefill, ...]
-    decodes: tuple[str, ...]
-    policy: str = "round_robin"
-    request_timeout_s: float = 1800.0
 
 
 @dataclass(slots=True)
