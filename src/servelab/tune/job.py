@@ -97,6 +97,7 @@ class Report:
     seconds: float = 0.0
     device_name: str = ""
     files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # e.g. a format's file not written
 
 
 def _fmt_s(s: float | None) -> str:
@@ -114,6 +115,14 @@ def _write_shape(spec: TuneSpec, info: dict[str, Any], n: int, k: int,
     out = []
     for fmt in spec.formats:
         p = spec.out_dir / formats.config_file_name(fmt, n, k, info["device_name"])
+        unreadable = {m: bad for m, e in entries.items() if (bad := formats.unreadable_keys(fmt, e))}
+        if unreadable:     # its engine would run other configs than those timed: no file
+            note = (f"{p.name} not written: entries at M={sorted(unreadable)} use "
+                    f"{sorted({x for b in unreadable.values() for x in b})}, which {fmt}'s "
+                    f"kernel does not read (tune with --kernel {fmt} --format {fmt} for it)")
+            if note not in info.setdefault("notes", []):
+                info["notes"].append(note)
+            continue
         formats.merge_write_config(p, entries)
         out.append(p)
     meta = {"tool": "servelab tune", "device_name": info["device_name"], "triton": info["triton"],
@@ -249,6 +258,9 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
     for n, k in spec.shapes:
         files += _write_shape(spec, info, n, k, rep.units)
     rep.files = files
+    rep.notes = list(info.get("notes", []))
+    for note in rep.notes:
+        echo(f"note: {note}")
     rep.seconds = time.time() - t0
     return rep
 
