@@ -88,9 +88,10 @@ def confirm(engine: str, dest: Path, names: list[str], python: str | None = None
     got = engine_lookup.lookup_in(python, engine, queries, None if own_folder else dest)
     found, missing = [], []
     for name, entries, read in zip(names, got["found"], got["read"], strict=True):
-        want = sorted(formats.read_config_file(dest / name))
-        same_file = read is not None and Path(read) == (dest / name).resolve()
-        ok = same_file and entries is not None and sorted(map(int, entries)) == want
+        path = dest / name
+        same_file = read is not None and path.exists() and Path(read) == path.resolve()
+        ok = same_file and entries is not None and sorted(map(int, entries)) == sorted(
+            formats.read_config_file(path))
         (found if ok else missing).append(name)
     return Confirmed(found, missing, f"{engine} {got['version']} {got['function']} "
                                      f"({got['how']})")
