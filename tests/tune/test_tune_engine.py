@@ -141,11 +141,15 @@ def test_engine_folder_is_looked_up_in_the_named_interpreter():
         install.engine_config_dir("sglang", sys.executable)
 
 
-def test_sglang_launcher_runs_the_config_it_is_given():
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_engine_launcher_runs_the_config_it_is_given(engine):
+    """The engine's launcher (imported, or run from its kernel file: vLLM's from fp8_utils.py
+    where vllm does not import) computes what the fp64 reference does."""
     from servelab.kernels.fp8_gemm import reference as R
-    _need("sglang")
-    ek = EK.load("sglang")
-    assert ek.engine == "sglang" and "0.5" in (ek.version or "0.5") and ek.how
+    _need(engine)
+    ek = EK.load(engine)
+    assert ek.engine == engine and ek.version and ek.how and Path(ek.source).is_file()
+    assert ek.extra_keys == ({"SPLIT_K", "SWAP_AB"} if engine == "sglang" else set())
     torch.manual_seed(0)
     aq, as_ = R.quantize_per_token_group(torch.randn(5, 256))
     bq, bs = R.quantize_weight_per_block(torch.randn(256, 256) * 0.05)
