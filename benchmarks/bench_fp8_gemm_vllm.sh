@@ -16,26 +16,26 @@
 #   PYTHONPATH=src:/path/to/site benchmarks/bench_fp8_gemm_vllm.sh OUT [TUNE_S]
 set -u
 OUT=${1:?usage: bench_fp8_gemm_vllm.sh OUT [TUNE_S]}
-TUNE_S=${2:-60}
+TUNE_S=${2:-45}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
 quiet() { grep -v -e "Using default W8A8" -e "Using configuration from"; }
 
 echo "== 1. vLLM's kernel: check, tune, compare through vLLM's own lookup"
-timeout 240 "$PY" benchmarks/bench_fp8_gemm_engine.py "$OUT/engine" --engine vllm \
+timeout 150 "$PY" benchmarks/bench_fp8_gemm_engine.py "$OUT/engine" --engine vllm \
     --tune-s "$TUNE_S" --shapes 4096,512 1024,4096 7168,18432 18432,7168 \
     --batch-sizes 1,16,64,256,1024,4096 2>&1 | quiet
 echo "rc=$?"
 
 echo "== 2. the CLI on vLLM's kernel"
-timeout 150 "$PY" -m servelab tune fp8-gemm --kernel vllm --format vllm --shape 4096,512 \
+timeout 60 "$PY" -m servelab tune fp8-gemm --kernel vllm --format vllm --shape 4096,512 \
     --batch-sizes 1,64 --search fast --budget 0.05 --out "$OUT/cli-vllm" 2>&1 | quiet
-timeout 90 "$PY" -m servelab tune verify "$OUT/cli-vllm" --engine vllm --kernel vllm 2>&1 | quiet
-timeout 90 "$PY" -m servelab tune install "$OUT/cli-vllm" --engine vllm 2>&1 | quiet
-timeout 60 "$PY" -m servelab tune install --engine vllm --restore 2>&1 | quiet
+timeout 35 "$PY" -m servelab tune verify "$OUT/cli-vllm" --engine vllm --kernel vllm 2>&1 | quiet
+timeout 35 "$PY" -m servelab tune install "$OUT/cli-vllm" --engine vllm 2>&1 | quiet
+timeout 25 "$PY" -m servelab tune install --engine vllm --restore 2>&1 | quiet
 
 echo "== 3. the CLI on SGLang's kernel, candidates compiled in a pool"
-timeout 150 "$PY" -m servelab tune fp8-gemm --kernel sglang --format sglang --shape 4096,512 \
+timeout 60 "$PY" -m servelab tune fp8-gemm --kernel sglang --format sglang --shape 4096,512 \
     --batch-sizes 1,64 --search fast --budget 0.05 --out "$OUT/cli-sglang" 2>&1 | quiet
 
 echo "== compile ahead per unit (from the checkpoints)"
