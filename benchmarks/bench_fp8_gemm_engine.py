@@ -90,7 +90,7 @@ def main() -> int:
 
     from servelab.kernels.fp8_gemm import configs, engine, formats
     from servelab.kernels.fp8_gemm import reference as R
-    from servelab.tune import engine_tune, install, search
+    from servelab.tune import engine_lookup, engine_tune, install, search
     from servelab.tune.space import DEFAULT_BATCH_SIZES, Config
     from servelab.tune.timing import Problem, warm_up_gpu
 
@@ -141,8 +141,16 @@ def main() -> int:
     # compare: the configs the ENGINE'S OWN lookup returns (its get_w8a8_block_fp8_configs,
     # nearest M as its launcher takes it) before and after `servelab tune install`
     folder = engine.config_dir(args.engine)
-    lookup = ek.module._servelab_lookup
+    own = ek.module._servelab_lookup
     default = configs.default_config(args.engine)
+
+    def lookup(n: int, k: int, bn: int, bk: int):
+        # the engine's function under torch's device name: vLLM imported without its compiled
+        # ops cannot name the GPU itself (its platform is then "unspecified")
+        with engine_lookup.device_named(ek, dev):
+            own.cache_clear()
+            return own(n, k, bn, bk)
+    lookup.cache_clear = own.cache_clear
 
     def engine_pick(n: int, k: int, m: int) -> Config:
         found = lookup(n, k, 128, 128)

@@ -34,7 +34,7 @@ SRC = Path(__file__).resolve().parents[2]
 
 
 @contextlib.contextmanager
-def _device_named(ek: Any, name: str | None) -> Iterator[None]:
+def device_named(ek: Any, name: str | None) -> Iterator[None]:
     """The engine module answers `name` when its lookup asks for the device's name (None:
     nothing substituted, the engine asks the GPU itself)."""
     mod = ek.module
@@ -95,7 +95,7 @@ def lookup(engine: str, queries: Sequence[Query], folder: Path | None = None,
     read: list[str | None] = []
     with _reading(ek.module, folder), _watching_exists() as asked:
         for n, k, dev in queries:
-            with _device_named(ek, dev):
+            with device_named(ek, dev):
                 fn.cache_clear()
                 got = fn(n, k, 128, 128)
                 fn.cache_clear()
@@ -151,7 +151,7 @@ def record(engine: str) -> dict[str, Any]:
     os.path.exists = watch
     try:
         for dev in SAMPLE_DEVICES:
-            with _device_named(ek, dev):
+            with device_named(ek, dev):
                 fn.cache_clear()
                 fn(_N, _K, 128, 128)
             paths.append(asked[-1])                  # its own check is the last one
