@@ -110,7 +110,38 @@ def test_a_vllm_file_is_not_written_with_keys_vllms_kernel_does_not_read(tmp_pat
     assert "M=[1]" in note and "SPLIT_K" in note and "--kernel vllm --format vllm" in note
 
 
+def test_install_says_when_the_engines_lookup_could_not_be_asked(tuned, tmp_path, monkeypatch,
+                                                                 capsys):
+    from cli_inproc import cli
+
+    from servelab.kernels.fp8_gemm import engine as EK
+    if EK.package_dir("vllm") is not None:
+        pytest.skip("vllm is importable here: the next test covers it")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    code, out, _ = cli(monkeypatch, capsys, "tune", "install", str(tuned), "--engine", "vllm",
+                       "--dest", str(dest))
+    assert code == 0 and out.count("installed /") == 2, out
+    assert "not checked with vllm's own lookup: kernel 'vllm': vllm is not installed" in out
+
+
 # ---- against the real engines --------------------------------------------------------------
+
+
+def test_install_exits_1_when_the_engines_lookup_misses_an_installed_file(tuned, tmp_path,
+                                                                          monkeypatch, capsys):
+    from cli_inproc import cli
+    py = _python("vllm")
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    dest.mkdir()
+    shutil.copytree(tuned, src)
+    good = _engine_files(src, "vllm")[0]
+    bad = src / good.name.replace(F.CPU_DEVICE_NAME, "NVIDIA H200")   # a space: vLLM spells
+    shutil.copy(good, bad)                                          # it NVIDIA_H200
+    code, out, _ = cli(monkeypatch, capsys, "tune", "install", str(src), "--engine", "vllm",
+                       "--dest", str(dest), "--python", py)
+    assert "vllm's own lookup finds 2 of 3 installed files: vllm 0.33.0" in out, out
+    assert f"NOT FOUND by vllm's lookup: {bad.name}" in out and code == 1
 
 
 @pytest.mark.parametrize("engine", ["sglang", "vllm"])
