@@ -169,16 +169,21 @@ class UnitCompiler:
         self._point = Point(n, k, m)
 
     def submit(self, configs: Sequence[Config]) -> None:
+        """Queue these configs for the current unit; a variant already compiled for an
+        earlier unit of this worker (same specialisation) counts as skipped."""
         todo = [(c, self._point) for c in configs]
-        self.skipped += sum(_task_key(c, p) in self._submitted for c, p in todo)
-        self._submitted.update(_task_key(c, p) for c, p in todo)
+        new = {_task_key(c, p) for c, p in todo} - self._submitted
+        self.skipped += len({_task_key(c, p) for c, p in todo}) - len(new)
+        if self._comp.workers > 0 and not self._comp.broken:
+            self.compiled += len(new)
+        self._submitted |= new
         self._comp.submit(todo)
 
     def wait(self, c: Config) -> str | None:
+        """Block until `c` is compiled for the current unit; its compile error, if any."""
         t0 = time.perf_counter()
         self._comp.wait([(c, self._point)], time.time() + 600.0)
         self.seconds += time.perf_counter() - t0
-        self.compiled += 1
         if self._comp.broken:
             self.status = f"off: {self._comp.broken}"
         return self._comp.failed(c, self._point)
