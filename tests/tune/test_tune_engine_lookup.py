@@ -100,7 +100,12 @@ def test_a_vllm_file_is_not_written_with_keys_vllms_kernel_does_not_read(tmp_pat
            "num_warps": 4, "num_stages": 3}
     units = {(128, 256, 1): {"best": {**cfg, "SPLIT_K": 4, "SWAP_AB": True}, "us": 1.0},
              (128, 256, 16): {"best": cfg, "us": 2.0}}
-    info = {"device_name": "NVIDIA H200", "triton": "x", "torch": "y"}
+    info = {"device_name": "NVIDIA H200", "triton": "x", "torch": "y",
+            "kernel_extra_keys": frozenset({"SPLIT_K", "SWAP_AB"})}    # SGLang's launcher
+    vllm_name = F.config_file_name("vllm", 128, 256, "NVIDIA H200")
+    plain = {(128, 256, 16): units[(128, 256, 16)]}
+    mid = [p.name for p in job._write_shape(spec, info, 128, 256, plain, final=False)]
+    assert vllm_name not in mid and not (tmp_path / vllm_name).exists()   # no partial file
     written = job._write_shape(spec, info, 128, 256, units)
     names = [p.name for p in written]
     assert F.config_file_name("sglang", 128, 256, "NVIDIA H200") in names
