@@ -95,12 +95,14 @@ def lookup(engine: str, queries: Sequence[Query], folder: Path | None = None,
     read: list[str | None] = []
     with _reading(ek.module, folder), _watching_exists() as asked:
         for n, k, dev in queries:
+            n0 = len(asked)
             with device_named(ek, dev):
                 fn.cache_clear()
                 got = fn(n, k, 128, 128)
                 fn.cache_clear()
             found.append(None if got is None else {str(m): v for m, v in got.items()})
-            path, there = asked[-1] if asked else (None, False)   # its own check is the last
+            mine = asked[n0:]                                  # its own check is the last
+            path, there = mine[-1] if mine else (None, False)
             read.append(os.path.realpath(path) if there and path else None)
     return {"engine": engine, "version": ek.version, "how": ek.how, "source": ek.source,
             "function": f"{ek.source}:get_w8a8_block_fp8_configs", "found": found,
