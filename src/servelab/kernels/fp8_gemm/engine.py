@@ -163,7 +163,8 @@ class EngineKernel:
     @property
     def extra_keys(self) -> frozenset[str]:
         """Entry keys beyond the six tile keys that this launcher reads (SGLang's sm90
-        split-K and swapped-operand paths); a config using others cannot launch here."""
+        split-K and swapped-operand paths); others are not read here (vLLM's kernel gets them
+        as keywords that Triton drops), so a config using them is a different launch."""
         return frozenset({"SPLIT_K", "SWAP_AB"}) if self.engine == "sglang" else frozenset()
 
     @property
