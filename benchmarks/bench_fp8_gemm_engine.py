@@ -16,6 +16,9 @@ shipped configs (or its default where none ships), on the GPU at hand, in one ca
 
 Where SGLang's runtime dependencies are absent (a GPU box with the wheel only), the kernel
 file is loaded with its host helpers supplied (kernels/fp8_gemm/engine.py); the label says so.
+`--engine vllm` does the same with vLLM's launcher, lookup and shipped folder (where `vllm`
+does not import, its kernel, launcher and lookup run from its own file: vllm_source.py); the
+check then skips SPLIT_K / SWAP_AB, which vLLM's kernel does not read.
 
   PYTHONPATH=src:/path/to/sglang-wheel-dir python3 benchmarks/bench_fp8_gemm_engine.py OUT \
       [--tune-s 330] [--workers 15] [--shapes 1024,4096 ...] [--batch-sizes 1,16,...]
@@ -50,6 +53,12 @@ def check(ek) -> int:
                  num_warps=4, num_stages=4, SWAP_AB=True),
             dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=64, BLOCK_SIZE_K=128, GROUP_SIZE_M=1,
                  num_warps=4, num_stages=4, SWAP_AB=True, SPLIT_K=2)]
+    # only the keys this launcher reads (vLLM's kernel takes no SPLIT_K / SWAP_AB)
+    cfgs = [c for c in cfgs if not set(c) - {"BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K",
+                                             "GROUP_SIZE_M", "num_warps", "num_stages"}
+            - ek.extra_keys]
+    cfgs.append(dict(BLOCK_SIZE_M=16, BLOCK_SIZE_N=32, BLOCK_SIZE_K=128, GROUP_SIZE_M=1,
+                     num_warps=4, num_stages=5))
     bad = 0
     for m, n, k in [(1, 4096, 512), (24, 1024, 4096), (300, 1536, 4096)]:
         x = torch.randn(m, k, device="cuda")
@@ -81,7 +90,7 @@ def main() -> int:
 
     from servelab.kernels.fp8_gemm import configs, engine, formats
     from servelab.kernels.fp8_gemm import reference as R
-    from servelab.tune import engine_tune, install, search
+    from servelab.tune import engine_lookup, engine_tune, install, search
     from servelab.tune.space import DEFAULT_BATCH_SIZES, Config
     from servelab.tune.timing import Problem, warm_up_gpu
 
@@ -132,8 +141,16 @@ def main() -> int:
     # compare: the configs the ENGINE'S OWN lookup returns (its get_w8a8_block_fp8_configs,
     # nearest M as its launcher takes it) before and after `servelab tune install`
     folder = engine.config_dir(args.engine)
-    lookup = ek.module._servelab_lookup
+    own = ek.module._servelab_lookup
     default = configs.default_config(args.engine)
+
+    def lookup(n: int, k: int, bn: int, bk: int):
+        # the engine's function under torch's device name: vLLM imported without its compiled
+        # ops cannot name the GPU itself (its platform is then "unspecified")
+        with engine_lookup.device_named(ek, dev):
+            own.cache_clear()
+            return own(n, k, bn, bk)
+    lookup.cache_clear = own.cache_clear
 
     def engine_pick(n: int, k: int, m: int) -> Config:
         found = lookup(n, k, 128, 128)
@@ -187,7 +204,7 @@ def main() -> int:
               f"{row['tuned_tflops'] or float('nan'):6.1f}")
     small = [row["speedup"] for row in table if row["speedup"] and row["m"] <= 64]
     geo_small = math.exp(sum(map(math.log, small)) / len(small)) if small else float("nan")
-    print(f"(* = SGLang's default config: no shipped file for the shape on {dev})")
+    print(f"(* = {args.engine}'s default config: no shipped file for the shape on {dev})")
     print(f"points {len(table)}, geomean speedup {geo:.3f}x (M<=64: {geo_small:.3f}x), "
           f"min {min(sp) if sp else float('nan'):.3f}x, slower than 0.98x: {len(slow)} "
           f"{[(r['n'], r['k'], r['m'], round(r['speedup'], 3)) for r in slow]}; "

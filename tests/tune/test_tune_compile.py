@@ -83,3 +83,35 @@ def test_a_broken_pool_notes_nothing_and_turns_compile_ahead_off(tmp_path: Path)
     assert pc.status.startswith("off: BrokenProcessPool") and not pc.enabled
     assert list(tmp_path.iterdir()) == [] and pc.compiled == 0
     pc.close()
+
+
+def test_engine_launcher_units_compile_in_a_real_process_pool():
+    """engine_tune.UnitCompiler (used by `tune fp8-gemm --kernel sglang|vllm`): each unit's
+    candidates go to a spawn-context pool that launches the kernel on inputs specialised like
+    the unit's; a failing compile is reported for that config and unit only, and a variant
+    already compiled for an earlier unit of the same specialisation is not sent again. Here
+    the launch needs CUDA, which this machine lacks: every compile fails, and says why."""
+    import torch
+
+    from servelab.tune.engine_tune import UnitCompiler
+    from servelab.tune.space import Config
+    if torch.cuda.is_available():
+        import pytest
+        pytest.skip("CPU-only check of the failure path")
+    uc = UnitCompiler("servelab", workers=1)
+    a, b = Config(16, 64, 128, 1, 4, 3), Config(32, 64, 128, 1, 4, 3)
+    try:
+        uc.at(256, 512, 16)
+        uc.submit([a, b])
+        assert uc.compiled == 2 and uc.skipped == 0 and uc.status.startswith("on: 1")
+        err = uc.wait(a)
+        assert err is not None and ("CUDA" in err or "cuda" in err), err
+        assert uc.wait(b) is not None and uc.seconds > 0
+        uc.at(256, 512, 32)              # M = 32: same class as 16 (multiple of 16), same K
+        uc.submit([a])
+        assert uc.compiled == 2 and uc.skipped == 1
+        uc.at(256, 512, 1)               # M = 1 specialises differently: compiled again
+        uc.submit([a])
+        assert uc.compiled == 3
+    finally:
+        uc.close()

@@ -173,11 +173,24 @@ def register(app: typer.Typer) -> None:
             return
         if directory is None:
             raise UserError("give the folder of tuned files: servelab tune install DIR --engine ...")
-        for f in I.install(directory, engine, folder):
+        import subprocess
+        done = I.install(directory, engine, folder)
+        for f in done:
             note = "replaced the shipped file (backed up)" if f.replaced else "new"
             typer.echo(f"installed {folder / f.name} ({note})")
+        try:                      # the engine's own lookup is the judge of "installed"
+            ok = I.confirm(engine, folder, [f.name for f in done], python, own_folder=not dest)
+            typer.echo(f"{engine}'s own lookup finds {len(ok.found)} of {len(done)} installed "
+                       f"files: {ok.by}")
+            for name in ok.missing:
+                typer.echo(f"NOT FOUND by {engine}'s lookup: {name}")
+        except (RuntimeError, UserError, OSError, subprocess.SubprocessError) as exc:
+            ok = None
+            typer.echo(f"not checked with {engine}'s own lookup: {str(exc)[:200]}")
         typer.echo(f"undo with: servelab tune install --engine {engine} --restore"
                    + (f" --dest {folder}" if dest else f" --python {python}" if python else ""))
+        if ok is not None and ok.missing:
+            raise typer.Exit(1)
 
 
 def _run_with_progress(job, spec):

@@ -3,6 +3,23 @@
 Speculative decoding is one JSON flag, `--speculative-config '{"method": "mtp",
 "num_speculative_tokens": 1}'` (vllm/config/speculative.py: the per-model MTP names such as
 `deepseek_mtp` are deprecated there and rewritten to `mtp` with a warning).
+
+Ports a `vllm serve` process binds besides `--port`, as vLLM 0.33.0's source has them, and what
+servelab does so several processes (arms, replicas) share one node:
+  --data-parallel-rpc-port  fixed default 29550 (config/parallel.py): the engines' ZMQ
+      handshake when data parallelism is not all on this node (v1/engine/utils.py);
+  --master-port             fixed default 29501: torch.distributed's rendezvous with
+      --nnodes > 1 (distributed/parallel_state.py);
+  --data-parallel-supervisor-port  fixed default 9256: the supervisor's HTTP server under
+      --data-parallel-multi-port-external-lb (entrypoints/launchers/dp_supervisor.py).
+  Each gets a free port per process (port_flags) unless the experiment sets it: with the fixed
+  defaults, two processes that use them collide.
+Asked from the OS at run time (port 0, distinct per process), so left alone: the
+torch.distributed TCP store of multi-GPU workers and the data-parallel master ports
+(`get_open_port`, `get_open_ports_list`), unless VLLM_PORT is set, when vLLM scans upward
+from it: a VLLM_PORT shared by processes makes them race for the same ports, so set it per
+arm (`[arms.X.env]`) or not at all. The engine core and its workers talk over ZMQ IPC
+sockets in VLLM_RPC_BASE_PATH (a temp dir), not TCP, on one node.
 """
 
 from __future__ import annotations
@@ -23,6 +40,10 @@ class VLLM(Engine):
     parser = "vllm"
     info_path = "/version"
     conflicts = (("enforce-eager", "compilation-config"),)
+
+    def port_flags(self, role: str) -> tuple[str, ...]:
+        """The ports with a fixed default (module docstring), each process its own."""
+        return ("data-parallel-rpc-port", "master-port", "data-parallel-supervisor-port")
 
     def entry(self, role: str) -> Entry:
         # `python -m vllm.entrypoints.cli.main serve` is what the `vllm` command runs

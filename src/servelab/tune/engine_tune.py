@@ -149,6 +149,49 @@ class Compiler:
             self._pool = None
 
 
+class UnitCompiler:
+    """compile.Precompiler's interface (submit / wait / close and its counters) over a
+    `Compiler` for an engine's launcher, for `servelab tune fp8-gemm --kernel sglang|vllm`:
+    the worker points it at the unit being tuned (`at`), submits that unit's candidates at
+    once and times each as soon as it is in Triton's cache, instead of compiling one config
+    at a time on first launch."""
+
+    def __init__(self, kernel: str, workers: int) -> None:
+        self._comp = Compiler(kernel, workers)
+        self._point = Point(0, 0, 0)
+        self._submitted: set[tuple[Any, ...]] = set()
+        self.seconds = 0.0
+        self.compiled = 0
+        self.skipped = 0
+        self.status = f"on: {workers} processes ({kernel} launcher)" if workers > 0 else "off"
+
+    def at(self, n: int, k: int, m: int) -> None:
+        self._point = Point(n, k, m)
+
+    def submit(self, configs: Sequence[Config]) -> None:
+        """Queue these configs for the current unit; a variant already compiled for an
+        earlier unit of this worker (same specialisation) counts as skipped."""
+        todo = [(c, self._point) for c in configs]
+        new = {_task_key(c, p) for c, p in todo} - self._submitted
+        self.skipped += len({_task_key(c, p) for c, p in todo}) - len(new)
+        if self._comp.workers > 0 and not self._comp.broken:
+            self.compiled += len(new)
+        self._submitted |= new
+        self._comp.submit(todo)
+
+    def wait(self, c: Config) -> str | None:
+        """Block until `c` is compiled for the current unit; its compile error, if any."""
+        t0 = time.perf_counter()
+        self._comp.wait([(c, self._point)], time.time() + 600.0)
+        self.seconds += time.perf_counter() - t0
+        if self._comp.broken:
+            self.status = f"off: {self._comp.broken}"
+        return self._comp.failed(c, self._point)
+
+    def close(self) -> None:
+        self._comp.close()
+
+
 FINAL_ROUNDS = 3
 
 
@@ -196,7 +239,8 @@ def tune(ek: Any, points: Sequence[Point], shipped: Callable[[Point], tuple[Conf
     t0 = time.time()
     t_end = t0 + deadline_s
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    sms, hopper = props.multi_processor_count, props.major == 9
+    # split-K / swapped operands only where the launcher reads them (SGLang on sm90)
+    sms, hopper = props.multi_processor_count, props.major == 9 and "SPLIT_K" in ek.extra_keys
     lim = device_limits()
     comp = Compiler(ek.engine, compile_workers)
     probs: dict[Point, Problem] = {}

@@ -62,6 +62,41 @@ def engine_config_dir(engine: str, python: str | None = None) -> Path:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class Confirmed:
+    """What the engine's own lookup found after an install (engine_lookup.py)."""
+
+    found: list[str]
+    missing: list[str]           # installed, but the engine's lookup reads another file or none
+    by: str                      # which function, loaded how
+
+
+def confirm(engine: str, dest: Path, names: list[str], python: str | None = None,
+            own_folder: bool = True) -> Confirmed:
+    """Ask the engine's own `get_w8a8_block_fp8_configs` (in `python`, or here) for every
+    installed file, under the device name the file is for: found when it reads that very file
+    and returns its batch sizes (the engines may adjust an entry as they read it: SGLang off
+    CUDA raises BLOCK_SIZE_K to the quantization block). `own_folder` False: `dest` is not the
+    engine's installed folder, so its lookup is pointed at it. RuntimeError when the lookup
+    cannot run there."""
+    from servelab.tune import engine_lookup
+    queries = []
+    for name in names:
+        pn = formats.parse_file_name(name)
+        assert pn is not None, name                 # install() copied only parsed names
+        queries.append((pn.n, pn.k, pn.device))
+    got = engine_lookup.lookup_in(python, engine, queries, None if own_folder else dest)
+    found, missing = [], []
+    for name, entries, read in zip(names, got["found"], got["read"], strict=True):
+        path = dest / name
+        same_file = read is not None and path.exists() and Path(read) == path.resolve()
+        ok = same_file and entries is not None and sorted(map(int, entries)) == sorted(
+            formats.read_config_file(path))
+        (found if ok else missing).append(name)
+    return Confirmed(found, missing, f"{engine} {got['version']} {got['function']} "
+                                     f"({got['how']})")
+
+
 def _manifest(dest: Path) -> dict[str, dict[str, object]]:
     path = dest / BACKUP_DIR / MANIFEST
     return json.loads(path.read_text()) if path.exists() else {}

@@ -97,6 +97,7 @@ class Report:
     seconds: float = 0.0
     device_name: str = ""
     files: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)   # e.g. a format's file not written
 
 
 def _fmt_s(s: float | None) -> str:
@@ -107,13 +108,29 @@ def _fmt_s(s: float | None) -> str:
 
 
 def _write_shape(spec: TuneSpec, info: dict[str, Any], n: int, k: int,
-                 units: dict[tuple[int, int, int], dict[str, Any]]) -> list[Path]:
+                 units: dict[tuple[int, int, int], dict[str, Any]],
+                 final: bool = True) -> list[Path]:
+    """Merge a shape's finished entries into its files. A format whose engine may not read
+    every key the timed kernel can choose (vLLM's file while tuning on SGLang's kernel) is
+    written only once all units are in (`final`), and not at all if an entry needs such a key,
+    so no partial file is left behind."""
     entries = {m: u["best"] for (un, uk, m), u in units.items() if (un, uk) == (n, k) and u.get("best")}
     if not entries:
         return []
     out = []
     for fmt in spec.formats:
         p = spec.out_dir / formats.config_file_name(fmt, n, k, info["device_name"])
+        if not final and info.get("kernel_extra_keys", frozenset()) - \
+                formats.ENGINE_EXTRA_KEYS[fmt]:
+            continue
+        unreadable = {m: bad for m, e in entries.items() if (bad := formats.unreadable_keys(fmt, e))}
+        if unreadable:     # its engine would run other configs than those timed: no file
+            note = (f"{p.name} not written: entries at M={sorted(unreadable)} use "
+                    f"{sorted({x for b in unreadable.values() for x in b})}, which {fmt}'s "
+                    f"kernel does not read (tune with --kernel {fmt} --format {fmt} for it)")
+            if note not in info.setdefault("notes", []):
+                info["notes"].append(note)
+            continue
         formats.merge_write_config(p, entries)
         out.append(p)
     meta = {"tool": "servelab tune", "device_name": info["device_name"], "triton": info["triton"],
@@ -144,7 +161,8 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
                   compile_workers=spec.compile_workers, kernel=kernel)
     backend = RayPool(ws, spec.ray, echo) if spec.ray else LocalPool(ws, list(spec.gpus), echo)
     info = backend.start()
-    info["kernel"] = engine_kernel.load(kernel).label
+    ek = engine_kernel.load(kernel)
+    info["kernel"], info["kernel_extra_keys"] = ek.label, ek.extra_keys
     echo(f"timing on: {info['kernel']}")
     ctx = checkpoint.context_id(device=info["device_name"], method=timing.method(spec.device),
                                 triton=info["triton"], space=spec.space_name + "|" + kernel)
@@ -172,7 +190,7 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
                  "search": spec.search, "device_name": info["device_name"],
                  "units": len(all_units), "pending": len(pending)}, sync=True)
     for n, k in spec.shapes:
-        rep.files += _write_shape(spec, info, n, k, rep.units)
+        rep.files += _write_shape(spec, info, n, k, rep.units, final=False)
 
     job = jobs.Job(spec.name, "tune", total=len(all_units))
     job.update(done=len(done), current="starting", device=info["device_name"], search=spec.search)
@@ -207,7 +225,7 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
         if t == "unit":
             rep.units[key] = rec
             new_done += 1
-            _write_shape(spec, info, rec["n"], rec["k"], rep.units)
+            _write_shape(spec, info, rec["n"], rec["k"], rep.units, final=False)
         elif t == "fail":
             rep.failed.append(rec)
             new_done += 1
@@ -249,6 +267,9 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
     for n, k in spec.shapes:
         files += _write_shape(spec, info, n, k, rep.units)
     rep.files = files
+    rep.notes = list(info.get("notes", []))
+    for note in rep.notes:
+        echo(f"note: {note}")
     rep.seconds = time.time() - t0
     return rep
 

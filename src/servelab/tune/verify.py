@@ -135,7 +135,7 @@ def verify(directory: Path, device: str = "cuda", batch_sizes: tuple[int, ...] |
         import torch
         if not torch.cuda.is_available():
             raise UserError("no CUDA device here; use --device cpu to run the interpreter")
-        here = formats.device_file_name(torch.cuda.get_device_name())
+        here = formats.device_file_name(torch.cuda.get_device_name(), engine)
         from servelab.tune.timing import warm_up_gpu
         warm_up_gpu()
     else:

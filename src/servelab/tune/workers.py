@@ -74,15 +74,21 @@ def probe(spec: WorkSpec) -> dict[str, Any]:
 
 
 def _precompiler(spec: WorkSpec):
-    """Compile-ahead for servelab's kernel; an engine's launcher compiles on first launch
-    (benchmarks/bench_fp8_gemm_engine.py shows the pool for it, tune/engine_tune.py)."""
+    """Compile-ahead: servelab's kernel through compile.Precompiler (compile-only warmups,
+    notes shared between workers); an engine's launcher through engine_tune.UnitCompiler
+    (the engine's own launch on small inputs that specialise as the unit's)."""
     from servelab.tune.compile import Precompiler
     pc = _PROC.get("precompiler")
     if pc is None:
         n = spec.compile_workers or max(1, (os.cpu_count() or 2) // max(1, _PROC.get("ngpus", 1)) - 1)
         gpu = os.environ.get("CUDA_VISIBLE_DEVICES")
-        on = spec.device == "cuda" and spec.kernel == "servelab"
-        pc = _PROC["precompiler"] = Precompiler(spec.device, gpu, n if on else 0)
+        on = spec.device == "cuda"
+        if spec.kernel == "servelab":
+            pc = Precompiler(spec.device, gpu, n if on else 0)
+        else:
+            from servelab.tune.engine_tune import UnitCompiler
+            pc = UnitCompiler(spec.kernel, n if on else 0)
+        _PROC["precompiler"] = pc
     return pc
 
 
@@ -112,15 +118,17 @@ def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
     limits = space.device_limits() if spec.device == "cuda" else space.DeviceLimits()
     cands = space.candidates(a.n, a.k, a.m, spec.space, limits)
     ek = engine_kernel(spec)
-    if spec.kernel != "servelab" and spec.device == "cuda":   # the engine's sm90 keys too
-        import torch
+    if spec.kernel != "servelab" and spec.device == "cuda":   # the engine's own tiles, and
+        import torch  # SGLang's sm90 keys
         props = torch.cuda.get_device_properties(torch.cuda.current_device())
         extra = engine_space.stage1(a.n, a.k, a.m, props.multi_processor_count,
-                                    props.major == 9, limits)
+                                    props.major == 9 and "SPLIT_K" in ek.extra_keys, limits)
         cands = list(dict.fromkeys([*cands, *extra]))
     problem = Problem(a.n, a.k, a.m, spec.device, seed=a.n * 31 + a.k * 7 + a.m,
                       kernel=None if spec.kernel == "servelab" else ek)
     pc = _precompiler(spec)
+    if hasattr(pc, "at"):                    # an engine launcher specialises per unit
+        pc.at(a.n, a.k, a.m)
     if spec.device == "cuda" and not _PROC.get("warm"):
         from servelab.tune.timing import warm_up_gpu
         warm_up_gpu()

@@ -12,8 +12,15 @@ reduction, output allocation) is the engine's own code.
 Importing SGLang's module imports its runtime (psutil, zmq, msgspec, ...). Where those are
 absent (a GPU box with only the wheel), `load("sglang")` executes the kernel file itself with
 the four host helpers it imports supplied here (device name, platform facts, logging, the
-custom-op decorator: none of them touches a kernel); `EngineKernel.how` says which way it was
-loaded. Every config folder found is the engine's own (`config_dir`).
+custom-op decorator: none of them touches a kernel). Importing vLLM's module imports its
+compiled ops and runtime; where that fails (torch other than the one its ops were built for,
+packages absent) `load("vllm")` executes the kernel, launcher and lookup from vLLM's own file
+(vllm_source.py). `EngineKernel.how` says which way it was loaded. Every config folder found
+is the engine's own (`config_dir`).
+
+Only SGLang's launcher reads SPLIT_K and SWAP_AB (on sm90); vLLM's passes every key of an
+entry to its kernel, which reads the six tile keys only (Triton drops unknown keywords as
+compile options: `EngineKernel.extra_keys`).
 """
 
 from __future__ import annotations
@@ -154,6 +161,13 @@ class EngineKernel:
     _config: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def extra_keys(self) -> frozenset[str]:
+        """Entry keys beyond the six tile keys that this launcher reads (SGLang's sm90
+        split-K and swapped-operand paths); others are not read here (vLLM's kernel gets them
+        as keywords that Triton drops), so a config using them is a different launch."""
+        return frozenset({"SPLIT_K", "SWAP_AB"}) if self.engine == "sglang" else frozenset()
+
+    @property
     def label(self) -> str:
         """What a tuned file records as the kernel it was timed on."""
         if self.engine == "servelab":
@@ -197,15 +211,23 @@ def load(kernel: str, device_name: Callable[[], str] | None = None) -> EngineKer
     try:
         mod, how = importlib.import_module(modname), "import"
     except Exception as exc:  # noqa: BLE001 - any failure of the engine's runtime imports
-        if kernel != "sglang" or not path.exists():
+        if not path.exists():
             raise UserError(f"kernel '{kernel}': cannot import {modname}: {exc}") from None
         import torch
 
         def dev() -> str:
             return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
-        mod = _exec_file(path, f"servelab_engine_{kernel}_fp8", _stub_sglang_helpers(
-            device_name or dev))
+        if kernel == "vllm":
+            from servelab.kernels.fp8_gemm import vllm_source
+            try:
+                mod = vllm_source.load(path, device_name or dev)
+            except (ImportError, OSError, SyntaxError) as exc2:
+                raise UserError(f"kernel 'vllm': cannot import {modname} ({exc}) nor run its "
+                                f"kernel from the file ({exc2})") from None
+        else:
+            mod = _exec_file(path, f"servelab_engine_{kernel}_fp8", _stub_sglang_helpers(
+                device_name or dev))
         how = "kernel file, host helpers supplied"
     ek = EngineKernel(kernel, version, str(path), how, mod)
     # the engine's lookup, answering the config under test; lru_cache'd originals are kept

@@ -5,8 +5,10 @@ Names, as the engines look them up (SGLang `fp8_kernel.get_w8a8_block_fp8_config
 `fp8_utils.get_w8a8_block_fp8_configs`):
   SGLang: N={N},K={K},device_name={dev},dtype=fp8_w8a8,block_shape=[128, 128].json  (a space)
   vLLM:   N={N},K={K},device_name={dev},dtype=fp8_w8a8,block_shape=[128,128].json
-with dev = the GPU's name with spaces replaced by '_'. Contents: {"<M>": {entry}, ...}; the
-engines pick the entry with the nearest M.
+with dev = the GPU's name as each engine spells it: SGLang replaces each space by '_'
+(`get_device_name().replace(" ", "_")`), vLLM each run of whitespace or '/' by one '_' (its
+`get_device_name_as_file_name`). Contents: {"<M>": {entry}, ...}; the engines pick the entry
+with the nearest M.
 
 Keys of an entry, as SGLang 0.5.23's and vLLM 0.33.0's shipped files use them (counted over
 all 137 + 244 block-FP8 files, scripts/engine_config_keys.py reproduces the census):
@@ -37,6 +39,13 @@ OPTIONAL_BOOL_KEYS = ("SWAP_AB",)
 KEY_ORDER = (*REQUIRED_KEYS, "num_stages", "SPLIT_K", "SWAP_AB", "waves_per_eu", "kpack",
              "matrix_instr_nonkdim")
 CONFIG_KEYS = (*REQUIRED_KEYS, "num_stages")       # the six every NVIDIA entry servelab writes
+# keys beyond the six that each engine's launcher reads on NVIDIA: vLLM 0.33.0 passes an
+# entry's keys as keyword arguments to `_w8a8_triton_block_scaled_mm`, whose only
+# meta-parameters are the four tile sizes; Triton takes any other keyword for a compile option
+# and drops the unknown ones, so SPLIT_K / SWAP_AB there would launch a different config than
+# the one timed, silently
+ENGINE_EXTRA_KEYS: dict[str, frozenset[str]] = {"sglang": frozenset({"SPLIT_K", "SWAP_AB"}),
+                                                "vllm": frozenset()}
 FORMATS = ("sglang", "vllm")
 CPU_DEVICE_NAME = "Triton_interpreter_CPU"  # the device name of --device cpu runs, in file names
 _NAME_RE = re.compile(
@@ -47,8 +56,11 @@ _NAME_RE = re.compile(
 Entry = dict[str, int | bool]
 
 
-def device_file_name(name: str) -> str:
-    """A GPU name as the engines put it in file names: spaces become underscores."""
+def device_file_name(name: str, fmt: str = "sglang") -> str:
+    """A GPU name as engine `fmt` puts it in file names (the module docstring); for the usual
+    NVIDIA names ("NVIDIA H200") both give the same."""
+    if fmt == "vllm":
+        return re.sub(r"[\s/]+", "_", name)
     return name.replace(" ", "_")
 
 
@@ -58,7 +70,7 @@ def config_file_name(fmt: str, n: int, k: int, device_name: str,
     sep = {"sglang": ", ", "vllm": ","}.get(fmt)
     if sep is None:
         raise ValueError(f"unknown format {fmt!r}; known: {', '.join(FORMATS)}")
-    dev = device_file_name(device_name)
+    dev = device_file_name(device_name, fmt)
     return (f"N={n},K={k},device_name={dev},dtype=fp8_w8a8,"
             f"block_shape=[{block[0]}{sep}{block[1]}].json")
 
@@ -160,3 +172,9 @@ def merge_write_side(path: str | Path, meta: Mapping[str, Any],
     pts.update({str(m): dict(v) for m, v in points.items()})
     doc = {**old, **meta, "points": {k: pts[k] for k in sorted(pts, key=int)}}
     atomic.write_text(path, json.dumps(doc, indent=2, sort_keys=False) + "\n")
+
+
+def unreadable_keys(fmt: str, entry: Mapping[str, Any]) -> list[str]:
+    """Keys of `entry` that engine `fmt`'s launcher on NVIDIA does not read (empty: all read)."""
+    ok = set(CONFIG_KEYS) | ENGINE_EXTRA_KEYS[fmt]
+    return [k for k in entry if k not in ok]
