@@ -9,6 +9,8 @@ The full format, with an example, is documented in docs/EXPERIMENTS.md.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import math
 import re
 import tomllib
 from collections.abc import Callable
@@ -57,8 +59,16 @@ class LauncherSpec(_Strict):
         return Launcher(self.python, self.executable, tuple(self.container))
 
 
+Where = Literal["local", "ray"]
+_RAY_ADDRESS = re.compile(r"^(auto|ray://[^\s/:]+:\d{1,5}|[^\s/:]+:\d{1,5})$")
+_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,251}[A-Za-z0-9])?$")
+# the asks of a process that only mean something on a Ray cluster (experiment/ray_hosts.py)
+RAY_ASKS = ("num_cpus", "num_gpus", "resources", "node_ip", "node_labels")
+
+
 class ProcessSpec(_Strict):
-    """One process of a multi-process deployment (disaggregated: prefill, decode, router)."""
+    """One process of a multi-process deployment (disaggregated: prefill, decode, router), and
+    with `placement = "ray"` what it asks of the Ray node it runs on."""
 
     role: Literal["server", "prefill", "decode", "router"]
     flags: dict[str, FlagValue] = {}
@@ -66,6 +76,47 @@ class ProcessSpec(_Strict):
     port: int | None = Field(None, ge=1, le=65535)
     command: list[str] | None = None  # engine 'command' only
     launcher: LauncherSpec | None = None  # default: base.launcher
+    placement: Where | None = None  # default: the experiment's
+    num_cpus: float | None = Field(None, ge=0, le=4096, allow_inf_nan=False)
+    num_gpus: float | None = Field(None, ge=0, le=1024, allow_inf_nan=False)
+    resources: dict[str, float] = {}  # Ray custom resources, e.g. { "node:prefill" = 1 }
+    node_ip: str | None = None  # the node with this IP (Ray's node:<ip> resource)
+    node_labels: dict[str, str] = {}  # Ray node labels (`ray start --labels`), exact values
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, q in v.items():
+            if k in ("CPU", "GPU"):
+                raise ValueError(f"ask for {k} with num_{k.lower()}s, not in resources")
+            if not k or not (q > 0 and math.isfinite(q)):
+                raise ValueError(f"resource '{k}' must be a name with an amount > 0 (e.g. 1)")
+        return v
+
+    @field_validator("node_ip")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                ipaddress.ip_address(v)
+            except ValueError:
+                raise ValueError(f"'{v}' is not an IP address (e.g. \"10.0.0.2\")") from None
+        return v
+
+    @field_validator("node_labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not _LABEL.match(k) or not _LABEL.match(val):
+                raise ValueError(
+                    f"label {k} = {val!r}: keys and values are letters, digits, '-', '_', '.' "
+                    "(keys also '/'), starting and ending with a letter or digit"
+                )
+        return v
+
+    def ray_asks(self) -> list[str]:
+        """The Ray-only keys this process sets."""
+        return [k for k in RAY_ASKS if getattr(self, k) not in (None, {})]
 
 
 class BaseSpec(_Strict):
@@ -85,6 +136,7 @@ class ArmSpec(_Strict):
     remove: list[str] = []
     env: dict[str, str] = {}
     roles: list[Literal["server", "prefill", "decode", "router"]] | None = None
+    placement: Where | None = None  # where the processes the delta applies to run
 
     @property
     def recipes(self) -> list[str]:
@@ -220,6 +272,8 @@ class ExperimentSpec(_Strict):
     url: str | None = None  # engine 'external'
     command: list[str] | None = None  # engine 'command': argv with {host} {port}
     host: str = "127.0.0.1"
+    placement: Where = "local"  # "ray": processes run on a Ray cluster's nodes
+    ray_address: str | None = None  # "auto", "ray://host:port", "host:port"; unset: as ray.init()
     base: BaseSpec = BaseSpec()
     arms: dict[str, ArmSpec]
     baseline: str | None = None
@@ -288,12 +342,48 @@ class ExperimentSpec(_Strict):
             raise ValueError('engine \'command\' needs command = ["prog", "--port", "{port}", ...]')
         if self.engine not in ("external", "command") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
+        self._placement()
         if self.repetitions == "auto" and self.order == "sequential":
             raise ValueError(
                 'repetitions = "auto" decides on effects paired by block: use order = '
                 '"interleaved" or "shuffled"'
             )
         return self
+
+    def _placement(self) -> None:
+        """Placement keys make sense together: asks only where a process may run on Ray."""
+        procs = self.base.processes or []
+        on_ray = self.uses_ray
+        if self.ray_address is not None and not _RAY_ADDRESS.match(self.ray_address):
+            raise ValueError(
+                f"ray_address '{self.ray_address}' must be \"auto\", \"ray://host:port\" or "
+                '"host:port" (leave it out to start or join Ray as ray.init() does)'
+            )
+        if self.ray_address is not None and not on_ray:
+            raise ValueError('ray_address is used only with placement = "ray"')
+        if on_ray and self.engine == "external":
+            raise ValueError("engine 'external' is not launched by servelab: placement does not apply")
+        for i, p in enumerate(procs):
+            asks = p.ray_asks()
+            if asks and not on_ray:
+                raise ValueError(
+                    f"base.processes.{i} ({p.role}) sets {asks[0]}, which only applies with "
+                    'placement = "ray" (for the experiment, an arm or this process)'
+                )
+            if p.num_gpus and "CUDA_VISIBLE_DEVICES" in {**self.base.env, **p.env}:
+                raise ValueError(
+                    f"base.processes.{i} ({p.role}): CUDA_VISIBLE_DEVICES comes from the GPUs "
+                    "Ray gives the process (num_gpus); remove it from env"
+                )
+
+    @property
+    def uses_ray(self) -> bool:
+        """Whether any process of any arm may run on a Ray cluster."""
+        return (
+            self.placement == "ray"
+            or any(p.placement == "ray" for p in self.base.processes or [])
+            or any(a.placement == "ray" for a in self.arms.values())
+        )
 
     @property
     def adaptive_on(self) -> bool:
@@ -317,11 +407,28 @@ class ExperimentSpec(_Strict):
     def design_hash(self) -> str:
         """Hash of what decides the measurements; repetitions and prose may change on a resume."""
         d = self.to_json()
-        for k in ("repetitions", "adaptive", "hypothesis", "timeouts", "retries", "noise_band"):
+        # where the cluster listens may change between resumes; the nodes' asks may not
+        for k in ("repetitions", "adaptive", "hypothesis", "timeouts", "retries", "noise_band",
+                  "ray_address"):
             d.pop(k, None)
         for arm in d["arms"].values():
             arm.pop("description", None)
+        _drop_unset_placement(d)
         return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+
+def _drop_unset_placement(d: dict[str, Any]) -> None:
+    """Placement keys left at their defaults are left out of the design hash, so experiments
+    stored before placement existed resume as before."""
+    if d.get("placement") == "local":
+        d.pop("placement")
+    for arm in d["arms"].values():
+        if arm.get("placement") is None:
+            arm.pop("placement", None)
+    for p in (d.get("base") or {}).get("processes") or []:
+        for k in ("placement", *RAY_ASKS):
+            if p.get(k) in (None, {}):
+                p.pop(k, None)
 
 
 # pydantic names the member of a union that failed as one more location part ('str', 'int',
