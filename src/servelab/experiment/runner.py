@@ -396,8 +396,8 @@ class Runner:
             raise  # a configuration problem stops the experiment (after teardown)
         except Exception as exc:  # a broken run is recorded, the experiment goes on
             why = dep.lost() if dep else None
-            self._failed(p, why or f"{type(exc).__name__}: {exc}", dep.log_tail() if dep else "",
-                         started)
+            self._failed(p, f"during the run: {why}" if why else f"{type(exc).__name__}: {exc}",
+                         dep.log_tail() if dep else "", started)
             return "failed"
         if dep and (why := dep.lost()):  # a process (or its node) lost mid-run: not a result
             self._failed(p, f"during the run: {why}", dep.log_tail(), started)

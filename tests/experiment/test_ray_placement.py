@@ -1,0 +1,241 @@
+"""Experiments placed on a Ray cluster: several nodes on 127.0.0.1 (Ray's own test cluster),
+each with a custom resource naming its role; real engine processes, real HTTP, real SQLite.
+
+One cluster for the module (starting nodes is the expensive part). The node-loss test runs
+last: it removes a node and adds a fresh one with the same resource.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from servelab.errors import UserError  # noqa: E402
+from servelab.experiment import check  # noqa: E402
+from servelab.experiment import spec as spec_mod  # noqa: E402
+from servelab.experiment.report import collect  # noqa: E402
+from servelab.experiment.runner import Runner, bench_measure  # noqa: E402
+from servelab.store import Store  # noqa: E402
+
+ROUTER = Path(__file__).with_name("tiny_router.py")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+NODE_ARGS = {"num_cpus": 1, "object_store_memory": 75 * 1024 * 1024, "include_dashboard": False}
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Head (the router's node) + a prefill node + a decode node, the driver joined to it."""
+    os.environ["PYTHONPATH"] = os.pathsep.join(  # the nodes' workers import servelab
+        p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+    c = Cluster(initialize_head=True,
+                head_node_args={**NODE_ARGS, "resources": {"node:router": 1}})
+    nodes = {"router": c.head_node}
+    for role in ("prefill", "decode"):
+        nodes[role] = c.add_node(**NODE_ARGS, resources={f"node:{role}": 1})
+    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+    yield c, nodes
+    ray.shutdown()
+    c.shutdown()
+
+
+def node_id_with(resource: str) -> str:
+    (nid,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
+    return nid
+
+
+def pd_toml(name: str, marker: str, *, arms: str, address: str | None = None,
+            gap_ms: float = 4, prompts: int = 4, reps: int = 2) -> str:
+    """prefill, decode and router each on the node holding node:<role> (scripted servers)."""
+    srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}",
+           "--port", "{port}", "--model", marker, "--no-log"]
+    rtr = [sys.executable, str(ROUTER), "{port}", "{prefill_url}", "{decode_url}", marker]
+    addr = f'ray_address = "{address}"' if address else ""
+    return f"""
+name = "{name}"
+engine = "command"
+placement = "ray"
+{addr}
+repetitions = {reps}
+restart = "run"
+retries = 0
+[[base.processes]]
+role = "prefill"
+command = {srv!r}
+resources = {{ "node:prefill" = 1 }}
+flags = {{ ttft-ms = 5, gap-ms = 40 }}
+[[base.processes]]
+role = "decode"
+command = {srv!r}
+resources = {{ "node:decode" = 1 }}
+flags = {{ ttft-ms = 5, gap-ms = {gap_ms} }}
+[[base.processes]]
+role = "router"
+command = {rtr!r}
+resources = {{ "node:router" = 1 }}
+{arms}
+[load]
+concurrency = [2]
+[workload]
+input_len = 8
+output_len = 9
+num_prompts = {prompts}
+[timeouts]
+ready_s = 60
+teardown_s = 5
+""".replace("'", '"')
+
+
+TWO_ARMS = """
+[arms.base]
+[arms.fast-decode]
+roles = ["decode"]
+flags = { tokens-per-chunk = 2 }
+"""
+
+
+def test_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(cluster, tmp_path, live_procs):
+    marker = f"raypd-{uuid.uuid4().hex[:8]}"
+    f = tmp_path / "pd.toml"
+    f.write_text(pd_toml("raypd", marker, arms=TWO_ARMS))
+    spec = spec_mod.load(f)
+    store = Store(tmp_path / "r.db")
+    res = Runner(spec, store, say=lambda s: None, log_root=tmp_path / "logs").run()
+    assert (res.ok, res.failed) == (4, 0)
+    runs = store.runs("raypd")
+    assert [(r.arm, r.block) for r in runs] == [
+        ("base", 0), ("fast-decode", 0), ("fast-decode", 1), ("base", 1)]  # ABBA
+    data = collect(store, "raypd")
+    # truth: the decode server streams 2 tokens per chunk in fast-decode, so TPOT halves
+    tpot = data.analysis.effects[("fast-decode", "c=2", "tpot_ms")]
+    assert 0.35 < tpot.ratio < 0.75 and tpot.verdict in ("better", "within noise")
+    for r in runs:
+        procs = store.load_point(r.load_point_id).provenance["processes"]
+        assert [p["role"] for p in procs] == ["prefill", "decode", "router"]
+        for p in procs:  # each process ran on the node holding its role's resource
+            assert p["node"]["node_id"] == node_id_with(f"node:{p['role']}")
+            assert p["node"]["ip"] == "127.0.0.1" and p["node"]["placement"] == "ray"
+        # the router was told the other nodes' addresses and the ports found there
+        assert procs[2]["argv"][-3:-1] == [
+            f"http://127.0.0.1:{procs[0]['argv'][6]}", f"http://127.0.0.1:{procs[1]['argv'][6]}"]
+    logs = sorted((tmp_path / "logs").rglob("1-decode.log"))
+    assert len(logs) == 4 and "# on node 127.0.0.1" in logs[0].read_text()  # copied back
+    assert live_procs(marker) == []
+
+
+def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(cluster, tmp_path):
+    f = tmp_path / "pd.toml"
+    f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS))
+    data = check.collect(spec_mod.load(f))
+    for procs in data["arms"].values():
+        for p in procs:
+            assert p["node"]["node_id"] == node_id_with(f"node:{p['role']}")
+            assert p["node"]["candidates"] == 1
+            assert "127.0.0.1" in p["argv"]
+    text = "\n".join(check.lines(data))
+    assert f"on Ray node 127.0.0.1 ({node_id_with('node:decode')[:8]})" in text
+    # no node has a GPU: refused with the process, what it asks and what the cluster has
+    f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
+        'resources = { "node:decode" = 1 }', 'resources = { "node:decode" = 1 }\nnum_gpus = 1'))
+    with pytest.raises(UserError) as err:
+        check.collect(spec_mod.load(f), "pd.toml")
+    msg = str(err.value)
+    assert msg.startswith("pd.toml: arms.base (decode): no node of the Ray cluster can hold the "
+                          "decode process: it asks node:decode=1, GPU=1; the cluster has node ")
+    assert "node:prefill=1" in msg and "\n" not in msg
+    # each fits alone, but restart = "block" keeps both arms' decode servers up at once
+    f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
+        'restart = "run"', 'restart = "block"'))
+    with pytest.raises(UserError, match=r"arms.fast-decode \(prefill\): no node has room for it"):
+        check.collect(spec_mod.load(f))
+
+
+def test_sigkill_of_the_runner_leaves_no_engine_on_any_node(cluster, tmp_path, live_procs):
+    c, _ = cluster
+    marker = f"rayk9-{uuid.uuid4().hex[:8]}"
+    f = tmp_path / "k9.toml"
+    f.write_text(pd_toml("rayk9", marker, arms=TWO_ARMS, address=c.address, gap_ms=200,
+                         prompts=200, reps=1))
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "servelab", "run", str(f), "--store", str(tmp_path / "r.db")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "SERVELAB_HOME": str(tmp_path / "home"), "PYTHONUNBUFFERED": "1"})
+    try:
+        seen = []
+        for line in runner.stdout:  # the first arm deployed on its three nodes
+            seen.append(line)
+            if "deployed arm" in line:
+                break
+        assert len(live_procs(marker)) == 3, "".join(seen)
+    finally:
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+    deadline = time.monotonic() + 20
+    while live_procs(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert live_procs(marker) == []
+
+
+def test_a_node_lost_mid_run_fails_that_run_and_a_rerun_resumes_the_rest(cluster, tmp_path):
+    c, nodes = cluster
+    marker = f"raylost-{uuid.uuid4().hex[:8]}"
+    srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}",
+           "--port", "{port}", "--model", marker, "--no-log"]
+    f = tmp_path / "lost.toml"
+    f.write_text(f"""
+name = "raylost"
+engine = "command"
+placement = "ray"
+repetitions = 1
+retries = 0
+[[base.processes]]
+role = "server"
+command = {srv!r}
+resources = {{ "node:decode" = 1 }}
+flags = {{ ttft-ms = 5, gap-ms = 20 }}
+[arms.a]
+[arms.b]
+flags = {{ tokens-per-chunk = 2 }}
+[load]
+concurrency = [2]
+[workload]
+input_len = 8
+output_len = 9
+num_prompts = 6
+[timeouts]
+ready_s = 30
+teardown_s = 5
+""".replace("'", '"'))
+    spec = spec_mod.load(f)
+    lost_id = node_id_with("node:decode")
+
+    def measure(url, s, run):
+        if run.seq == 1:  # the decode node goes away while the second run measures
+            c.remove_node(nodes["decode"])
+        return bench_measure(url, s, run)
+
+    store = Store(tmp_path / "r.db")
+    res = Runner(spec, store, measure=measure, say=lambda s: None).run()
+    assert (res.ok, res.failed) == (1, 1)
+    failed = [r for r in store.runs("raylost") if r.status == "failed"]
+    assert len(failed) == 1 and failed[0].arm == "b"
+    assert failed[0].error.startswith(f"during the run: node 127.0.0.1 ({lost_id[:8]}) of the "
+                                      "server process died"), failed[0].error
+    nodes["decode"] = c.add_node(**NODE_ARGS, resources={"node:decode": 1})
+    said: list[str] = []
+    res = Runner(spec, store, say=said.append).run()
+    assert (res.ok, res.failed, res.already_done) == (1, 0, 1)
+    assert "1 of 2 runs already stored, 1 to run (1 failed earlier, retried)" in said[0]
+    runs = store.runs("raylost")
+    assert sorted((r.arm, r.status) for r in runs) == [("a", "ok"), ("b", "ok")]  # no duplicate
+    prov = store.load_point(runs[-1].load_point_id).provenance["processes"][0]["node"]
+    assert prov["node_id"] == node_id_with("node:decode") != lost_id
