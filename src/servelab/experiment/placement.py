@@ -58,7 +58,7 @@ def nodes(ray: Any) -> list[Node]:
     """The live nodes, with their free resources now (Ray's per-node view; where this Ray
     version does not expose it, the totals)."""
     try:
-        from ray._private.state import available_resources_per_node  # no public per-node API
+        from ray._private.state import available_resources_per_node  # a DeveloperAPI: no public one
 
         free_by_id: dict[str, dict[str, float]] = available_resources_per_node()
     except (ImportError, AttributeError, RuntimeError):
