@@ -7,6 +7,7 @@ last: it removes a node and adds a fresh one with the same resource.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -132,17 +133,23 @@ def test_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(cluster, tmp_path,
     assert live_procs(marker) == []
 
 
-def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(cluster, tmp_path):
+def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
+        cluster, tmp_path, monkeypatch, capsys):
+    from cli_inproc import cli
+
     f = tmp_path / "pd.toml"
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS))
-    data = check.collect(spec_mod.load(f))
+    code, out, _ = cli(monkeypatch, capsys, "run", str(f), "--check", "--json")
+    assert code == 0
+    data = json.loads(out)
+    assert data["schema"].startswith("servelab.experiment_check/")
     for procs in data["arms"].values():
         for p in procs:
             assert p["node"]["node_id"] == node_id_with(f"node:{p['role']}")
             assert p["node"]["candidates"] == 1
             assert "127.0.0.1" in p["argv"]
-    text = "\n".join(check.lines(data))
-    assert f"on Ray node 127.0.0.1 ({node_id_with('node:decode')[:8]})" in text
+    code, out, _ = cli(monkeypatch, capsys, "run", str(f), "--check")
+    assert code == 0 and f"on Ray node 127.0.0.1 ({node_id_with('node:decode')[:8]})" in out
     # no node has a GPU: refused with the process, what it asks and what the cluster has
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
         'resources = { "node:decode" = 1 }', 'resources = { "node:decode" = 1 }\nnum_gpus = 1'))

@@ -36,9 +36,11 @@ class EngineHost:
         self.log_path = self.dir / "engine.log"
 
     def where(self) -> dict[str, Any]:
-        """The node this actor runs on: Ray's node id and IP, the GPUs Ray gave it, the host
-        name, and the Python running servelab there."""
+        """The node this actor runs on: Ray's node id and IP, the GPUs Ray gave it (ids) and
+        the node's GPUs (nvidia-smi there), the host name, and the Python running servelab."""
         import ray
+
+        from servelab import provenance
 
         ctx = ray.get_runtime_context()
         return {
@@ -46,6 +48,8 @@ class EngineHost:
             "ip": ray.util.get_node_ip_address(),
             "hostname": socket.gethostname(),
             "gpus": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
+            "node_gpus": provenance.gpus(),
+            "ray_version": ray.__version__,
             "python": sys.executable,
             "actor_pid": os.getpid(),
             "main_thread": on_main_thread(),

@@ -143,7 +143,7 @@ class RaySite(Site):
 
     def node(self) -> dict[str, Any]:
         """For provenance: where the process ran and what it asked for."""
-        keys = ("node_id", "ip", "hostname", "gpus", "python")
+        keys = ("node_id", "ip", "hostname", "gpus", "node_gpus", "python", "ray_version")
         return {"placement": "ray", "asks": self.asks, **{k: self.info[k] for k in keys}}
 
     def gone(self, exc: BaseException) -> str:
