@@ -42,7 +42,8 @@ def cluster():
                 head_node_args={**NODE_ARGS, "resources": {"node:router": 1}})
     nodes = {"router": c.head_node}
     for role in ("prefill", "decode"):
-        nodes[role] = c.add_node(**NODE_ARGS, resources={f"node:{role}": 1})
+        nodes[role] = c.add_node(**NODE_ARGS, resources={f"node:{role}": 1},
+                                 labels={"tier": role})
     ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
     yield c, nodes
     ray.shutdown()
@@ -56,7 +57,8 @@ def node_id_with(resource: str) -> str:
 
 def pd_toml(name: str, marker: str, *, arms: str, address: str | None = None,
             gap_ms: float = 4, prompts: int = 4, reps: int = 2) -> str:
-    """prefill, decode and router each on the node holding node:<role> (scripted servers)."""
+    """prefill, decode and router each on its own node (scripted servers): prefill and router
+    by a custom resource, decode by a node label."""
     srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}",
            "--port", "{port}", "--model", marker, "--no-log"]
     rtr = [sys.executable, str(ROUTER), "{port}", "{prefill_url}", "{decode_url}", marker]
@@ -77,7 +79,7 @@ flags = {{ ttft-ms = 5, gap-ms = 40 }}
 [[base.processes]]
 role = "decode"
 command = {srv!r}
-resources = {{ "node:decode" = 1 }}
+node_labels = {{ tier = "decode" }}
 flags = {{ ttft-ms = 5, gap-ms = {gap_ms} }}
 [[base.processes]]
 role = "router"
@@ -152,12 +154,12 @@ def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
     assert code == 0 and f"on Ray node 127.0.0.1 ({node_id_with('node:decode')[:8]})" in out
     # no node has a GPU: refused with the process, what it asks and what the cluster has
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
-        'resources = { "node:decode" = 1 }', 'resources = { "node:decode" = 1 }\nnum_gpus = 1'))
+        'node_labels = { tier = "decode" }', 'node_labels = { tier = "decode" }\nnum_gpus = 1'))
     with pytest.raises(UserError) as err:
         check.collect(spec_mod.load(f), "pd.toml")
     msg = str(err.value)
     assert msg.startswith("pd.toml: arms.base (decode): no node of the Ray cluster can hold the "
-                          "decode process: it asks node:decode=1, GPU=1; the cluster has node ")
+                          "decode process: it asks GPU=1, label tier=decode; the cluster has node ")
     assert "node:prefill=1" in msg and "\n" not in msg
     # each fits alone, but restart = "block" keeps both arms' decode servers up at once
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
@@ -237,7 +239,8 @@ teardown_s = 5
     assert len(failed) == 1 and failed[0].arm == "b"
     assert failed[0].error.startswith(f"during the run: node 127.0.0.1 ({lost_id[:8]}) of the "
                                       "server process died"), failed[0].error
-    nodes["decode"] = c.add_node(**NODE_ARGS, resources={"node:decode": 1})
+    nodes["decode"] = c.add_node(**NODE_ARGS, resources={"node:decode": 1},
+                                 labels={"tier": "decode"})
     said: list[str] = []
     res = Runner(spec, store, say=said.append).run()
     assert (res.ok, res.failed, res.already_done) == (1, 0, 1)

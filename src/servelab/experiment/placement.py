@@ -80,7 +80,12 @@ def cluster_text(live: list[Node], free: bool = True) -> str:
     """What the cluster has, per node (for one-line refusals)."""
     if not live:
         return "no live node"
-    return "; ".join(f"node {n.short()}: {_shown(n.free if free else n.total)}" for n in live)
+    def labels(n: Node) -> str:
+        own = {k: v for k, v in sorted(n.labels.items()) if not k.startswith("ray.io/")}
+        return "".join(f", label {k}={v}" for k, v in own.items())
+
+    return "; ".join(f"node {n.short()}: {_shown(n.free if free else n.total)}{labels(n)}"
+                     for n in live)
 
 
 def unplaceable(pl: Placement, role: str, live: list[Node]) -> str | None:
