@@ -36,18 +36,21 @@ NODE_ARGS = {"num_cpus": 1, "object_store_memory": 75 * 1024 * 1024, "include_da
 @pytest.fixture(scope="module")
 def cluster():
     """Head (the router's node) + a prefill node + a decode node, the driver joined to it."""
-    os.environ["PYTHONPATH"] = os.pathsep.join(  # the nodes' workers import servelab
-        p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
-    c = Cluster(initialize_head=True,
-                head_node_args={**NODE_ARGS, "resources": {"node:router": 1}})
-    nodes = {"router": c.head_node}
-    for role in ("prefill", "decode"):
-        nodes[role] = c.add_node(**NODE_ARGS, resources={f"node:{role}": 1},
-                                 labels={"tier": role})
-    ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
-    yield c, nodes
-    ray.shutdown()
-    c.shutdown()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(  # the nodes' workers import servelab
+            p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
+        c = Cluster(initialize_head=True,
+                    head_node_args={**NODE_ARGS, "resources": {"node:router": 1}})
+        nodes = {"router": c.head_node}
+        for role in ("prefill", "decode"):
+            nodes[role] = c.add_node(**NODE_ARGS, resources={f"node:{role}": 1},
+                                     labels={"tier": role})
+        ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
+        try:
+            yield c, nodes
+        finally:
+            ray.shutdown()
+            c.shutdown()
 
 
 def node_id_with(resource: str) -> str:
