@@ -32,7 +32,7 @@ app = typer.Typer(
 )
 
 # One module per group of verbs, in the order of the measure -> attribute -> bound -> tune loop.
-VERB_MODULES = ("bench", "results", "serve", "experiment", "status", "profile", "tune")
+VERB_MODULES = ("bench", "results", "serve", "router", "experiment", "status", "profile", "tune")
 
 
 DEBUG_ENV = "SERVELAB_DEBUG"

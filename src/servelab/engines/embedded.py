@@ -1,6 +1,14 @@
 """The embedded reference engine: `python -m servelab serve` (servelab.mini), the target on a
-fresh machine. It serves `/health`, `/server_info` (and `/get_server_info`) and `/metrics` with vLLM-named
-speculative-decoding counters."""
+fresh machine. It serves `/health`, `/server_info` (and `/get_server_info`) and `/metrics` with
+vLLM-named speculative-decoding counters.
+
+Roles as SGLang's adapter: "server"; "prefill" and "decode" (`serve --disaggregation-mode
+prefill|decode`, the prefill with its own `--disaggregation-bootstrap-port` per process, so
+several arms share a node); "router" (`servelab router --pd-disaggregation --prefill URL BOOT
+--decode URL`, sglang_router's flags). The pre-flight judges serve's flags with the same typed
+model `servelab serve` parses them with (mini/serve_args.py): `run --check` refuses what the
+server would, with the same message, and starts nothing.
+"""
 
 from __future__ import annotations
 
@@ -11,21 +19,21 @@ from typing import Any
 
 from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
 from servelab.engines.launcher import Entry
+from servelab.errors import UserError
+from servelab.mini.serve_args import ServeArgs
 
-_FLAGS = frozenset(
-    """
-config weights random-weights device max-running-requests context-length cuda-graph
-attention-backend seed num-threads served-model-name log-level speculative-algorithm
-speculative-num-steps speculative-eagle-topk speculative-num-draft-tokens
-""".split()
-)
+# host, port and the disaggregation mode come from the process itself (its role), not flags
+_SET_BY_DEPLOYMENT = frozenset({"host", "port", "disaggregation-mode"})
+_FLAGS = ServeArgs.field_flags() - _SET_BY_DEPLOYMENT
+_ROUTER_FLAGS = frozenset({"policy", "request-timeout-secs", "log-level"})
 
 
 class Embedded(Engine):
-    """`python -m servelab serve --config <model> --host H --port P ...`."""
+    """`python -m servelab serve --config <model> --host H --port P ...`; PD roles and the
+    router as `python -m servelab router ...`."""
 
     name = "embedded"
-    roles = ("server",)
+    roles = ("server", "prefill", "decode", "router")
     known_flags = _FLAGS
     info_path = "/server_info"
 
@@ -35,6 +43,12 @@ class Embedded(Engine):
 
     def entry(self, role: str) -> Entry:
         return Entry(module="servelab")
+
+    def flags_for(self, role: str) -> frozenset[str]:
+        return _ROUTER_FLAGS if role == "router" else _FLAGS
+
+    def port_flags(self, role: str) -> tuple[str, ...]:
+        return ("disaggregation-bootstrap-port",) if role == "prefill" else ()
 
     def command(
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
@@ -47,24 +61,47 @@ class Embedded(Engine):
     def args(
         self, proc: ProcessConfig, model: str, peers: Mapping[str, ProcessPlan]
     ) -> list[str]:
+        host_port = ["--host", proc.host, "--port", str(proc.port)]
+        if proc.role == "router":
+            argv = ["router", "--pd-disaggregation"]
+            for plan in peers.values():
+                if plan.role == "prefill":
+                    argv += ["--prefill", plan.url]
+                    boot = proc.extra.get(f"bootstrap_port:{plan.port}")
+                    if boot:
+                        argv.append(str(boot))
+                elif plan.role == "decode":
+                    argv += ["--decode", plan.url]
+            return argv + host_port + render_flags(proc.flags)
         flags = dict(proc.flags)
         flags.setdefault("config", model)
-        return [
-            "serve",
-            "--host",
-            proc.host,
-            "--port",
-            str(proc.port),
-            *render_flags(flags),
-        ]
+        argv = ["serve", *host_port]
+        if proc.role in ("prefill", "decode"):
+            argv += ["--disaggregation-mode", proc.role]
+        return argv + render_flags(flags)
 
     def rules(self, model: str, role: str, flags: Mapping[str, FlagValue]) -> list[str]:
+        if role == "router":
+            policy = flags.get("policy", "round_robin")
+            return [] if policy in ("round_robin", "random") else [
+                f"router policy {policy!r}: the embedded router knows round_robin and random"]
         problems = []
+        if "disaggregation-mode" in flags:
+            problems.append("'disaggregation-mode' comes from the process role (prefill/decode); "
+                            "remove the flag")
         spec = [k for k in flags if k.startswith("speculative-") and k != "speculative-algorithm"]
         if spec and not flags.get("speculative-algorithm"):
             problems.append(f"{', '.join(spec)} set without 'speculative-algorithm'")
-        if flags.get("speculative-algorithm") and flags.get("speculative-eagle-topk", 1) != 1:
-            problems.append("the embedded engine drafts a chain: speculative-eagle-topk must be 1")
-        if flags.get("cuda-graph") and flags.get("device", "cpu") != "cuda":
+        if flags.get("cuda-graph") and not str(flags.get("device", "cpu")).startswith("cuda"):
             problems.append('cuda-graph needs device = "cuda"')
+        if problems:
+            return problems
+        # the server's own typed model judges every value (bounds, choices, consistency)
+        known = {k: v for k, v in flags.items() if k in _FLAGS}
+        known.setdefault("config", model)
+        mode = role if role in ("prefill", "decode") else "null"
+        try:
+            ServeArgs.from_flags({**known, "disaggregation-mode": mode})
+        except UserError as exc:
+            problems.append(str(exc))
         return problems

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from servelab.errors import UserError
+from servelab.mini import pd_engine
 from servelab.mini import tokenizer as tk
 from servelab.mini.attention import get_backend
 from servelab.mini.capacity import check_kv_fits
@@ -70,6 +71,7 @@ class EngineArgs:
     seed: int = 0
     num_threads: int = 1
     max_prefill_tokens: int = 4096
+    disaggregation_mode: str = "null"  # "prefill": export KV after prefill; "decode": install it
 
     @property
     def num_drafts(self) -> int:
@@ -127,8 +129,14 @@ class Engine:
 
     # ---- public API --------------------------------------------------------------------------
     def submit(self, prompt: list[int], params: SamplingParams,
-               callback: Callable[[Event], None]) -> int:
-        """Queue a request; `callback` gets an Event per step (from the engine thread)."""
+               callback: Callable[[Event], None], *, room: int = -1,
+               export: Callable[[pd_engine.KVHandoff], None] | None = None,
+               handoff: pd_engine.KVHandoff | None = None) -> int:
+        """Queue a request; `callback` gets an Event per step (from the engine thread).
+
+        Disaggregation: with `export` (a prefill server) the request is prefilled, its KV
+        handed to `export`, and it ends after its first token; with `handoff` (a decode
+        server) its prompt is not computed: the received KV is installed and decoding goes on."""
         if len(prompt) + params.max_tokens > self.args.context_length:
             raise UserError(f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) "
                             f"exceeds the context length {self.args.context_length}")
@@ -149,7 +157,8 @@ class Engine:
                 callback(Event("", [], "error", len(prompt), 0, 0,
                                f"engine stopped: {self.error!r}"))
                 return rid
-            self._waiting.append(Request(rid, list(prompt), params, callback, gen))
+            self._waiting.append(Request(rid, list(prompt), params, callback, gen, room=room,
+                                         export=export, handoff=handoff))
             self._cond.notify()
         return rid
 
@@ -249,23 +258,38 @@ class Engine:
                 self._waiting = deque(r for r in self._waiting if r.finish is None)
                 self._aborts.clear()
             budget = self.args.max_prefill_tokens
-            while self._waiting and self._free and (not new or len(self._waiting[0].prompt) <= budget):
+            while self._waiting and self._free and (not new or self._cost(self._waiting[0]) <= budget):
                 r = self._waiting.popleft()
                 r.slot = self._free.pop()
-                budget -= len(r.prompt)
+                budget -= self._cost(r)
                 new.append(r)
                 self._running.append(r)
         if not self._running:
             return False
         ok = True
         with torch.inference_mode(), self.profiler.step(self._step_name(new)):
+            handed = [r for r in new if r.handoff is not None]
+            new = [r for r in new if r.handoff is None]
+            if handed:
+                ok = self._guarded(self._install, handed)
             if new:
-                ok = self._guarded(self._prefill, new)
+                ok = self._guarded(self._prefill, new) and ok
             if self._running:
                 ok = self._guarded(self._decode, list(self._running)) and ok
         self.failed_steps = 0 if ok else self.failed_steps + 1
         self.stats.steps += 1
         return True
+
+    @staticmethod
+    def _cost(r: Request) -> int:
+        """Prefill tokens a request costs (none when its KV came from a prefill server)."""
+        return 0 if r.handoff is not None else len(r.prompt)
+
+    def _install(self, reqs: list[Request]) -> None:
+        """Decode server: put the received KV in place and emit the prefill's first token."""
+        for r in reqs:
+            pd_engine.install(self, r)
+            self._append(r, [r.last])
 
     def _guarded(self, fn: Callable[[list[Request]], None], reqs: list[Request]) -> bool:
         """Run a batched phase; if it fails, the live requests of that batch fail (and only
@@ -327,7 +351,8 @@ class Engine:
             if t is None:
                 continue
             r.last, r.pos = t, len(r.prompt)
-            self._append(r, [t])
+            if r.export is None:  # a prefill server's requests end in _export, after drafting
+                self._append(r, [t])
         if self.k:
             # MTP over every prompt position i: (h_i, t_{i+1}); the last row drafts t_{S+1}.
             nxt = []
@@ -335,6 +360,20 @@ class Engine:
                 nxt += r.prompt[1:] + [t if t is not None else tk.EOS]
             drafts, m = self._mtp(hidden, nxt, slots, positions, fb)
             self._set_drafts(reqs, [drafts[i] for i in last_rows], m[rows])
+        for r in reqs:
+            if r.export is not None and r.finish is None:
+                self._export(r)
+
+    def _export(self, r: Request) -> None:
+        """Prefill server: hand the request's KV on, then end it after its first token."""
+        try:
+            r.export(pd_engine.export(self, r))
+        except Exception as exc:  # noqa: BLE001 - this request only
+            self._fail(r, f"KV export failed: {type(exc).__name__}: {str(exc)[:200]}")
+            return
+        self._append(r, [r.last])
+        if r.finish is None:
+            self._finish(r, "length")
 
     def _set_drafts(self, reqs: list[Request], d1: list[int], m: torch.Tensor) -> None:
         """Store d_1 and run the MTP head k-1 more times (EAGLE chain) for live requests."""

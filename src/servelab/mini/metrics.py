@@ -18,8 +18,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 
 class _EngineCollector:
-    def __init__(self, engine, model_name: str) -> None:
-        self.engine, self.model = engine, model_name
+    def __init__(self, engine, model_name: str, transfers=None) -> None:
+        self.engine, self.model, self.transfers = engine, model_name, transfers
 
     def collect(self):
         e, st, lab = self.engine, self.engine.stats, ["model_name"]
@@ -59,6 +59,9 @@ class _EngineCollector:
             for i, v in enumerate(st.spec_accepted_per_pos):
                 per.add_metric([*val, str(i)], v)
             yield per
+        if self.transfers is not None:
+            yield from _transfer_series(self.transfers, lab, val)
+        if e.k:
             tau = st.avg_spec_accept_length
             if tau is not None:
                 yield gauge("sglang:spec_accept_length", "Lifetime mean acceptance length.", tau)
@@ -66,8 +69,34 @@ class _EngineCollector:
                             st.spec_num_accepted_tokens / st.spec_num_draft_tokens)
 
 
-def render_metrics(engine, model_name: str) -> tuple[bytes, str]:
-    """(body, content type) of /metrics."""
+def _transfer_series(t, lab: list[str], val: list[str]):
+    """KV transfers of a prefill (direction "sent") or decode (direction "received") server:
+    pd_transfer.TransferStats. Present only on servers in a disaggregation mode."""
+    lab, val = [*lab, "direction"], [*val, t.direction]
+    b = CounterMetricFamily("servelab:kv_transfer_bytes", "KV handoff bytes moved.", labels=lab)
+    b.add_metric(val, t.bytes)
+    yield b
+    s = CounterMetricFamily("servelab:kv_transfer_seconds",
+                            "Seconds spent moving KV handoffs (encode + write when sent; first "
+                            "to last byte when received).", labels=lab)
+    s.add_metric(val, t.seconds)
+    yield s
+    n = CounterMetricFamily("servelab:kv_transfers", "KV transfers by outcome.",
+                            labels=[*lab, "outcome"])
+    outcomes = dict(t.outcomes)  # one copy: the bootstrap thread may add an outcome meanwhile
+    for outcome in ("ok", *sorted(k for k in outcomes if k != "ok")):
+        n.add_metric([*val, outcome], outcomes.get(outcome, 0))
+    yield n
+    if t.direction == "received":
+        w = CounterMetricFamily("servelab:kv_transfer_wait_seconds",
+                                "Seconds decode requests waited for the prefill before the "
+                                "first byte of their KV.", labels=lab)
+        w.add_metric(val, t.wait_seconds)
+        yield w
+
+
+def render_metrics(engine, model_name: str, transfers=None) -> tuple[bytes, str]:
+    """(body, content type) of /metrics; `transfers`: the server's KV transfer counters."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(_EngineCollector(engine, model_name))
+    reg.register(_EngineCollector(engine, model_name, transfers))
     return generate_latest(reg), CONTENT_TYPE_LATEST

@@ -7,6 +7,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,6 +48,11 @@ class Request:
     held: str = ""  # text held back because it may start a stop string
     finish: str | None = None
     spec_verify_ct: int = 0
+    # prefill/decode disaggregation (pd_engine.py): the bootstrap room of the request; on a
+    # prefill server, where its KV goes once prefilled; on a decode server, the KV it came with
+    room: int = -1
+    export: Callable[[Any], None] | None = None
+    handoff: Any = None  # pd_transfer.KVHandoff until installed into the request's slot
 
 
 @dataclass(slots=True)

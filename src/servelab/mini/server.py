@@ -17,7 +17,7 @@ import json
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import asdict
 
 import orjson
@@ -30,6 +30,7 @@ from servelab.errors import UserError
 from servelab.mini import tokenizer as tk
 from servelab.mini.engine import Engine, EngineArgs, Event
 from servelab.mini.metrics import render_metrics
+from servelab.mini.pd_server import PD
 from servelab.mini.protocol import (
     MAX_BODY_BYTES,
     ApiError,
@@ -74,14 +75,17 @@ def _sse(obj: object) -> bytes:
 
 
 class _Stream:
-    """Engine events of one request, delivered into the event loop."""
+    """Engine events of one request, delivered into the event loop; `on_error` hears why the
+    engine failed it (a prefill server passes it on to the request's decode side)."""
 
-    def __init__(self, engine: Engine, prompt: list[int], params) -> None:
+    def __init__(self, engine: Engine, prompt: list[int], params,
+                 on_error: Callable[[str], None] | None = None, **submit_kw) -> None:
         self.loop = asyncio.get_running_loop()
         self.queue: asyncio.Queue[Event] = asyncio.Queue()
         self.engine = engine
+        self.on_error = on_error
         try:
-            self.rid = engine.submit(prompt, params, self._put)
+            self.rid = engine.submit(prompt, params, self._put, **submit_kw)
         except UserError as exc:
             raise ApiError(400, str(exc)) from None
         self.done = False
@@ -93,6 +97,8 @@ class _Stream:
         try:
             while True:
                 ev = await self.queue.get()
+                if ev.finish_reason == "error" and self.on_error is not None:
+                    self.on_error(ev.error or "the engine failed the request")
                 yield ev
                 if ev.finish_reason is not None:
                     self.done = True
@@ -110,9 +116,11 @@ class _Stream:
         return "".join(text), last
 
 
-def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
-    """The FastAPI app around a started engine."""
+def build_app(engine: Engine, model_name: str, server_args: dict, pd: PD | None = None
+              ) -> FastAPI:
+    """The FastAPI app around a started engine (`pd`: its disaggregation role, pd_server.py)."""
     app = FastAPI(title="servelab mini", version=__version__)
+    pd = pd or PD(engine, "null", "127.0.0.1", 0, 0.0)
     names = {model_name, engine.cfg.name}
 
     @app.exception_handler(ApiError)
@@ -149,11 +157,25 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
         return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
                 "total_tokens": ev.prompt_tokens + ev.completion_tokens}
 
+    async def open_stream(body: dict, parse_body: Callable[[], tuple]) -> tuple[_Stream, tuple]:
+        """Parse a generation request and submit it, through the server's PD role: a prefill
+        server records a refusal in the request's room, a decode server waits for its KV."""
+        boot = pd.room(body)
+        try:
+            parsed = parse_body()
+            kw = await pd.submit_kwargs(boot, parsed[0])
+            return _Stream(engine, parsed[0], parsed[1],
+                           on_error=lambda why: pd.failed(boot, why), **kw), parsed
+        except ApiError as exc:
+            pd.failed(boot, exc.message)
+            raise
+
     async def openai(body: dict, chat: bool) -> Response:
-        check_model(body)
-        prompt, params, stream, include_usage = (parse_chat if chat else parse_completion)(
-            body, engine.args.context_length)
-        st = _Stream(engine, prompt, params)
+        def parse_body() -> tuple:
+            check_model(body)
+            return (parse_chat if chat else parse_completion)(body, engine.args.context_length)
+
+        st, (prompt, params, stream, include_usage) = await open_stream(body, parse_body)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -210,8 +232,8 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
     @app.post("/generate")
     async def generate(request: Request) -> Response:
         body = await _body(request)
-        prompt, params, stream = parse_generate(body, engine.args.context_length)
-        st = _Stream(engine, prompt, params)
+        st, (prompt, params, stream) = await open_stream(
+            body, lambda: parse_generate(body, engine.args.context_length))
         rid = uuid.uuid4().hex
 
         def meta(ev: Event) -> dict:
@@ -249,6 +271,13 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
             "id": model_name, "object": "model", "created": 0, "owned_by": "servelab",
             "root": model_name, "max_model_len": engine.args.context_length}]}
 
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info() -> dict:
+        # SGLang's: routers and clients that discover a worker's model read this
+        return {"model_path": model_name, "tokenizer_path": None, "is_generation": True,
+                "served_model_name": model_name}
+
     @app.get("/health")
     async def health() -> Response:
         bad = engine.unhealthy()
@@ -285,7 +314,7 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
     @app.get("/get_server_info")  # the older name (SGLang < 0.5 and its benches read this one)
     async def server_info() -> dict:
         st = engine.stats
-        return {**server_args, "version": __version__, "engine": "servelab-mini",
+        return {**server_args, **pd.info(), "version": __version__, "engine": "servelab-mini",
                 "served_model_name": model_name, "model_config": engine.cfg.to_dict(),
                 "weights": engine.weights_meta,
                 "internal_states": [{"avg_spec_accept_length": st.avg_spec_accept_length,
@@ -295,7 +324,7 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body, ctype = render_metrics(engine, model_name)
+        body, ctype = render_metrics(engine, model_name, pd.stats)
         return Response(body, media_type=ctype)
 
     @app.post("/start_profile")
@@ -317,8 +346,11 @@ def build_app(engine: Engine, model_name: str, server_args: dict) -> FastAPI:
 
 
 def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = None,
-               log_level: str = "warning") -> None:
-    """Load the model, warm it up, serve until SIGINT/SIGTERM, then stop the engine."""
+               log_level: str = "warning", bootstrap_port: int = 8998,
+               waiting_timeout_s: float = 300.0) -> None:
+    """Load the model, warm it up, serve until SIGINT/SIGTERM, then stop the engine. A prefill
+    server (args.disaggregation_mode) also serves its bootstrap port; a decode server waits up
+    to `waiting_timeout_s` for each request's KV."""
     import signal
     import socket
     import sys
@@ -342,9 +374,17 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
     engine = Engine(args)
     engine.warmup()
     engine.start()
+    pd = PD(engine, args.disaggregation_mode, host, bootstrap_port, waiting_timeout_s)
+    try:
+        pd.start()
+    except OSError as exc:
+        engine.stop()
+        raise UserError(f"cannot listen on {host}:{bootstrap_port} for the KV bootstrap "
+                        f"({exc.strerror}); pick another --disaggregation-bootstrap-port"
+                        ) from exc
     name = model_name or f"servelab-mini-{args.config}"
     app = build_app(engine, name, {**asdict(args), "host": host, "port": port,
-                                   "served_model_name": name})
+                                   "served_model_name": name}, pd)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            timeout_graceful_shutdown=3, access_log=False))
 
@@ -357,6 +397,7 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
             print(f"servelab mini ready: http://{host}:{port} model={name} "
                   f"weights={engine.weights_meta.get('weights')} device={args.device} "
                   f"spec={spec} slots={args.max_running_requests} "
+                  f"disaggregation={args.disaggregation_mode} "
                   f"startup_s={time.perf_counter() - t0:.1f}", flush=True)
 
     def _exit(*_: object) -> None:

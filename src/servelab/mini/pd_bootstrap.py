@@ -1,0 +1,193 @@
+"""The network side of prefill/decode disaggregation: a prefill server's bootstrap server, and the
+decode server's fetch of one room's KV from it.
+
+As in SGLang, the router sends each request to both servers with `bootstrap_host`,
+`bootstrap_port` and `bootstrap_room` added to its body. The prefill server binds an aiohttp
+server on its bootstrap port (`--disaggregation-bootstrap-port`, SGLang's default 8998) and
+keeps each prefilled room's handoff there; the decode server asks
+`GET http://bootstrap_host:bootstrap_port/kv/{room}?timeout_s=T` and the answer comes when the
+prefill is done (long poll), so the decode server holds no KV slot while it waits. A room's
+handoff is sent once and dropped; one nobody asks for is dropped after `ttl_s`. A request the
+prefill server failed leaves an error in its room, so its decode side fails at once with the
+prefill's reason instead of waiting out the timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+
+from servelab.mini.pd_transfer import KVHandoff, TransferError, TransferStats, decode, encode
+
+MAX_WAIT_S = 3600.0  # a long poll never outlives this, whatever the decode side asks for
+
+
+@dataclass(slots=True)
+class _Room:
+    handoff: KVHandoff | None
+    error: str | None
+    created: float
+
+
+class BootstrapServer:
+    """Prefill side: rooms of prefilled KV, served on the bootstrap port from its own thread."""
+
+    def __init__(self, host: str, port: int, stats: TransferStats, ttl_s: float = 300.0) -> None:
+        self.host, self.port, self.stats, self.ttl_s = host, port, stats, ttl_s
+        self._rooms: dict[int, _Room] = {}
+        self._ready: dict[int, asyncio.Event] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    # ---- called from the engine / HTTP threads ----------------------------------------------
+    def put(self, handoff: KVHandoff) -> None:
+        """Deposit a prefilled room (thread-safe)."""
+        self._call(self._store, handoff.room, _Room(handoff, None, time.monotonic()))
+
+    def put_error(self, room: int, message: str) -> None:
+        """Record that the prefill of `room` failed (thread-safe)."""
+        self._call(self._store, room, _Room(None, message, time.monotonic()))
+
+    def _call(self, fn, *args) -> None:  # noqa: ANN001
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(fn, *args)
+
+    # ---- the server's own loop ----------------------------------------------------------------
+    def _store(self, room: int, entry: _Room) -> None:
+        held = self._rooms.get(room)
+        if entry.error is not None and held is not None and held.handoff is not None:
+            return  # the KV went out whole: a later failure of the request does not void it
+        self._rooms[room] = entry
+        self._event(room).set()
+
+    def _event(self, room: int) -> asyncio.Event:
+        ev = self._ready.get(room)
+        if ev is None:
+            ev = self._ready[room] = asyncio.Event()
+        return ev
+
+    async def _kv(self, request: web.Request) -> web.StreamResponse:
+        try:
+            room = int(request.match_info["room"])
+            wait_s = min(float(request.query.get("timeout_s", "30")), MAX_WAIT_S)
+        except ValueError:
+            return web.json_response({"error": "room and timeout_s must be numbers"}, status=400)
+        if room not in self._rooms:
+            try:
+                await asyncio.wait_for(self._event(room).wait(), wait_s)
+            except TimeoutError:
+                self._ready.pop(room, None)
+                self.stats.add("timeout")
+                return web.json_response(
+                    {"error": f"no prefill for bootstrap_room {room} within {wait_s:g} s"},
+                    status=404)
+        entry = self._rooms.pop(room, None)
+        self._ready.pop(room, None)
+        if entry is None:  # another fetch of the same room took it first
+            self.stats.add("duplicate")
+            return web.json_response({"error": f"bootstrap_room {room} was already fetched"},
+                                     status=409)
+        if entry.error is not None:
+            self.stats.add("prefill_failed")
+            return web.json_response({"error": entry.error}, status=409)
+        t0 = time.perf_counter()
+        body = encode(entry.handoff)
+        resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
+                                           "Content-Length": str(len(body))})
+        await resp.prepare(request)
+        await resp.write(body)
+        await resp.write_eof()
+        self.stats.add("ok", len(body), time.perf_counter() - t0)
+        return resp
+
+    async def _route(self, _request: web.Request) -> web.Response:
+        return web.json_response({"rooms_pending": len(self._rooms), "ttl_s": self.ttl_s})
+
+    async def _expire(self) -> None:
+        while True:
+            await asyncio.sleep(min(self.ttl_s, 5.0))
+            now = time.monotonic()
+            for room in [r for r, e in self._rooms.items() if now - e.created > self.ttl_s]:
+                del self._rooms[room]
+                self._ready.pop(room, None)
+                self.stats.add("expired")
+
+    def start(self) -> None:
+        """Bind the bootstrap port (errors surface here, before the HTTP server starts) and
+        serve from a daemon thread."""
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            app = web.Application(client_max_size=1 << 20)
+            app.router.add_get("/kv/{room}", self._kv)
+            app.router.add_get("/route", self._route)
+            self._runner = web.AppRunner(app, access_log=None)
+            try:
+                loop.run_until_complete(self._runner.setup())
+                site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+                loop.run_until_complete(site.start())
+            except BaseException as exc:  # noqa: BLE001 - reported to start()'s caller
+                failure.append(exc)
+                started.set()
+                return
+            self._loop = loop
+            loop.create_task(self._expire())
+            started.set()
+            loop.run_forever()
+
+        self._thread = threading.Thread(target=run, name="pd-bootstrap", daemon=True)
+        self._thread.start()
+        started.wait(30)
+        if failure:
+            raise failure[0]
+
+
+async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
+                timeout_s: float, stats: TransferStats) -> KVHandoff:
+    """Decode side: the KV of `room` from the prefill's bootstrap server, or TransferError
+    (504 when it did not come in time, 502 when the prefill failed or cannot be reached)."""
+    where = f"{host}:{port}"
+    url = f"http://{where}/kv/{room}"
+    t0 = time.perf_counter()
+    try:
+        async with session.get(url, params={"timeout_s": f"{timeout_s:g}"},
+                               timeout=aiohttp.ClientTimeout(total=timeout_s + 10)) as resp:
+            t1 = time.perf_counter()
+            if resp.status == 404:
+                stats.add("timeout", wait_seconds=t1 - t0)
+                raise TransferError(f"the KV of bootstrap_room {room} did not arrive from the "
+                                    f"prefill server at {where} within {timeout_s:g} s", 504)
+            if resp.status != 200:
+                why = (await resp.json(content_type=None)).get("error", resp.reason)
+                stats.add("prefill_failed", wait_seconds=t1 - t0)
+                raise TransferError(f"the prefill server at {where} failed bootstrap_room "
+                                    f"{room}: {why}")
+            body = await resp.read()
+    except TransferError:
+        raise
+    except TimeoutError:
+        stats.add("timeout", wait_seconds=time.perf_counter() - t0)
+        raise TransferError(f"the KV of bootstrap_room {room} did not arrive from the prefill "
+                            f"server at {where} within {timeout_s:g} s", 504) from None
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        stats.add("unreachable", wait_seconds=time.perf_counter() - t0)
+        raise TransferError(f"the prefill server's bootstrap port at {where} cannot be reached "
+                            f"({type(exc).__name__}: {str(exc)[:150]}); is the prefill server "
+                            "up?") from None
+    t2 = time.perf_counter()
+    try:
+        handoff = decode(body)
+    except TransferError:
+        stats.add("malformed", len(body), t2 - t1, t1 - t0)
+        raise
+    stats.add("ok", len(body), t2 - t1, t1 - t0)
+    return handoff

@@ -1,0 +1,277 @@
+"""Prefill/decode disaggregation over real HTTP: `servelab serve --disaggregation-mode prefill`
+and `decode` subprocesses behind `servelab router --pd-disaggregation` on loopback.
+
+Greedy output through router -> prefill -> decode equals one engine's (with and without MTP on
+decode), streaming too; /metrics on both sides count the bytes that went over the wire; a
+request whose KV never comes (or whose prefill is gone) fails alone and the decode server keeps
+serving."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from servelab.engines.base import parse_prometheus
+from servelab.mini import tokenizer as tk
+from servelab.mini.config import TINY
+from servelab.mini.engine import Engine, EngineArgs
+from servelab.mini.sampling import SamplingParams
+
+MTP = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2"]
+PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
+WAIT_S = 3  # decode_plain's --disaggregation-waiting-timeout
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*args: str) -> tuple[subprocess.Popen, int]:
+    port = _port()
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", *args, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, port
+
+
+def _ready(proc: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    line = ""
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if "ready" in line or not line:
+            break
+    assert "ready" in line, f"did not start: {line!r}"
+
+
+@pytest.fixture(scope="module")
+def pd():
+    boot = _port()
+    serve = ["serve", "--config", "tiny", "--context-length", "512"]
+    prefill, p_port = _start(*serve, *MTP, "--disaggregation-mode", "prefill",
+                             "--disaggregation-bootstrap-port", str(boot))
+    dec_mtp, dm_port = _start(*serve, *MTP, "--disaggregation-mode", "decode")
+    dec_plain, dp_port = _start(*serve, "--disaggregation-mode", "decode",
+                                "--disaggregation-waiting-timeout", str(WAIT_S))
+    procs = [prefill, dec_mtp, dec_plain]
+    try:
+        for p in procs:
+            _ready(p)
+        pre = f"http://127.0.0.1:{p_port}"
+        r_mtp, rm_port = _start("router", "--pd-disaggregation", "--prefill", pre, str(boot),
+                                "--decode", f"http://127.0.0.1:{dm_port}")
+        r_plain, rp_port = _start("router", "--pd-disaggregation", "--prefill", pre, str(boot),
+                                  "--decode", f"http://127.0.0.1:{dp_port}",
+                                  "--policy", "random")
+        procs += [r_mtp, r_plain]
+        _ready(r_mtp)
+        _ready(r_plain)
+        yield {"prefill": pre, "prefill_proc": prefill, "boot": boot,
+               "decode_mtp": f"http://127.0.0.1:{dm_port}",
+               "decode_plain": f"http://127.0.0.1:{dp_port}",
+               "router_mtp": f"http://127.0.0.1:{rm_port}",
+               "router_plain": f"http://127.0.0.1:{rp_port}"}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The same model in one engine, in this process: what PD must reproduce."""
+    eng = Engine(EngineArgs(config="tiny", context_length=512))
+
+    def greedy(prompt: str, n: int) -> str:
+        return eng.generate(tk.encode(prompt), SamplingParams(max_tokens=n, temperature=0.0,
+                                                              ignore_eos=True))[1]
+    return greedy
+
+
+def call(url: str, path: str, body: dict | None = None, timeout: float = 60):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, method="POST" if data else "GET",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, text = r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except json.JSONDecodeError:
+        return status, text
+
+
+def sse(url: str, path: str, body: dict) -> list[dict]:
+    status, text = call(url, path, body)
+    assert status == 200, text
+    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def metrics(url: str) -> dict[str, float]:
+    status, text = call(url, "/metrics")
+    assert status == 200
+    return parse_prometheus(text)
+
+
+def _sum(m: dict[str, float], name: str, **labels: str) -> float:
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in m.items() if k.split("{")[0] == name and all(w in k for w in want))
+
+
+GREEDY = {"temperature": 0, "ignore_eos": True}
+
+
+@pytest.mark.parametrize("router", ["router_mtp", "router_plain"])
+def test_greedy_through_pd_equals_one_engine(pd, reference, router):
+    url = pd[router]
+    want = reference(PROMPT, 40)
+    st, full = call(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, **GREEDY})
+    assert st == 200, full
+    assert full["choices"][0]["text"] == want
+    assert full["usage"] == {"prompt_tokens": len(tk.encode(PROMPT)), "completion_tokens": 40,
+                             "total_tokens": len(tk.encode(PROMPT)) + 40}
+    chunks = sse(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, "stream": True,
+                                          **GREEDY})
+    assert "".join(c["choices"][0]["text"] for c in chunks) == want
+    st, gen = call(url, "/generate", {"text": PROMPT, "sampling_params": {
+        "max_new_tokens": 40, "temperature": 0, "ignore_eos": True}})
+    assert st == 200 and gen["text"] == want
+    if router == "router_mtp":  # the decode server speculated: fewer verify steps than tokens
+        assert 0 < gen["meta_info"]["spec_verify_ct"] < 39
+        # /server_info through the router is the decode server's (acceptance shows)
+        st, info = call(url, "/server_info")
+        assert info["disaggregation_mode"] == "decode"
+        assert info["internal_states"][0]["avg_spec_accept_length"] > 1.0
+        assert info["router"]["prefill"] == [[pd["prefill"], pd["boot"]]]
+    chat = sse(url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                             "max_tokens": 12, "stream": True, **GREEDY})
+    assert chat[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_transfer_counters_count_the_bytes_sent(pd):
+    before_p, before_d = metrics(pd["prefill"]), metrics(pd["decode_mtp"])
+    n = 3
+    for i in range(n):
+        st, _ = call(pd["router_mtp"], "/v1/completions",
+                     {"prompt": PROMPT * (i + 1), "max_tokens": 4, **GREEDY})
+        assert st == 200
+    after_p, after_d = metrics(pd["prefill"]), metrics(pd["decode_mtp"])
+
+    def d(b, a, name, **lab):
+        return _sum(a, name, **lab) - _sum(b, name, **lab)
+
+    sent = d(before_p, after_p, "servelab:kv_transfer_bytes_total", direction="sent")
+    got = d(before_d, after_d, "servelab:kv_transfer_bytes_total", direction="received")
+    assert sent == got > 0
+    # the bytes are the KV: (4 layers + the MTP layer) x prompt rows x (latent + indexer) x fp32,
+    # plus a header of at most a few KB per transfer
+    cfg = TINY
+    rows = sum(len(tk.encode(PROMPT * (i + 1))) for i in range(n))
+    kv = (cfg.n_layers + 1) * rows * (cfg.kv_dim + cfg.index_dim) * 4
+    assert kv < sent < kv + n * 4096
+    assert d(before_p, after_p, "servelab:kv_transfers_total", direction="sent",
+             outcome="ok") == n
+    assert d(before_d, after_d, "servelab:kv_transfers_total", direction="received",
+             outcome="ok") == n
+    assert d(before_d, after_d, "servelab:kv_transfer_seconds_total") > 0
+    # through the router, the decode worker's counters are visible (labelled by worker)
+    routed = metrics(pd["router_mtp"])
+    assert _sum(routed, "servelab:kv_transfer_bytes_total") == _sum(
+        after_d, "servelab:kv_transfer_bytes_total")
+    assert _sum(routed, "vllm:spec_decode_num_drafts_total") > 0
+    assert _sum(routed, "servelab:router_requests_total", path="/v1/completions",
+                code="200") >= n
+
+
+def test_kv_that_never_comes_fails_that_request_alone(pd):
+    dec = pd["decode_plain"]
+    body = {"prompt": PROMPT, "max_tokens": 4, **GREEDY, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": pd["boot"], "bootstrap_room": 12345}
+    t0 = time.monotonic()
+    st, err = call(dec, "/v1/completions", body)
+    assert st == 504 and "did not arrive" in err["error"]["message"], err
+    assert WAIT_S <= time.monotonic() - t0 < WAIT_S + 5
+    st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": _port()})  # nobody there
+    assert st == 502 and "cannot be reached" in err["error"]["message"], err
+    st, err = call(dec, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
+    assert st == 400 and "bootstrap_room" in err["error"]["message"]
+    assert call(dec, "/health")[0] == 200
+    m = metrics(dec)
+    assert _sum(m, "servelab:kv_transfers_total", outcome="timeout") >= 1
+    assert _sum(m, "servelab:kv_transfers_total", outcome="unreachable") >= 1
+    st, full = call(pd["router_plain"], "/v1/completions",
+                    {"prompt": PROMPT, "max_tokens": 8, **GREEDY})
+    assert st == 200 and full["usage"]["completion_tokens"] == 8
+
+
+def test_a_refused_prefill_fails_its_decode_side_at_once(pd):
+    st, err = call(pd["router_plain"], "/v1/completions",
+                   {"prompt": PROMPT, "max_tokens": 4, "temperature": -1})
+    assert st == 400 and "temperature" in err["error"]["message"]
+    st, err = call(pd["prefill"], "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
+    assert st == 400 and "PD router" in err["error"]["message"]
+    # the prefill refuses a request of room 99; the decode side of room 99 hears why at once
+    boot = {"bootstrap_host": "127.0.0.1", "bootstrap_port": pd["boot"], "bootstrap_room": 99}
+    st, _ = call(pd["prefill"], "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                    "top_p": 7, **boot})
+    assert st == 400
+    t0 = time.monotonic()
+    st, err = call(pd["decode_plain"], "/v1/completions", {"prompt": PROMPT, "max_tokens": 4,
+                                                          **boot})
+    assert st == 502 and "failed bootstrap_room 99" in err["error"]["message"]
+    assert "top_p" in err["error"]["message"]
+    assert time.monotonic() - t0 < WAIT_S
+    m = metrics(pd["decode_plain"])
+    assert _sum(m, "servelab:kv_transfers_total", outcome="prefill_failed") >= 1
+
+
+def test_a_dead_prefill_fails_requests_cleanly(pd):
+    """Last in the module: it kills the prefill server."""
+    pd["prefill_proc"].kill()
+    pd["prefill_proc"].wait()
+    st, err = call(pd["router_mtp"], "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
+    assert st == 502 and "prefill" in err["error"]["message"], err
+    body = {"prompt": PROMPT, "max_tokens": 4, "bootstrap_host": "127.0.0.1",
+            "bootstrap_port": pd["boot"], "bootstrap_room": 7}
+    st, err = call(pd["decode_mtp"], "/v1/completions", body)
+    assert st == 502 and "cannot be reached" in err["error"]["message"], err
+    assert call(pd["decode_mtp"], "/health")[0] == 200
+    assert call(pd["router_mtp"], "/health")[0] == 503
+
+
+def test_router_flags_parse_as_sglang_router_spells_them():
+    from servelab.cli.router import parse
+    from servelab.errors import UserError
+
+    cfg, host, port = parse(["--pd-disaggregation", "--prefill", "http://10.0.0.1:30000", "8998",
+                             "--prefill", "http://10.0.0.2:30000", "none", "--prefill",
+                             "http://10.0.0.3:30000", "--decode", "http://10.0.0.4:30001",
+                             "--host", "0.0.0.0", "--port", "8000", "--policy", "random"])
+    assert [(p.url, p.bootstrap_port) for p in cfg.prefills] == [
+        ("http://10.0.0.1:30000", 8998), ("http://10.0.0.2:30000", None),
+        ("http://10.0.0.3:30000", None)]
+    assert cfg.decodes == ("http://10.0.0.4:30001",) and cfg.policy == "random"
+    assert (host, port) == ("0.0.0.0", 8000)
+    for argv, why in (([], "--pd-disaggregation"),
+                      (["--pd-disaggregation", "--decode", "http://a:1"], "at least one --prefill"),
+                      (["--pd-disaggregation", "--prefill", "a:1", "--decode", "http://a:1"],
+                       "worker URL"),
+                      (["--pd-disaggregation", "--prefill", "http://a:1", "0", "--decode",
+                        "http://a:2"], "bootstrap port '0'"),
+                      (["--pd-disaggregation", "--prefill", "http://a:1", "--decode",
+                        "http://a:2", "--policy", "cache_aware"], "knows round_robin")):
+        with pytest.raises(UserError, match=why):
+            parse(argv)
