@@ -138,6 +138,54 @@ def test_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(cluster, tmp_path,
     assert live_procs(marker) == []
 
 
+EMBEDDED_PD = Path(__file__).resolve().parents[2] / "examples" / "disagg_embedded.toml"
+
+
+def embedded_pd_toml() -> str:
+    """examples/disagg_embedded.toml placed on the cluster, shortened: both arms of a block up
+    at once (restart = "block"), so each node holds two processes (half its resource each)."""
+    text = EMBEDDED_PD.read_text()
+    for old, new in (
+        ('restart = "block"', 'restart = "block"\nplacement = "ray"\nretries = 0'),
+        ("repetitions = 3", "repetitions = 2"), ("concurrency = [1, 4]", "concurrency = [2]"),
+        ("num_prompts = 16", "num_prompts = 4"), ("output_len = 32", "output_len = 8"),
+        ("warmup = 2", "warmup = 0"),
+        ('role = "prefill"', 'role = "prefill"\nresources = { "node:prefill" = 0.5 }'),
+        ('role = "decode"', 'role = "decode"\nnode_labels = { tier = "decode" }'),
+        ('role = "router"', 'role = "router"\nresources = { "node:router" = 0.5 }'),
+    ):
+        assert old in text, old
+        text = text.replace(old, new, 1)
+    return text
+
+
+def test_embedded_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(cluster, tmp_path):
+    f = tmp_path / "pd.toml"
+    f.write_text(embedded_pd_toml())
+    spec = spec_mod.load(f)
+    store = Store(tmp_path / "r.db")
+    res = Runner(spec, store, say=lambda s: None, log_root=tmp_path / "logs").run()
+    assert (res.ok, res.failed) == (4, 0)
+    runs = store.runs(spec.name)
+    assert sorted((r.block, r.arm) for r in runs) == [
+        (0, "baseline"), (0, "mtp"), (1, "baseline"), (1, "mtp")]
+    eff = collect(store, spec.name).analysis.effects[("mtp", "c=2", "output_throughput_tok_s")]
+    assert eff.paired and eff.verdict in ("better", "worse", "within noise")
+    for r in runs:
+        lp = store.load_point(r.load_point_id)
+        procs = lp.provenance["processes"]
+        assert [p["role"] for p in procs] == ["prefill", "decode", "router"]
+        for p in procs:  # each process ran on the node holding its role
+            assert p["node"]["node_id"] == node_id_with(f"node:{p['role']}")
+        # the router got the prefill's URL and bootstrap port found on the prefill node
+        pre = procs[0]["argv"]
+        boot = pre[pre.index("--disaggregation-bootstrap-port") + 1]
+        port = pre[pre.index("--port") + 1]
+        assert f"--prefill http://127.0.0.1:{port} {boot} --decode" in " ".join(procs[2]["argv"])
+        if r.arm == "mtp":  # the arm's delta reached the decode node: it speculated
+            assert lp.summary["accept_length"] > 1.0
+
+
 def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
         cluster, tmp_path, monkeypatch, capsys):
     from cli_inproc import cli
