@@ -31,12 +31,20 @@ from servelab.store import Store  # noqa: E402
 ROUTER = Path(__file__).with_name("tiny_router.py")
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 75 * 1024 * 1024, "include_dashboard": False}
+# Ray names a node by the machine's outward address; its switch for single-machine clusters
+# keeps every node (and so every engine it places) on loopback
+LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 @pytest.fixture(scope="module")
 def cluster():
     """Head (the router's node) + a prefill node + a decode node, the driver joined to it."""
+    from ray._private import ray_constants
+
     with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # read at import: this process
+        for k, v in LOOPBACK.items():  # the nodes' processes and the runner's
+            mp.setenv(k, v)
         mp.setenv("PYTHONPATH", os.pathsep.join(  # the nodes' workers import servelab
             p for p in (SRC, os.environ.get("PYTHONPATH")) if p))
         c = Cluster(initialize_head=True,
@@ -109,43 +117,16 @@ flags = { tokens-per-chunk = 2 }
 """
 
 
-def test_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(cluster, tmp_path, live_procs):
-    marker = f"raypd-{uuid.uuid4().hex[:8]}"
-    f = tmp_path / "pd.toml"
-    f.write_text(pd_toml("raypd", marker, arms=TWO_ARMS))
-    spec = spec_mod.load(f)
-    store = Store(tmp_path / "r.db")
-    res = Runner(spec, store, say=lambda s: None, log_root=tmp_path / "logs").run()
-    assert (res.ok, res.failed) == (4, 0)
-    runs = store.runs("raypd")
-    assert [(r.arm, r.block) for r in runs] == [
-        ("base", 0), ("fast-decode", 0), ("fast-decode", 1), ("base", 1)]  # ABBA
-    data = collect(store, "raypd")
-    # truth: the decode server streams 2 tokens per chunk in fast-decode, so TPOT halves
-    tpot = data.analysis.effects[("fast-decode", "c=2", "tpot_ms")]
-    assert 0.35 < tpot.ratio < 0.75 and tpot.verdict in ("better", "within noise")
-    for r in runs:
-        procs = store.load_point(r.load_point_id).provenance["processes"]
-        assert [p["role"] for p in procs] == ["prefill", "decode", "router"]
-        for p in procs:  # each process ran on the node holding its role's resource
-            assert p["node"]["node_id"] == node_id_with(f"node:{p['role']}")
-            assert p["node"]["ip"] == "127.0.0.1" and p["node"]["placement"] == "ray"
-        # the router was told the other nodes' addresses and the ports found there
-        assert procs[2]["argv"][-3:-1] == [
-            f"http://127.0.0.1:{procs[0]['argv'][6]}", f"http://127.0.0.1:{procs[1]['argv'][6]}"]
-    logs = sorted((tmp_path / "logs").rglob("1-decode.log"))
-    assert len(logs) == 4 and "# on node 127.0.0.1" in logs[0].read_text()  # copied back
-    assert live_procs(marker) == []
-
-
 EMBEDDED_PD = Path(__file__).resolve().parents[2] / "examples" / "disagg_embedded.toml"
 
 
-def embedded_pd_toml() -> str:
+def embedded_pd_toml(marker: str) -> str:
     """examples/disagg_embedded.toml placed on the cluster, shortened: both arms of a block up
-    at once (restart = "block"), so each node holds two processes (half its resource each)."""
+    at once (restart = "block"), so each node holds two processes (half its resource each).
+    `marker` is in the servers' command lines (their served model name)."""
     text = EMBEDDED_PD.read_text()
     for old, new in (
+        ("num-threads = 1", f'num-threads = 1\nserved-model-name = "{marker}"'),
         ('restart = "block"', 'restart = "block"\nplacement = "ray"\nretries = 0'),
         ("repetitions = 3", "repetitions = 2"), ("concurrency = [1, 4]", "concurrency = [2]"),
         ("num_prompts = 16", "num_prompts = 4"), ("output_len = 32", "output_len = 8"),
@@ -159,9 +140,11 @@ def embedded_pd_toml() -> str:
     return text
 
 
-def test_embedded_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(cluster, tmp_path):
+def test_embedded_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(
+        cluster, tmp_path, live_procs):
+    marker = f"rayemb-{uuid.uuid4().hex[:8]}"
     f = tmp_path / "pd.toml"
-    f.write_text(embedded_pd_toml())
+    f.write_text(embedded_pd_toml(marker))
     spec = spec_mod.load(f)
     store = Store(tmp_path / "r.db")
     res = Runner(spec, store, say=lambda s: None, log_root=tmp_path / "logs").run()
@@ -184,6 +167,9 @@ def test_embedded_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(cluster, 
         assert f"--prefill http://127.0.0.1:{port} {boot} --decode" in " ".join(procs[2]["argv"])
         if r.arm == "mtp":  # the arm's delta reached the decode node: it speculated
             assert lp.summary["accept_length"] > 1.0
+    logs = sorted((tmp_path / "logs").rglob("1-decode.log"))  # copied back from the node
+    assert len(logs) == 4 and "# on node 127.0.0.1" in logs[0].read_text()
+    assert live_procs(marker) == []
 
 
 def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
@@ -200,7 +186,7 @@ def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
         for p in procs:
             assert p["node"]["node_id"] == node_id_with(f"node:{p['role']}")
             assert p["node"]["candidates"] == 1
-            assert "127.0.0.1" in p["argv"]
+            assert "127.0.0.1" in " ".join(p["argv"])  # the node's address
     code, out, _ = cli(monkeypatch, capsys, "run", str(f), "--check")
     assert code == 0 and f"on Ray node 127.0.0.1 ({node_id_with('node:decode')[:8]})" in out
     # no node has a GPU: refused with the process, what it asks and what the cluster has

@@ -282,22 +282,13 @@ class Deployment:
                 for p, n in zip(self.plans, nodes, strict=False)]
 
     def _place(self) -> list[Site]:
-        """A site per process: this host, or a Ray node with an actor on it (placed in order;
-        DeployError when the cluster cannot place one)."""
+        """A site per process: this host, or a Ray node with an actor on it (DeployError when
+        the cluster cannot place one)."""
         if not any(c.placement.ray for c in self.procs):
             return [Site(c.host) for c in self.procs]
         from servelab.experiment import ray_hosts
 
-        sites: list[Site] = []
-        try:
-            for c in self.procs:
-                sites.append(ray_hosts.place(c, self.ready_timeout_s) if c.placement.ray
-                             else Site(c.host))
-        except BaseException:
-            for site in sites:
-                site.close()
-            raise
-        return sites
+        return ray_hosts.place(self.procs, self.ready_timeout_s)
 
     def plan(self, sites: list[Site] | None = None) -> list[ProcessPlan]:
         """Render commands with ports: the HTTP port, and each port the engine binds besides

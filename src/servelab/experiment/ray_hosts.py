@@ -71,35 +71,57 @@ def _actor_class() -> Any:
     return ray.remote(EngineHost)
 
 
-def place(cfg: ProcessConfig, timeout_s: float) -> RaySite:
-    """An actor for `cfg` on a node that has what it asks; DeployError when no live node
-    could hold it, or Ray has not placed it within `timeout_s`."""
-    pl = cfg.placement
-    ray = connect(pl.address)
+def place(cfgs: list[ProcessConfig], timeout_s: float) -> list[Site]:
+    """A site per process: this host for a local one, else an actor on a node that has what
+    the process asks. The actors are requested together (their workers start in parallel);
+    DeployError when no live node could hold one, or Ray has not placed one within
+    `timeout_s`. Nothing is left behind on failure."""
+    ray = connect(next(c.placement.address for c in cfgs if c.placement.ray))
     live = placement.nodes(ray)
-    why = placement.unplaceable(pl, cfg.role, live)
-    if why:
-        raise DeployError(why)
-    asks = pl.asks()
+    for c in cfgs:
+        why = c.placement.ray and placement.unplaceable(c.placement, c.role, live)
+        if why:
+            raise DeployError(why)
+    actors = [_request(c) if c.placement.ray else None for c in cfgs]
+    deadline = time.monotonic() + timeout_s
+    sites: list[Site] = []
+    try:
+        for c, actor in zip(cfgs, actors, strict=True):
+            if actor is None:
+                sites.append(Site(c.host))
+                continue
+            try:
+                info = ray.get(actor.where.remote(),
+                               timeout=max(1.0, deadline - time.monotonic()))
+            except ray.exceptions.GetTimeoutError:
+                raise DeployError(
+                    f"Ray did not place the {c.role} process within {timeout_s:.0f} s: it asks "
+                    f"{c.placement.describe()}; free now: "
+                    f"{placement.cluster_text(placement.nodes(ray))}"
+                ) from None
+            except ray.exceptions.RayError as exc:
+                raise DeployError(
+                    f"the Ray actor of the {c.role} process failed: {_first(exc)}") from None
+            sites.append(RaySite(actor, info, c))
+    except BaseException:
+        for actor in actors:
+            if actor is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(actor)
+        raise
+    return sites
+
+
+def _request(cfg: ProcessConfig) -> Any:
+    """Ask Ray for the process's actor (placed asynchronously)."""
+    pl = cfg.placement
     opts: dict[str, Any] = {
         "num_cpus": pl.num_cpus, "num_gpus": pl.num_gpus, "max_restarts": 0,
-        "resources": {k: v for k, v in asks.items() if k not in ("CPU", "GPU")},
+        "resources": {k: v for k, v in pl.asks().items() if k not in ("CPU", "GPU")},
     }
     if pl.node_labels:
         opts["label_selector"] = dict(pl.node_labels)
-    actor = _actor_class().options(**opts).remote()
-    try:
-        info = ray.get(actor.where.remote(), timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        ray.kill(actor)
-        raise DeployError(
-            f"Ray did not place the {cfg.role} process within {timeout_s:.0f} s: it asks "
-            f"{pl.describe()}; free now: {placement.cluster_text(placement.nodes(ray))}"
-        ) from None
-    except ray.exceptions.RayError as exc:
-        ray.kill(actor)
-        raise DeployError(f"the Ray actor of the {cfg.role} process failed: {_first(exc)}") from None
-    return RaySite(actor, info, cfg)
+    return _actor_class().options(**opts).remote()
 
 
 def _first(exc: BaseException) -> str:
