@@ -9,8 +9,6 @@ The full format, with an example, is documented in docs/EXPERIMENTS.md.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
-import math
 import re
 import tomllib
 from collections.abc import Callable
@@ -33,6 +31,12 @@ from servelab import engines
 from servelab.engines.base import FlagValue
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
+from servelab.experiment.placement_spec import (
+    RayAsks,
+    Where,
+    check_placement,
+    drop_unset_placement,
+)
 from servelab.experiment.sweep_spec import SWEEP_KEY, SweepSpec
 
 if TYPE_CHECKING:
@@ -59,16 +63,9 @@ class LauncherSpec(_Strict):
         return Launcher(self.python, self.executable, tuple(self.container))
 
 
-Where = Literal["local", "ray"]
-_RAY_ADDRESS = re.compile(r"^(auto|ray://[^\s/:]+:\d{1,5}|[^\s/:]+:\d{1,5})$")
-_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.\-/]{0,251}[A-Za-z0-9])?$")
-# the asks of a process that only mean something on a Ray cluster (experiment/ray_hosts.py)
-RAY_ASKS = ("num_cpus", "num_gpus", "resources", "node_ip", "node_labels")
-
-
-class ProcessSpec(_Strict):
+class ProcessSpec(RayAsks):
     """One process of a multi-process deployment (disaggregated: prefill, decode, router), and
-    with `placement = "ray"` what it asks of the Ray node it runs on."""
+    with `placement = "ray"` what it asks of the Ray node it runs on (RayAsks)."""
 
     role: Literal["server", "prefill", "decode", "router"]
     flags: dict[str, FlagValue] = {}
@@ -76,47 +73,6 @@ class ProcessSpec(_Strict):
     port: int | None = Field(None, ge=1, le=65535)
     command: list[str] | None = None  # engine 'command' only
     launcher: LauncherSpec | None = None  # default: base.launcher
-    placement: Where | None = None  # default: the experiment's
-    num_cpus: float | None = Field(None, ge=0, le=4096, allow_inf_nan=False)
-    num_gpus: float | None = Field(None, ge=0, le=1024, allow_inf_nan=False)
-    resources: dict[str, float] = {}  # Ray custom resources, e.g. { "node:prefill" = 1 }
-    node_ip: str | None = None  # the node with this IP (Ray's node:<ip> resource)
-    node_labels: dict[str, str] = {}  # Ray node labels (`ray start --labels`), exact values
-
-    @field_validator("resources")
-    @classmethod
-    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
-        for k, q in v.items():
-            if k in ("CPU", "GPU"):
-                raise ValueError(f"ask for {k} with num_{k.lower()}s, not in resources")
-            if not k or not (q > 0 and math.isfinite(q)):
-                raise ValueError(f"resource '{k}' must be a name with an amount > 0 (e.g. 1)")
-        return v
-
-    @field_validator("node_ip")
-    @classmethod
-    def _ip(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                ipaddress.ip_address(v)
-            except ValueError:
-                raise ValueError(f"'{v}' is not an IP address (e.g. \"10.0.0.2\")") from None
-        return v
-
-    @field_validator("node_labels")
-    @classmethod
-    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
-        for k, val in v.items():
-            if not _LABEL.match(k) or not _LABEL.match(val):
-                raise ValueError(
-                    f"label {k} = {val!r}: keys and values are letters, digits, '-', '_', '.' "
-                    "(keys also '/'), starting and ending with a letter or digit"
-                )
-        return v
-
-    def ray_asks(self) -> list[str]:
-        """The Ray-only keys this process sets."""
-        return [k for k in RAY_ASKS if getattr(self, k) not in (None, {})]
 
 
 class BaseSpec(_Strict):
@@ -342,39 +298,13 @@ class ExperimentSpec(_Strict):
             raise ValueError('engine \'command\' needs command = ["prog", "--port", "{port}", ...]')
         if self.engine not in ("external", "command") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
-        self._placement()
+        check_placement(self)
         if self.repetitions == "auto" and self.order == "sequential":
             raise ValueError(
                 'repetitions = "auto" decides on effects paired by block: use order = '
                 '"interleaved" or "shuffled"'
             )
         return self
-
-    def _placement(self) -> None:
-        """Placement keys make sense together: asks only where a process may run on Ray."""
-        procs = self.base.processes or []
-        on_ray = self.uses_ray
-        if self.ray_address is not None and not _RAY_ADDRESS.match(self.ray_address):
-            raise ValueError(
-                f"ray_address '{self.ray_address}' must be \"auto\", \"ray://host:port\" or "
-                '"host:port" (leave it out to start or join Ray as ray.init() does)'
-            )
-        if self.ray_address is not None and not on_ray:
-            raise ValueError('ray_address is used only with placement = "ray"')
-        if on_ray and self.engine == "external":
-            raise ValueError("engine 'external' is not launched by servelab: placement does not apply")
-        for i, p in enumerate(procs):
-            asks = p.ray_asks()
-            if asks and not on_ray:
-                raise ValueError(
-                    f"base.processes.{i} ({p.role}) sets {asks[0]}, which only applies with "
-                    'placement = "ray" (for the experiment, an arm or this process)'
-                )
-            if p.num_gpus and "CUDA_VISIBLE_DEVICES" in {**self.base.env, **p.env}:
-                raise ValueError(
-                    f"base.processes.{i} ({p.role}): CUDA_VISIBLE_DEVICES comes from the GPUs "
-                    "Ray gives the process (num_gpus); remove it from env"
-                )
 
     @property
     def uses_ray(self) -> bool:
@@ -413,22 +343,8 @@ class ExperimentSpec(_Strict):
             d.pop(k, None)
         for arm in d["arms"].values():
             arm.pop("description", None)
-        _drop_unset_placement(d)
+        drop_unset_placement(d)
         return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
-
-
-def _drop_unset_placement(d: dict[str, Any]) -> None:
-    """Placement keys left at their defaults are left out of the design hash, so experiments
-    stored before placement existed resume as before."""
-    if d.get("placement") == "local":
-        d.pop("placement")
-    for arm in d["arms"].values():
-        if arm.get("placement") is None:
-            arm.pop("placement", None)
-    for p in (d.get("base") or {}).get("processes") or []:
-        for k in ("placement", *RAY_ASKS):
-            if p.get(k) in (None, {}):
-                p.pop(k, None)
 
 
 # pydantic names the member of a union that failed as one more location part ('str', 'int',
