@@ -38,7 +38,8 @@ LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 @pytest.fixture(scope="module")
 def cluster():
-    """Head (the router's node) + a prefill node + a decode node, the driver joined to it."""
+    """Head (the router's node) + a prefill node + a decode node with two (declared) GPUs,
+    the driver joined to it."""
     from ray._private import ray_constants
 
     with pytest.MonkeyPatch.context() as mp:
@@ -50,9 +51,9 @@ def cluster():
         c = Cluster(initialize_head=True,
                     head_node_args={**NODE_ARGS, "resources": {"node:router": 1}})
         nodes = {"router": c.head_node}
-        for role in ("prefill", "decode"):
+        for role in ("prefill", "decode"):  # the decode node declares 2 GPUs (ids only)
             nodes[role] = c.add_node(**NODE_ARGS, resources={f"node:{role}": 1},
-                                     labels={"tier": role})
+                                     labels={"tier": role}, num_gpus=2 * (role == "decode"))
         ray.init(address=c.address, include_dashboard=False, log_to_driver=False)
         try:
             yield c, nodes
@@ -189,15 +190,16 @@ def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
             assert "127.0.0.1" in " ".join(p["argv"])  # the node's address
     code, out, _ = cli(monkeypatch, capsys, "run", str(f), "--check")
     assert code == 0 and f"on Ray node 127.0.0.1 ({node_id_with('node:decode')[:8]})" in out
-    # no node has a GPU: refused with the process, what it asks and what the cluster has
+    # no node has 4 GPUs: refused with the process, what it asks and what the cluster has
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
-        'node_labels = { tier = "decode" }', 'node_labels = { tier = "decode" }\nnum_gpus = 1'))
+        'node_labels = { tier = "decode" }', 'node_labels = { tier = "decode" }\nnum_gpus = 4'))
     with pytest.raises(UserError) as err:
         check.collect(spec_mod.load(f), "pd.toml")
     msg = str(err.value)
     assert msg.startswith("pd.toml: arms.base (decode): no node of the Ray cluster can hold the "
-                          "decode process: it asks GPU=1, label tier=decode; the cluster has node ")
-    assert "node:prefill=1" in msg and "\n" not in msg
+                          "decode process: it asks GPU=4, label tier=decode; the cluster has node ")
+    assert "CPU=1, GPU=2, node:127.0.0.1=1, node:decode=1, label tier=decode" in msg
+    assert "\n" not in msg
     # each fits alone, but restart = "block" keeps both arms' decode servers up at once
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
         'restart = "run"', 'restart = "block"'))
@@ -231,7 +233,8 @@ def test_sigkill_of_the_runner_leaves_no_engine_on_any_node(cluster, tmp_path, l
     assert live_procs(marker) == []
 
 
-def test_a_node_lost_mid_run_fails_that_run_and_a_rerun_resumes_the_rest(cluster, tmp_path):
+def test_a_node_lost_mid_run_fails_that_run_and_a_rerun_resumes_the_rest(
+        cluster, tmp_path, live_procs):
     c, nodes = cluster
     marker = f"raylost-{uuid.uuid4().hex[:8]}"
     srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}",
@@ -247,6 +250,7 @@ retries = 0
 role = "server"
 command = {srv!r}
 resources = {{ "node:decode" = 1 }}
+num_gpus = 1
 flags = {{ ttft-ms = 5, gap-ms = 20 }}
 [arms.a]
 [arms.b]
@@ -264,7 +268,13 @@ teardown_s = 5
     spec = spec_mod.load(f)
     lost_id = node_id_with("node:decode")
 
+    seen_gpus = []
+
     def measure(url, s, run):
+        (pid,) = live_procs(marker)
+        env = dict(kv.split("=", 1) for kv in
+                   Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        seen_gpus.append(env.get("CUDA_VISIBLE_DEVICES"))
         if run.seq == 1:  # the decode node goes away while the second run measures
             c.remove_node(nodes["decode"])
         return bench_measure(url, s, run)
@@ -272,12 +282,16 @@ teardown_s = 5
     store = Store(tmp_path / "r.db")
     res = Runner(spec, store, measure=measure, say=lambda s: None).run()
     assert (res.ok, res.failed) == (1, 1)
+    # the engine saw exactly the GPU Ray gave its actor, and provenance says which
+    prov = store.load_point(store.runs("raylost")[0].load_point_id).provenance["processes"][0]
+    assert seen_gpus[0] in ("0", "1") and prov["env"]["CUDA_VISIBLE_DEVICES"] == seen_gpus[0]
+    assert prov["node"]["gpus"] == [seen_gpus[0]]
     failed = [r for r in store.runs("raylost") if r.status == "failed"]
     assert len(failed) == 1 and failed[0].arm == "b"
     assert failed[0].error.startswith(f"during the run: node 127.0.0.1 ({lost_id[:8]}) of the "
                                       "server process died"), failed[0].error
     nodes["decode"] = c.add_node(**NODE_ARGS, resources={"node:decode": 1},
-                                 labels={"tier": "decode"})
+                                 labels={"tier": "decode"}, num_gpus=2)
     said: list[str] = []
     res = Runner(spec, store, say=said.append).run()
     assert (res.ok, res.failed, res.already_done) == (1, 0, 1)
