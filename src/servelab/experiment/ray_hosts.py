@@ -121,7 +121,13 @@ def _request(cfg: ProcessConfig) -> Any:
     }
     if pl.node_labels:
         opts["label_selector"] = dict(pl.node_labels)
-    return _actor_class().options(**opts).remote()
+    try:
+        return _actor_class().options(**opts).remote()
+    except (ValueError, TypeError) as exc:  # e.g. a Ray without label selectors
+        import ray
+
+        raise UserError(f"Ray {ray.__version__} refuses the {cfg.role} process's asks "
+                        f"({pl.describe()}): {_first(exc)}") from None
 
 
 def _first(exc: BaseException) -> str:
