@@ -62,6 +62,18 @@ def cluster():
             c.shutdown()
 
 
+def settled(timeout_s: float = 20.0) -> None:
+    """Wait until every node's resources are free again (a removed actor's are released a
+    moment after it dies): --check predicts from the free resources of the moment."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        total, free = ray.cluster_resources(), ray.available_resources()
+        if all(free.get(k, 0) >= v for k, v in total.items() if k.startswith(("node:", "GPU"))):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"resources still held: {ray.available_resources()}")
+
+
 def node_id_with(resource: str) -> str:
     (nid,) = [n["NodeID"] for n in ray.nodes() if n["Alive"] and resource in n["Resources"]]
     return nid
@@ -179,6 +191,7 @@ def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
 
     f = tmp_path / "pd.toml"
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS))
+    settled()
     code, out, _ = cli(monkeypatch, capsys, "run", str(f), "--check", "--json")
     assert code == 0
     data = json.loads(out)

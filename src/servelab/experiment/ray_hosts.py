@@ -193,10 +193,22 @@ class RaySite(Site):
             time.sleep(0.2)
 
     def close(self) -> None:
+        """Kill the actor and wait (up to 10 s) until Ray reports it dead, so its resources are
+        being released when the deployment's teardown returns (ray.kill alone is asynchronous:
+        the next plan could see the node still held)."""
         import ray
 
         with contextlib.suppress(Exception):
             ray.kill(self.actor)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                ray.get(self.actor.poll.remote(), timeout=1.0)
+            except ray.exceptions.GetTimeoutError:
+                continue
+            except Exception:  # noqa: BLE001 - dead (ActorDiedError) or unreachable: done
+                return
+            time.sleep(0.05)
 
 
 class RayProcess:
