@@ -220,11 +220,14 @@ def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
         check.collect(spec_mod.load(f))
 
 
-def test_sigkill_of_the_runner_leaves_no_engine_on_any_node(cluster, tmp_path, live_procs):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["ctrl-c", "kill-9"])
+def test_the_runner_stopped_leaves_no_engine_on_any_node(cluster, tmp_path, live_procs, sig):
+    """Ctrl-C: the runner tears the nodes' engines down itself and exits 130; kill -9: Ray
+    ends the dead driver's actors, and the engines end with them."""
     c, _ = cluster
-    marker = f"rayk9-{uuid.uuid4().hex[:8]}"
-    f = tmp_path / "k9.toml"
-    f.write_text(pd_toml("rayk9", marker, arms=TWO_ARMS, address=c.address, gap_ms=200,
+    marker = f"raystop-{uuid.uuid4().hex[:8]}"
+    f = tmp_path / "stop.toml"
+    f.write_text(pd_toml("raystop", marker, arms=TWO_ARMS, address=c.address, gap_ms=200,
                          prompts=200, reps=1))
     runner = subprocess.Popen(
         [sys.executable, "-m", "servelab", "run", str(f), "--store", str(tmp_path / "r.db")],
@@ -238,8 +241,11 @@ def test_sigkill_of_the_runner_leaves_no_engine_on_any_node(cluster, tmp_path, l
                 break
         assert len(live_procs(marker)) == 3, "".join(seen)
     finally:
-        runner.send_signal(signal.SIGKILL)
-        runner.wait(timeout=30)
+        runner.send_signal(sig)
+        out, _ = runner.communicate(timeout=60)
+    if sig == signal.SIGINT:  # torn down before the runner exited
+        assert runner.returncode == 130 and "no engine left running" in out, out[-2000:]
+        assert live_procs(marker) == []
     deadline = time.monotonic() + 20
     while live_procs(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
