@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
 from servelab import lifetime
 from servelab.engines.base import Engine, ProcessConfig, ProcessPlan
@@ -124,6 +124,21 @@ def _die_with_parent() -> None:
     leaves no engine behind."""
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Running(Protocol):
+    """A launched process as the deployment drives it: here (LocalProcess) or on a Ray node
+    (ray_hosts.RayProcess)."""
+
+    plan: ProcessPlan
+
+    def poll(self) -> int | None: ...
+    def lost(self) -> str | None: ...
+    def tail(self, lines: int = 40) -> str: ...
+    def where(self) -> str: ...
+    def pids(self) -> list[int]: ...
+    def node(self) -> dict[str, Any] | None: ...
+    def terminate(self, grace_s: float, port_free_s: float) -> None: ...
 
 
 class LocalProcess:
@@ -232,7 +247,7 @@ class Site:
         return p
 
     def launch(self, plan: ProcessPlan, log_path: Path, base_env: dict[str, str],
-               port_free_s: float) -> LocalProcess:
+               port_free_s: float) -> Running:
         return LocalProcess.launch(plan, log_path, base_env, port_free_s)
 
     def close(self) -> None:
@@ -262,7 +277,7 @@ class Deployment:
         self.ready_timeout_s, self.grace_s = ready_timeout_s, grace_s
         self.port_free_s, self.gpu_free_s = port_free_s, gpu_free_s
         self.base_env = dict(os.environ if base_env is None else base_env)
-        self.running: list[Any] = []  # LocalProcess, or ray_hosts.RayProcess (same methods)
+        self.running: list[Running] = []
         self.plans: list[ProcessPlan] = []
         self.sites: list[Site] = []
         self._gpu_before: list[int] | None = None
@@ -359,7 +374,7 @@ class Deployment:
             raise
         return self.url
 
-    def _wait_ready(self, r: Any, stop_check: Callable[[], None] | None) -> None:
+    def _wait_ready(self, r: Running, stop_check: Callable[[], None] | None) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         delay = 0.05
         while True:

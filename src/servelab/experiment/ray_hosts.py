@@ -25,7 +25,7 @@ from servelab.engines.base import Engine, ProcessConfig, ProcessPlan
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
 from servelab.experiment import placement
-from servelab.experiment.deploy import DeployError, Site, tail
+from servelab.experiment.deploy import DeployError, Running, Site, tail
 
 CALL_S = 30.0  # a status call to a live actor answers in milliseconds; a dead one raises
 FOLLOW_S = 2.0  # how often the node's log is copied while the process runs
@@ -160,7 +160,7 @@ class RaySite(Site):
         return int(self.call("free_port", self.address, sorted(taken)))
 
     def launch(self, plan: ProcessPlan, log_path: Path, base_env: dict[str, str],
-               port_free_s: float) -> RayProcess:
+               port_free_s: float) -> Running:
         got = self.call("launch", plan, port_free_s, timeout=port_free_s + CALL_S)
         if "error" in got:
             raise DeployError(f"{got['error']} (node {self.short()})")
@@ -212,7 +212,7 @@ class RaySite(Site):
 
 
 class RayProcess:
-    """One process on a Ray node, with the methods deploy.py uses of a LocalProcess."""
+    """One process on a Ray node, driven through its actor (deploy.Running)."""
 
     def __init__(self, site: RaySite, plan: ProcessPlan, log_path: Path) -> None:
         self.site, self.plan, self.log_path = site, plan, log_path
