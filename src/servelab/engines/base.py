@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from servelab.engines.launcher import Entry, Launcher
+from servelab.engines.launcher import Entry, Launcher, Placement
 
 FlagValue = str | int | float | bool | list[str | int | float]
 Flags = dict[str, FlagValue]
@@ -46,6 +46,7 @@ class ProcessConfig:
     port: int = 0
     extra: dict[str, Any] = field(default_factory=dict)  # engine-specific, e.g. bootstrap_port
     launcher: Launcher = field(default_factory=Launcher)  # where the engine lives
+    placement: Placement = field(default_factory=Placement)  # where the process runs
 
 
 def render_flags(flags: Mapping[str, FlagValue]) -> list[str]:

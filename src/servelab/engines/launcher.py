@@ -67,3 +67,40 @@ class Launcher:
         if self.executable:
             parts.append(f"executable {self.executable}")
         return ", ".join(parts) or "PATH (python3 / the engine's command)"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one process runs: on this host (`local`), or on a node of a Ray cluster chosen by
+    what the process asks for (experiment/ray_hosts.py starts one small actor there that
+    launches it). The asks are Ray's own: CPUs and GPUs, custom resources (`node:prefill`),
+    a node IP (Ray's `node:<ip>` resource) and node labels (Ray's label selector)."""
+
+    kind: str = "local"  # "local" | "ray"
+    address: str | None = None  # ray.init(address=...): "auto", "ray://h:p", "h:p"; None: as Ray
+    num_cpus: float = 0.0  # 0: the actor reserves no CPU (the engine's own needs are the asks)
+    num_gpus: float = 0.0
+    resources: tuple[tuple[str, float], ...] = ()
+    node_ip: str | None = None
+    node_labels: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def ray(self) -> bool:
+        return self.kind == "ray"
+
+    def asks(self) -> dict[str, float]:
+        """What the process needs of a node, in Ray's resource names."""
+        out: dict[str, float] = dict(self.resources)
+        if self.num_cpus:
+            out["CPU"] = self.num_cpus
+        if self.num_gpus:
+            out["GPU"] = self.num_gpus
+        if self.node_ip:
+            out[f"node:{self.node_ip}"] = 0.001  # Ray's idiom for "on the node with this IP"
+        return out
+
+    def describe(self) -> str:
+        """The asks as one short phrase (errors, --check)."""
+        parts = [f"{k}={v:g}" for k, v in self.asks().items()]
+        parts += [f"label {k}={v}" for k, v in self.node_labels]
+        return ", ".join(parts) or "nothing in particular"

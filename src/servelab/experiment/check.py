@@ -3,7 +3,9 @@
 Per arm and process: the exact command line (launcher prefix, ports allocated as the
 deployment allocates them: a real run allocates fresh ones), the environment it adds to the
 runner's, and the verdict of the engine's own parser (or of the generated table, named) that
-pre-flight already required to pass. `as_json` is the same for tools.
+pre-flight already required to pass; for a process placed on Ray, the node it would land on
+with the cluster's resources now (experiment/placement.py; a plan the cluster cannot place is
+refused). `as_json` is the same for tools.
 """
 
 from __future__ import annotations
@@ -16,16 +18,26 @@ from servelab.experiment import spec as spec_mod
 from servelab.experiment.schedule import plan
 
 
-def collect(spec: spec_mod.ExperimentSpec) -> dict[str, Any]:
-    """The plan as data: arms -> processes (role, argv, env, verdict), and the run schedule."""
+def collect(spec: spec_mod.ExperimentSpec, source: str | None = None) -> dict[str, Any]:
+    """The plan as data: arms -> processes (role, argv, env, verdict, node), and the run
+    schedule. `node` is None for a process on this host, else the Ray node it would land on
+    ({node_id, ip, candidates}: how many nodes could take it); UserError when the cluster
+    cannot place a process."""
+    nodes: dict[str, list[dict | None]] = {}
+    if spec.uses_ray:
+        from servelab.experiment import placement
+
+        nodes = placement.predict(spec, source)
     arms = {}
     for arm in spec.arms:
+        where = nodes.get(arm) or [None] * len(processes.resolve(spec, arm))
         arms[arm] = [
-            {"role": c.role, "argv": c.argv, "env": c.env,
+            {"role": c.role, "argv": c.argv, "env": c.env, "node": n,
              "verdict": None if c.verdict is None else {
                  "ok": c.verdict.ok, "error": c.verdict.error, "by": c.verdict.by,
                  "version": c.verdict.version}}
-            for c in processes.planned(spec, arm)
+            for c, n in zip(processes.planned(spec, arm, [n and n["ip"] for n in where]),
+                            where, strict=True)
         ]
     return {"name": spec.name, "engine": spec.engine, "model": spec.model, "arms": arms,
             "ports_note": "ports are allocated again at launch; these show the layout",
@@ -41,6 +53,10 @@ def lines(data: dict[str, Any]) -> list[str]:
         for p in procs:
             env = " ".join(f"{k}={shlex.quote(v)}" for k, v in p["env"].items())
             out.append(f"  [{p['role']}] {env + ' ' if env else ''}{shlex.join(p['argv'])}")
+            n = p.get("node")
+            if n is not None:
+                others = f" (one of {n['candidates']} that fit)" if n["candidates"] > 1 else ""
+                out.append(f"      on Ray node {n['ip']} ({n['node_id'][:8]}){others}")
             v = p["verdict"]
             if v is not None:
                 out.append(f"      {'accepted' if v['ok'] else 'REJECTED: ' + str(v['error'])}"

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from servelab import engines
 from servelab.engines import recipe as recipes
 from servelab.engines.base import FlagValue, ProcessConfig
+from servelab.engines.launcher import Placement
 from servelab.errors import UserError
 from servelab.experiment.spec import ExperimentSpec, ProcessSpec
 
@@ -47,6 +48,7 @@ def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
             env.update(arm.env)
         flags = {k: v for k, v in flags.items() if v is not False}
         extra: dict[str, Any] = {"command": proc.command or spec.command}
+        where = (arm.placement if applies else None) or proc.placement or spec.placement
         out.append(
             ProcessConfig(
                 role=proc.role,
@@ -56,9 +58,25 @@ def resolve(spec: ExperimentSpec, arm_name: str) -> list[ProcessConfig]:
                 port=proc.port or 0,
                 extra=extra,
                 launcher=(proc.launcher or spec.base.launcher).launcher(),
+                placement=placement_of(spec, proc, where),
             )
         )
     return out
+
+
+def placement_of(spec: ExperimentSpec, proc: ProcessSpec, where: str) -> Placement:
+    """A process's placement: local, or its asks of a Ray node."""
+    if where != "ray":
+        return Placement()
+    return Placement(
+        kind="ray",
+        address=spec.ray_address,
+        num_cpus=proc.num_cpus or 0.0,
+        num_gpus=proc.num_gpus or 0.0,
+        resources=tuple(sorted(proc.resources.items())),
+        node_ip=proc.node_ip,
+        node_labels=tuple(sorted(proc.node_labels.items())),
+    )
 
 
 def launcher_version(spec: ExperimentSpec, role: str) -> str | None:
@@ -76,6 +94,10 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
         spec.workload.bench_config(spec.url or "http://127.0.0.1:1")
     except UserError as exc:
         raise UserError(f"{source}: workload: {exc}") from None
+    if spec.uses_ray:
+        from servelab.experiment.ray_hosts import require_ray
+
+        require_ray(source)
     eng = engines.get(spec.engine)
     layout = _layout(spec)
     roles = [p.role for p in layout]
@@ -145,17 +167,21 @@ class PlannedCommand:
     verdict: Verdict | None
 
 
-def planned(spec: ExperimentSpec, arm: str) -> list[PlannedCommand]:
+def planned(spec: ExperimentSpec, arm: str,
+            addresses: list[str | None] | None = None) -> list[PlannedCommand]:
     """The command lines of an arm's processes as the deployment renders them (ports
     allocated, launcher applied), each judged by the engine's own parser where it can be
-    imported in the engine's interpreter, else by the generated table (engines/flagcheck.py)."""
+    imported in the engine's interpreter, else by the generated table (engines/flagcheck.py).
+    `addresses`: per process, the Ray node's address it would bind (None: its own host)."""
     from servelab.engines import flagcheck
-    from servelab.experiment.deploy import Deployment
+    from servelab.experiment.deploy import Deployment, Site
 
     eng = engines.get(spec.engine)
     dep = Deployment(eng, spec.model, resolve(spec, arm), Path("."))
+    hosts = addresses or [None] * len(dep.procs)
+    sites = [Site(a or c.host) for a, c in zip(hosts, dep.procs, strict=True)]
     out = []
-    for plan, cfg in zip(dep.plan(), dep.procs, strict=True):
+    for plan, cfg in zip(dep.plan(sites), dep.procs, strict=True):
         verdict = None
         if eng.parser is not None and spec.base.check_flags:
             args = plan.argv[len(cfg.launcher.argv(eng.entry(cfg.role))):]

@@ -123,8 +123,6 @@ class Runner:
 
     def run(self, job_log: str | None = None) -> RunnerResult:
         """Run what is missing; re-raises KeyboardInterrupt after a clean teardown."""
-        import os
-
         from servelab import jobs
         from servelab.jobs import Job
 
@@ -303,8 +301,8 @@ class Runner:
                 if isinstance(d, DeployError):
                     self._failed(p, str(d), d.log_tail)
                     yield p, "failed"
-                elif not d.alive():
-                    self._failed(p, "the engine exited during the run", d.log_tail())
+                elif why := d.lost():  # a process exited, or its Ray node died
+                    self._failed(p, f"before the run: {why}", d.log_tail())
                     yield p, "failed"
                 else:
                     yield p, self._measure_one(p, d.url, d, job)
@@ -333,9 +331,8 @@ class Runner:
             **outcome,
         )
 
-    def _failed(
-        self, p: PlannedRun, error: str, log_tail: str, started: float | None = None
-    ) -> None:
+    def _failed(self, p: PlannedRun, error: str, log_tail: str,
+                started: float | None = None) -> None:
         """Store a run that produced no load point (`started` defaults to now) and say why."""
         self._store_run(
             p,
@@ -398,8 +395,12 @@ class Runner:
         except (KeyboardInterrupt, SystemExit, UserError):
             raise  # a configuration problem stops the experiment (after teardown)
         except Exception as exc:  # a broken run is recorded, the experiment goes on
-            tail = dep.log_tail() if dep else ""
-            self._failed(p, f"{type(exc).__name__}: {exc}", tail, started)
+            why = dep.lost() if dep else None
+            self._failed(p, f"during the run: {why}" if why else f"{type(exc).__name__}: {exc}",
+                         dep.log_tail() if dep else "", started)
+            return "failed"
+        if dep and (why := dep.lost()):  # a process (or its node) lost mid-run: not a result
+            self._failed(p, f"during the run: {why}", dep.log_tail(), started)
             return "failed"
         inter = self._interference(snap, pids)
         window = self.engine.acceptance(before, self.engine.scrape(url))
@@ -476,7 +477,6 @@ class Runner:
             + (f": {error}" if error else "")
         )
         return status
-
 
     def _interference(self, snap: interference.Snapshot, pids: list[int]) -> dict[str, Any]:
         """The record of the run just measured, flagged against the spec's thresholds."""

@@ -31,6 +31,12 @@ from servelab import engines
 from servelab.engines.base import FlagValue
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
+from servelab.experiment.placement_spec import (
+    RayAsks,
+    Where,
+    check_placement,
+    drop_unset_placement,
+)
 from servelab.experiment.sweep_spec import SWEEP_KEY, SweepSpec
 
 if TYPE_CHECKING:
@@ -57,8 +63,9 @@ class LauncherSpec(_Strict):
         return Launcher(self.python, self.executable, tuple(self.container))
 
 
-class ProcessSpec(_Strict):
-    """One process of a multi-process deployment (disaggregated: prefill, decode, router)."""
+class ProcessSpec(RayAsks):
+    """One process of a multi-process deployment (disaggregated: prefill, decode, router), and
+    with `placement = "ray"` what it asks of the Ray node it runs on (RayAsks)."""
 
     role: Literal["server", "prefill", "decode", "router"]
     flags: dict[str, FlagValue] = {}
@@ -85,6 +92,7 @@ class ArmSpec(_Strict):
     remove: list[str] = []
     env: dict[str, str] = {}
     roles: list[Literal["server", "prefill", "decode", "router"]] | None = None
+    placement: Where | None = None  # where the processes the delta applies to run
 
     @property
     def recipes(self) -> list[str]:
@@ -220,6 +228,8 @@ class ExperimentSpec(_Strict):
     url: str | None = None  # engine 'external'
     command: list[str] | None = None  # engine 'command': argv with {host} {port}
     host: str = "127.0.0.1"
+    placement: Where = "local"  # "ray": processes run on a Ray cluster's nodes
+    ray_address: str | None = None  # "auto", "ray://host:port", "host:port"; unset: as ray.init()
     base: BaseSpec = BaseSpec()
     arms: dict[str, ArmSpec]
     baseline: str | None = None
@@ -288,12 +298,22 @@ class ExperimentSpec(_Strict):
             raise ValueError('engine \'command\' needs command = ["prog", "--port", "{port}", ...]')
         if self.engine not in ("external", "command") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
+        check_placement(self)
         if self.repetitions == "auto" and self.order == "sequential":
             raise ValueError(
                 'repetitions = "auto" decides on effects paired by block: use order = '
                 '"interleaved" or "shuffled"'
             )
         return self
+
+    @property
+    def uses_ray(self) -> bool:
+        """Whether any process of any arm may run on a Ray cluster."""
+        return (
+            self.placement == "ray"
+            or any(p.placement == "ray" for p in self.base.processes or [])
+            or any(a.placement == "ray" for a in self.arms.values())
+        )
 
     @property
     def adaptive_on(self) -> bool:
@@ -317,10 +337,13 @@ class ExperimentSpec(_Strict):
     def design_hash(self) -> str:
         """Hash of what decides the measurements; repetitions and prose may change on a resume."""
         d = self.to_json()
-        for k in ("repetitions", "adaptive", "hypothesis", "timeouts", "retries", "noise_band"):
+        # where the cluster listens may change between resumes; the nodes' asks may not
+        for k in ("repetitions", "adaptive", "hypothesis", "timeouts", "retries", "noise_band",
+                  "ray_address"):
             d.pop(k, None)
         for arm in d["arms"].values():
             arm.pop("description", None)
+        drop_unset_placement(d)
         return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
 
 
