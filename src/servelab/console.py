@@ -78,15 +78,3 @@ def json_text(doc: str) -> str:
     """JSON text for a terminal: the C0 controls are already escaped by any JSON encoder; DEL,
     C1 and the bidi overrides are escaped too (`\\u009b`), still valid JSON, same value."""
     return _JSON_UNSAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", doc)
-
-
-def legacy_markup(s: str) -> Text:
-    """For callers that still mix Rich markup with outside text in one string (the experiment
-    runner's progress lines): the markup when it parses, else the string literally; controls
-    escaped either way. New code passes `style=` instead."""
-    from rich.errors import MarkupError
-
-    try:
-        return Text.from_markup(literal(s, keep_newlines=True))
-    except MarkupError:
-        return Text(literal(s, keep_newlines=True))

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from servelab.console import PIPE_WIDTH, legacy_markup, literal, make_console
+from servelab.console import PIPE_WIDTH, literal, make_console
 
-__all__ = ["PIPE_WIDTH", "legacy_markup", "literal", "make_console"]
+__all__ = ["PIPE_WIDTH", "literal", "make_console"]

@@ -57,7 +57,6 @@ def run_file(spec: ExperimentSpec, store_path: Path | None, console: Any, quiet:
         TimeRemainingColumn,
     )
 
-    from servelab.console import legacy_markup
     from servelab.experiment.runner import Runner
     from servelab.store import Store
 
@@ -79,9 +78,29 @@ def run_file(spec: ExperimentSpec, store_path: Path | None, console: Any, quiet:
             return Runner(
                 spec,
                 store,
-                say=lambda s: console.print(legacy_markup(s)),
+                say=printer(console),
                 on_progress=on_progress,
             ).run(job_log=detached_log(spec.name))
+
+
+# the runner's lines are plain text (outside text inside them: arm names, server errors): they
+# are printed literally and styled by their first word, never parsed as markup
+_STYLES = (("failed ", "red"), ("pausing: ", "yellow"), ("warning: ", "yellow"),
+           ("interference: ", "yellow"), ("launch of arm ", "yellow"))
+
+
+def printer(console: Any) -> Callable[[str], None]:
+    """The runner's `say` for a console: each line literal (controls escaped), styled by its
+    first word."""
+    from rich.text import Text
+
+    from servelab.console import literal
+
+    def say(line: str) -> None:
+        style = next((st for head, st in _STYLES if line.startswith(head)), "")
+        console.print(Text(literal(line, keep_newlines=True), style=style))
+
+    return say
 
 
 def detached_log(name: str) -> str | None:

@@ -89,7 +89,7 @@ def _sigterm_as_interrupt(signum: int, frame: object) -> None:
 
 
 class Runner:
-    """Runs one experiment into a store; `say` prints progress lines (rich markup allowed)."""
+    """Runs one experiment into a store; `say` gets plain-text progress lines (present.py styles)."""
 
     def __init__(
         self,
@@ -270,7 +270,7 @@ class Runner:
         )
         first = why
         while why and time.monotonic() - t0 < n.pause_s:
-            self.say(f"[yellow]pausing:[/yellow] {why}")
+            self.say(f"pausing: {why}")
             time.sleep(min(5.0, max(0.0, n.pause_s - (time.monotonic() - t0))))
             why = interference.crossed(
                 interference.sample(self._our_pids()), n.max_other_cpu, n.max_steal
@@ -315,7 +315,7 @@ class Runner:
             for i, (arm, d) in reversed(list(enumerate(launched))):
                 d.stop(wait_gpu=i == 0)
                 if d.warning:
-                    self.say(f"[yellow]warning:[/yellow] arm {arm}: {d.warning}")
+                    self.say(f"warning: arm {arm}: {d.warning}")
                 if d in self._active:
                     self._active.remove(d)
 
@@ -341,7 +341,7 @@ class Runner:
             log_tail=log_tail,
             started=time.time() if started is None else started,
         )
-        self.say(f"[red]failed[/red] {p.describe()}: {error}")
+        self.say(f"failed {p.describe()}: {error}")
 
     def _launch(self, p: PlannedRun) -> tuple[Deployment | None, DeployError | None]:
         spec = self.spec
@@ -378,8 +378,8 @@ class Runner:
                 self._active.remove(dep)
                 last = exc
                 self.say(
-                    f"[yellow]launch of arm {p.arm} failed (attempt {attempt + 1} of "
-                    f"{spec.retries + 1})[/yellow]: {exc}"
+                    f"launch of arm {p.arm} failed (attempt {attempt + 1} of "
+                    f"{spec.retries + 1}): {exc}"
                 )
         return None, last
 
@@ -467,10 +467,10 @@ class Runner:
             started=started,
         )
         if inter.get("flagged"):
-            self.say(f"[yellow]interference:[/yellow] {p.describe()}: {inter['flagged']}")
+            self.say(f"interference: {p.describe()}: {inter['flagged']}")
         tput = summary.get(spec.primary_metric)
         self.say(
-            f"{'ok' if status == 'ok' else '[red]failed[/red]'} {p.describe()}: "
+            f"{'ok' if status == 'ok' else 'failed'} {p.describe()}: "
             f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
             f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s; other "
             f"processes {_fmt(inter.get('other_cpu_cores'))} cores)"
