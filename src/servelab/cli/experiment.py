@@ -41,7 +41,7 @@ def register(app: typer.Typer) -> None:
             from servelab.experiment import check as check_mod
             from servelab.experiment.present import plan_lines
 
-            data = check_mod.collect(spec)
+            data = check_mod.collect(spec, str(file))
             if as_json:
                 from servelab import jsonout
 
