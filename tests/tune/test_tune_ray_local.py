@@ -36,3 +36,17 @@ def test_ray_local_never_joins_the_cluster_running_on_the_machine(monkeypatch):
     with pytest.raises(_Stop):                                    # an address is used as given
         RayPool(None, "10.0.0.5:6379", lambda s: None).start()
     assert asked.get("address") == "10.0.0.5:6379"
+
+
+def test_a_cluster_without_gpus_is_a_one_line_error_not_a_wait(monkeypatch):
+    """Each unit is a task with num_gpus=1: on a cluster with no GPU it would never be
+    scheduled, and the job waited forever on the probe task."""
+    ray = pytest.importorskip("ray")
+    from servelab.errors import UserError
+    from servelab.tune.workers import RayPool
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)            # already connected
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 16.0, "memory": 1e9})
+    monkeypatch.setattr(ray, "get", lambda *a, **k: pytest.fail("waited on a task"))
+    with pytest.raises(UserError, match=r"--ray local: the Ray cluster has no GPU"):
+        RayPool(None, "local", lambda s: None).start()
