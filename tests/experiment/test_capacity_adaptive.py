@@ -130,6 +130,12 @@ def test_fixed_repetitions_analysis_is_unchanged_by_sweeps():
     an = analyze(runs, baseline="base", arms=["base", "mtp"], load_keys=["capacity"],
                  metrics=["output_throughput_tok_s"])
     assert an.capacity == {}  # no stopping rule to feed: the report computes the fixed-n CI
+    from servelab.experiment.report_html import capacity_parts
+
+    _, (e,) = capacity_parts(runs, an.arms, an.baseline, an.noise_band, an.design)
+    assert an.design is None and e.rule == "bootstrap" and e.decided_at is None
+    assert e == capacity.compare(runs, "mtp", "base", an.noise_band, "capacity")
+    assert e.verdict == "better" and e.ci_low > 1 + an.noise_band, e
 
 
 def test_adaptive_experiment_stops_when_its_capacity_effect_is_decided(tmp_path, monkeypatch,
