@@ -75,22 +75,25 @@ def test_adaptive_interval_before_the_first_look_and_with_open_brackets():
 
 
 def test_adaptive_interval_keeps_its_coverage_when_looked_at_after_every_block():
-    # A/A sweeps: both arms' capacity drawn from one law, bracketed to 10% around it; the true
-    # ratio 1 must lie in every look's interval (familywise) in >= 1 - alpha of the experiments
+    # A/A sweeps: both arms' capacity drawn from one law, bracketed tightly (0.2%) around it, so
+    # the bracket width cannot hide optional stopping (with 10% brackets even a naive 90% interval
+    # recomputed at every look kept its misses under 10%). The true ratio 1 must lie in every
+    # look's interval (familywise) in about 1 - alpha of the experiments; the naive interval
+    # (nominal level alpha at each look) misses in about 23% here.
     d = seq.Design(min_n=4, max_n=10, alpha=0.10)
     rng = np.random.default_rng(11)
     missed = 0
-    trials = 400
+    trials = 800
     for _ in range(trials):
         runs = []
         for b in range(10):
             for arm in ("a", "b"):
                 c = 10.0 * float(rng.lognormal(0, 0.15))
-                lo = c / (1 + 0.1 * float(rng.uniform()))  # the true capacity inside the bracket
-                runs.append(_run(arm, b, lo, lo * 1.1))
+                lo = c / (1 + 0.002 * float(rng.uniform()))  # the true capacity in the bracket
+                runs.append(_run(arm, b, lo, lo * 1.002))
         e = capacity.compare(runs, "b", "a", 0.0, "capacity", design=d)
         missed += not (e.ci_low <= 1.0 <= e.ci_high)
-    assert missed / trials <= 0.10, missed
+    assert missed / trials <= 0.13, missed  # nominal 0.10; 0.13 is ~3 binomial sd above
 
 
 def _values(cap_blocks: list[tuple[float, float]], tok: list[tuple[float, float]]
@@ -127,6 +130,12 @@ def test_fixed_repetitions_analysis_is_unchanged_by_sweeps():
     an = analyze(runs, baseline="base", arms=["base", "mtp"], load_keys=["capacity"],
                  metrics=["output_throughput_tok_s"])
     assert an.capacity == {}  # no stopping rule to feed: the report computes the fixed-n CI
+    from servelab.experiment.report_html import capacity_parts
+
+    _, (e,) = capacity_parts(runs, an.arms, an.baseline, an.noise_band, an.design)
+    assert an.design is None and e.rule == "bootstrap" and e.decided_at is None
+    assert e == capacity.compare(runs, "mtp", "base", an.noise_band, "capacity")
+    assert e.verdict == "better" and e.ci_low > 1 + an.noise_band, e
 
 
 def test_adaptive_experiment_stops_when_its_capacity_effect_is_decided(tmp_path, monkeypatch,

@@ -127,7 +127,7 @@ def test_install_says_when_the_engines_lookup_could_not_be_asked(tuned, tmp_path
     code, out, _ = cli(monkeypatch, capsys, "tune", "install", str(tuned), "--engine", "vllm",
                        "--dest", str(dest))
     assert code == 0 and out.count("installed /") == 2, out
-    assert "not checked with vllm's own lookup: kernel 'vllm': vllm is not installed" in out
+    assert "not checked with vllm's own lookup: vllm is not installed in this interpreter" in out
 
 
 # ---- against the real engines --------------------------------------------------------------

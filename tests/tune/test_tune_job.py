@@ -82,7 +82,8 @@ def test_detach_kill_mid_run_then_resume(tmp_path):
 def test_ray_backend_runs_units_as_tasks(tmp_path):
     ray = pytest.importorskip("ray")
     from servelab.tune import job
-    ray.init(num_cpus=1, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=1, num_gpus=1, include_dashboard=False,
+             log_to_driver=False)                # its own instance, not one running here
     try:
         spec = job.TuneSpec(shapes=((128, 128),), out_dir=tmp_path, batch_sizes=(1, 3),
                             device="cpu", ray="local", name="ray1")

@@ -11,6 +11,17 @@ from servelab.errors import UserError
 JSON_HELP = "Print the result as one JSON document on stdout (docs/JSON.md)."
 STORE_HELP = "Results database (default: results.db in $SERVELAB_HOME, else ~/.servelab)."
 
+def _existing(store: str | None) -> str | None:
+    """A --store to read must exist: opening it would create an empty database (and its
+    folders), and a typo would read as "no load points stored yet"."""
+    from pathlib import Path
+
+    if store is not None and not Path(store).exists():
+        raise UserError(f"--store {store}: no results store there; `servelab bench` or "
+                        "`servelab import` creates one (leave --store out for the default)")
+    return store
+
+
 results_app = typer.Typer(help="Stored load points: list them, show one.", no_args_is_help=True)
 import_app = typer.Typer(help="Import SGLang / vLLM benchmark results into the store.",
                          no_args_is_help=True)
@@ -32,7 +43,7 @@ def results_list(
     n = parse_number(limit, int, "--limit")
     if n is None or n < 1:
         raise UserError(f"--limit must be >= 1, got {limit}")
-    with Store(store, readonly=True) as st:
+    with Store(_existing(store), readonly=True) as st:
         damage = st.damage
         rows = st.load_points(source=source, limit=n)
     if as_json:
@@ -67,7 +78,7 @@ def results_show(
     from servelab.store import Store
 
     i = parse_number(lp_id, int, "ID")
-    with Store(store, readonly=True) as st:
+    with Store(_existing(store), readonly=True) as st:
         row = st.load_point(i)
         recs = list(st.requests(row)) if requests else None
     if as_json:

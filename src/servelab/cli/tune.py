@@ -165,6 +165,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Install tuned files where the engine reads them; shipped files are backed up."""
         from servelab.errors import UserError
+        from servelab.kernels.fp8_gemm import engine as engine_kernel
         from servelab.tune import install as I
         folder = dest or I.engine_config_dir(engine, python)
         if restore:
@@ -179,6 +180,10 @@ def register(app: typer.Typer) -> None:
             note = "replaced the shipped file (backed up)" if f.replaced else "new"
             typer.echo(f"installed {folder / f.name} ({note})")
         try:                      # the engine's own lookup is the judge of "installed"
+            if python is None and engine_kernel.package_dir(engine) is None:
+                raise UserError(f"{engine} is not installed in this interpreter "
+                                f"({sys.executable}); pass --python with the engine's "
+                                "interpreter to check")
             ok = I.confirm(engine, folder, [f.name for f in done], python, own_folder=not dest)
             typer.echo(f"{engine}'s own lookup finds {len(ok.found)} of {len(done)} installed "
                        f"files: {ok.by}")

@@ -119,6 +119,9 @@ def install(src: Path, engine: str, dest: Path) -> list[Installed]:
             raise UserError(f"malformed config file, nothing installed: {exc}") from None
     if not dest.is_dir():
         raise UserError(f"{dest}: the engine's config folder does not exist")
+    if dest.resolve() == src.resolve():   # else its own files would be "backed up" as shipped
+        raise UserError(f"{dest} is the folder of tuned files itself; give the engine's config "
+                        "folder with --dest (or leave --dest out to find it)")
     backup = dest / BACKUP_DIR
     manifest = _manifest(dest)
     out = []

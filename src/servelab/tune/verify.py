@@ -124,6 +124,14 @@ def verify(directory: Path, device: str = "cuda", batch_sizes: tuple[int, ...] |
            ) -> tuple[list[FileCheck], list[VerifyRow], str, str]:
     """Check the files and time tuned vs shipped vs default per point; returns (checks, rows,
     device name, label of the kernel timed)."""
+    from servelab.kernels.fp8_gemm.engine import ENGINES
+    if device not in ("cuda", "cpu"):      # checked first: torch would fail with a traceback
+        raise UserError(f"--device {device}: choose cuda or cpu")
+    if engine not in ENGINES:
+        raise UserError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
+    if shipped_dir is not None and not shipped_dir.is_dir():  # else read as "ships nothing"
+        raise UserError(f"--shipped {shipped_dir}: not a folder; give the engine's config "
+                        "folder (or leave it out to find it in this interpreter)")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
     from servelab.kernels.fp8_gemm import engine as engine_kernel

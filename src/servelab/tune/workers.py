@@ -398,13 +398,17 @@ class RayPool:
     def start(self) -> dict[str, Any]:
         import ray
         if not ray.is_initialized():
-            if self.address == "local":
-                ray.init(include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            # "local" is Ray's own spelling for a new instance on this machine; no address
+            # would join RAY_ADDRESS or the latest cluster started here (another user's)
+            ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
         self._ray = ray
         self._task = ray.remote(num_gpus=1, max_retries=MAX_ATTEMPTS - 1)(_ray_unit)
-        self.slots = max(1, int(ray.cluster_resources().get("GPU", 0)))
+        self.slots = int(ray.cluster_resources().get("GPU", 0))
+        if self.slots < 1:      # a num_gpus=1 task would wait forever for a GPU that never comes
+            from servelab.errors import UserError
+            raise UserError(f"--ray {self.address}: the Ray cluster has no GPU (each unit is a "
+                            "task with num_gpus=1); start Ray on GPU machines, or tune without "
+                            "--ray")
         return ray.get(ray.remote(num_gpus=1)(probe).remote(self.spec))
 
     def run(self, next_unit: Callable[[], Assignment | None], handle: Emit) -> None:
