@@ -13,7 +13,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -24,6 +23,7 @@ from typing import IO, Any, Protocol
 from servelab import lifetime
 from servelab.engines.base import Engine, ProcessConfig, ProcessPlan
 from servelab.engines.launcher import Launcher
+from servelab.experiment.ports import free_port, wait_port_free
 from servelab.jobs import pid_alive
 
 _PR_SET_PDEATHSIG = 1
@@ -37,30 +37,6 @@ class DeployError(Exception):
         self.log_tail = log_tail
 
 
-def port_free(host: str, port: int) -> bool:
-    """True when nothing listens on (host, port) and it can be bound."""
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_port_free(host: str, port: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not port_free(host, port):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def gpu_memory_used_mib() -> list[int] | None:
