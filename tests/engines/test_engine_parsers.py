@@ -30,7 +30,7 @@ from servelab.experiment import spec as spec_mod
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-ENGINE_EXAMPLES = ("sglang_mtp", "vllm_mtp", "disagg")
+ENGINE_EXAMPLES = ("sglang_mtp", "vllm_mtp", "disagg", "disagg_ray")
 PYTHONS = {"sglang": os.environ.get("SERVELAB_SGLANG_PYTHON"),
            "vllm": os.environ.get("SERVELAB_VLLM_PYTHON")}
 
