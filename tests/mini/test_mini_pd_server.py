@@ -312,6 +312,18 @@ def test_router_flags_parse_as_sglang_router_spells_them():
                       (["--pd-disaggregation", "--prefill", "http://a:1", "0", "--decode",
                         "http://a:2"], "bootstrap port '0'"),
                       (["--pd-disaggregation", "--prefill", "http://a:1", "--decode",
-                        "http://a:2", "--policy", "cache_aware"], "knows round_robin")):
+                        "http://a:2", "--policy", "cache_aware"], "knows round_robin"),
+                      *(([*"--pd-disaggregation --prefill".split(), bad, "--decode",
+                          "http://a:2"], "worker URL")
+                        for bad in ("http://a:99999", "http://a:x", "http://[::1", "http://a:0"))):
         with pytest.raises(UserError, match=why):
             parse(argv)
+
+
+def test_router_on_a_host_that_does_not_resolve_says_check_host():
+    r = subprocess.run([sys.executable, "-m", "servelab", "router", "--pd-disaggregation",
+                        "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2",
+                        "--host", "no-such-host.invalid", "--port", str(_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "check --host" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -246,6 +246,7 @@ class _RouterCollector:
 def run_router(cfg: RouterConfig, host: str, port: int) -> None:
     """Bind (a busy port is a UserError), say ready, serve until SIGINT/SIGTERM."""
     import signal
+    import socket
 
     from servelab.errors import UserError
 
@@ -258,8 +259,8 @@ def run_router(cfg: RouterConfig, host: str, port: int) -> None:
             await web.TCPSite(runner, host, port, reuse_address=True).start()
         except OSError as exc:
             await runner.cleanup()
-            raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
-                            "--port") from exc
+            fix = "check --host" if isinstance(exc, socket.gaierror) else "pick another --port"
+            raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); {fix}") from exc
         print(f"servelab router ready: http://{host}:{port} prefill="
               f"{','.join(p.url for p in cfg.prefills)} decode={','.join(cfg.decodes)} "
               f"policy={cfg.policy} startup_s={time.perf_counter() - t0:.1f}", flush=True)

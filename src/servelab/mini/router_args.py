@@ -41,8 +41,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _url(value: str, flag: str) -> str:
-    u = urlsplit(value)
-    if u.scheme not in ("http", "https") or not u.hostname or u.port is None:
+    try:  # urlsplit and .port raise ValueError on "http://[::1", "http://a:99999", "http://a:x"
+        u = urlsplit(value)
+        ok = u.scheme in ("http", "https") and bool(u.hostname) and bool(u.port)
+    except ValueError:
+        ok = False
+    if not ok:
         raise UserError(f"{flag} {value}: give a worker URL such as http://127.0.0.1:30000")
     return value.rstrip("/")
 
