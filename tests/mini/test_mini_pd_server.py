@@ -243,6 +243,46 @@ def test_a_refused_prefill_fails_its_decode_side_at_once(pd):
     assert _sum(m, "servelab:kv_transfers_total", outcome="prefill_failed") >= 1
 
 
+def test_router_answers_hostile_bodies_with_json_400s(pd):
+    url = pd["router_plain"]
+    for raw, why in ((b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+                     (b'{"prompt": "\xff"}', "not valid JSON"), (b"[1]", "JSON object")):
+        req = urllib.request.Request(url + "/v1/completions", data=raw, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(req, timeout=30)
+        err = json.loads(ei.value.read())["error"]
+        assert ei.value.code == 400 and why in err["message"], err
+        assert err["type"] == "invalid_request_error"
+
+
+def test_a_hanging_prefill_does_not_hold_a_request_the_decode_failed(pd):
+    """The decode server fails the request at once (nothing on the bootstrap port); the router
+    answers with that failure instead of waiting for a prefill that never answers."""
+    import threading
+
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen(16)  # accepts connections and never answers
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(lsn.accept()[0]), daemon=True).start()
+    router, port = _start("router", "--pd-disaggregation", "--prefill",
+                          f"http://127.0.0.1:{lsn.getsockname()[1]}", str(_port()),
+                          "--decode", pd["decode_plain"])
+    try:
+        _ready(router)
+        t0 = time.monotonic()
+        st, err = call(f"http://127.0.0.1:{port}", "/v1/completions",
+                       {"prompt": PROMPT, "max_tokens": 4}, timeout=20)
+        assert st == 502 and "cannot be reached" in err["error"]["message"], err
+        assert time.monotonic() - t0 < 10
+    finally:
+        router.kill()
+        router.wait()
+        lsn.close()
+        for c in held:
+            c.close()
+
+
 def test_the_real_sglang_router_fronts_these_servers(pd, reference):
     py = os.environ.get("SERVELAB_SGLANG_ROUTER_PYTHON")
     if not py:

@@ -38,6 +38,9 @@ GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 FORWARD_GET = ("/v1/models",)
 FORWARD_POST = ("/tokenize", "/detokenize")
 MAX_BODY_BYTES = 64 << 20
+# After a decode server's failure, how long the router waits for the prefill's answer (whose
+# status says better what was wrong) before it answers with the decode's.
+PREFILL_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -82,22 +85,21 @@ def build_app(cfg: RouterConfig) -> web.Application:
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
 
-    def error(status: int, message: str) -> web.Response:
-        return web.json_response({"error": {"message": message, "type": "server_error",
+    def error(status: int, message: str, kind: str = "server_error") -> web.Response:
+        return web.json_response({"error": {"message": message, "type": kind,
                                             "param": None, "code": status}}, status=status)
 
     async def generate(request: web.Request) -> web.StreamResponse:
         path = request.path
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, huge ints, deep nesting
             counters.done(path, 400)
-            return web.json_response({"error": {"message": "request body is not valid JSON",
-                                                "type": "invalid_request_error", "param": None,
-                                                "code": 400}}, status=400)
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            return error(400, f"request body is not valid JSON: {why}", "invalid_request_error")
         if not isinstance(body, dict):
             counters.done(path, 400)
-            return error(400, "request body must be a JSON object")
+            return error(400, "request body must be a JSON object", "invalid_request_error")
         p, d = cfg.prefills[pick_p()], cfg.decodes[pick_d()]
         body = {**body, "bootstrap_host": host_of(p.url), "bootstrap_port": p.bootstrap_port,
                 "bootstrap_room": random.getrandbits(63)}
@@ -117,6 +119,9 @@ def build_app(cfg: RouterConfig) -> web.Application:
         pf = asyncio.ensure_future(_prefill(s, p_url + path, body))
         try:
             dresp = await s.post(d_url + path, json=body)
+        except asyncio.CancelledError:
+            pf.cancel()
+            raise
         except (aiohttp.ClientError, TimeoutError) as exc:
             pf.cancel()
             counters.upstream_errors["decode"] = counters.upstream_errors.get("decode", 0) + 1
@@ -124,6 +129,16 @@ def build_app(cfg: RouterConfig) -> web.Application:
             return error(502, f"decode server {d_url} failed: {type(exc).__name__}: {exc}")
         try:
             try:
+                if dresp.status != 200:
+                    # decode failed (its KV never came, or the prefill failed it): a prefill that
+                    # refused the request answers within moments with the better status; one
+                    # that hangs must not hold the request until --request-timeout-secs
+                    done, _ = await asyncio.wait({pf}, timeout=PREFILL_GRACE_S)
+                    if not done:
+                        pf.cancel()
+                        counters.done(path, dresp.status)
+                        return web.Response(status=dresp.status, body=await dresp.read(),
+                                            content_type=dresp.content_type)
                 p_status, p_body, p_type = await pf
             except (aiohttp.ClientError, TimeoutError) as exc:
                 counters.upstream_errors["prefill"] = counters.upstream_errors.get("prefill", 0) + 1
@@ -144,6 +159,7 @@ def build_app(cfg: RouterConfig) -> web.Application:
             return out
         finally:
             dresp.release()
+            pf.cancel()  # a no-op once the prefill answered
 
     async def forward(request: web.Request) -> web.Response:
         d = cfg.decodes[pick_d()]
