@@ -17,11 +17,9 @@ from typing import Any
 
 from servelab.mini import pd_engine
 from servelab.mini.pd_bootstrap import BootstrapServer, fetch
-from servelab.mini.pd_transfer import KVHandoff, TransferError, TransferStats
+from servelab.mini.pd_transfer import ROOM_MAX, KVHandoff, TransferError, TransferStats
 from servelab.mini.protocol import ApiError
 from servelab.mini.serve_args import DEFAULT_BOOTSTRAP_PORT
-
-ROOM_MAX = 2**64 - 1  # SGLang's router draws rooms in [0, 2^63 - 1]; any u64 is accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +113,7 @@ class PD:
         try:
             handoff = await fetch(self._session, boot.host, boot.port, boot.room,
                                   self.waiting_timeout_s, self.stats)
-            pd_engine.check(self.engine, handoff, prompt)
+            pd_engine.check(self.engine, handoff, prompt, boot.room)
         except TransferError as exc:
             raise ApiError(exc.status, str(exc), "server_error") from None
         return handoff
