@@ -222,6 +222,68 @@ def test_kv_that_never_comes_fails_that_request_alone(pd):
     assert st == 200 and full["usage"]["completion_tokens"] == 8
 
 
+def test_the_bootstrap_port_refuses_bad_rooms_and_timeouts_at_once(pd):
+    """`timeout_s=nan` used to park the long poll forever."""
+    boot = f"http://127.0.0.1:{pd['boot']}"
+    for q in ("/kv/1?timeout_s=nan", "/kv/1?timeout_s=-1", "/kv/1?timeout_s=x", "/kv/-5",
+              f"/kv/{2**64}", "/kv/1e3"):
+        st, err = call(boot, q, timeout=10)
+        assert st == 400 and "ROOM an integer" in err["error"], (q, err)
+
+
+def _hostile_bootstrap(family: int, host: str):
+    """A bootstrap port that answers every fetch with more bytes than any handoff: room 1 says
+    so in its Content-Length, room 2 streams 64 MB without one."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            if "/kv/1?" in self.path:
+                self.send_header("Content-Length", str(10**12))
+            self.end_headers()
+            try:
+                for _ in range(64):
+                    self.wfile.write(b"\0" * (1 << 20))
+            except OSError:
+                pass
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    class S(http.server.ThreadingHTTPServer):
+        address_family = family
+
+    srv = S((host, 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_hostile_bootstrap_port_cannot_fill_the_decode_servers_memory(pd, host):
+    srv = _hostile_bootstrap(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+    try:
+        for room in (1, 2):
+            body = {"prompt": PROMPT, "max_tokens": 4, "bootstrap_host": host,
+                    "bootstrap_port": srv.server_address[1], "bootstrap_room": room}
+            st, err = call(pd["decode_plain"], "/v1/completions", body, timeout=30)
+            assert st == 502 and "more than the" in err["error"]["message"], err
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert call(pd["decode_plain"], "/health")[0] == 200
+
+
+def test_a_bootstrap_host_cannot_rewrite_the_url_decode_fetches(pd):
+    for host in ("127.0.0.1:1/health#", "a@b", "x/y", "", " ", "[::1", 7):
+        body = {"prompt": PROMPT, "max_tokens": 4, "bootstrap_host": host,
+                "bootstrap_port": pd["boot"], "bootstrap_room": 3}
+        st, err = call(pd["decode_plain"], "/v1/completions", body)
+        assert st == 400 and err["error"]["param"] == "bootstrap_host", (host, err)
+
+
 def test_a_refused_prefill_fails_its_decode_side_at_once(pd):
     st, err = call(pd["router_plain"], "/v1/completions",
                    {"prompt": PROMPT, "max_tokens": 4, "temperature": -1})

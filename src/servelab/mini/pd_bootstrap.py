@@ -15,6 +15,8 @@ prefill's reason instead of waiting out the timeout.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -22,7 +24,14 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from servelab.mini.pd_transfer import KVHandoff, TransferError, TransferStats, decode, encode
+from servelab.mini.pd_transfer import (
+    ROOM_MAX,
+    KVHandoff,
+    TransferError,
+    TransferStats,
+    decode,
+    encode,
+)
 
 MAX_WAIT_S = 3600.0  # a long poll never outlives this, whatever the decode side asks for
 
@@ -73,11 +82,17 @@ class BootstrapServer:
         return ev
 
     async def _kv(self, request: web.Request) -> web.StreamResponse:
+        raw_room = request.match_info["room"]
         try:
-            room = int(request.match_info["room"])
             wait_s = min(float(request.query.get("timeout_s", "30")), MAX_WAIT_S)
         except ValueError:
-            return web.json_response({"error": "room and timeout_s must be numbers"}, status=400)
+            wait_s = math.nan
+        if not (raw_room.isascii() and raw_room.isdigit() and int(raw_room) <= ROOM_MAX
+                and 0 <= wait_s <= MAX_WAIT_S):  # nan too: asyncio would wait for it forever
+            return web.json_response({"error": f"GET /kv/ROOM?timeout_s=T: ROOM an integer in "
+                                               f"[0, 2^64), T seconds in [0, {MAX_WAIT_S:g}]"},
+                                     status=400)
+        room = int(raw_room)
         if room not in self._rooms:
             try:
                 await asyncio.wait_for(self._event(room).wait(), wait_s)
@@ -151,11 +166,22 @@ class BootstrapServer:
             raise failure[0]
 
 
+def host_port(host: str, port: int) -> str:
+    """host:port as a URL writes it ([::1]:8998 for an IPv6 address)."""
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]:{port}"
+    except ValueError:
+        pass
+    return f"{host}:{port}"
+
+
 async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
-                timeout_s: float, stats: TransferStats) -> KVHandoff:
+                timeout_s: float, stats: TransferStats, max_bytes: int) -> KVHandoff:
     """Decode side: the KV of `room` from the prefill's bootstrap server, or TransferError
-    (504 when it did not come in time, 502 when the prefill failed or cannot be reached)."""
-    where = f"{host}:{port}"
+    (504 when it did not come in time, 502 when the prefill failed or cannot be reached, or
+    sent more than `max_bytes`, more than any handoff this server can use)."""
+    where = host_port(host, port)
     url = f"http://{where}/kv/{room}"
     t0 = time.perf_counter()
     try:
@@ -171,7 +197,12 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
                 stats.add("prefill_failed", wait_seconds=t1 - t0)
                 raise TransferError(f"the prefill server at {where} failed bootstrap_room "
                                     f"{room}: {why}")
-            body = await resp.read()
+            body = await _read_at_most(resp, max_bytes)
+            if body is None:
+                stats.add("malformed", wait_seconds=t1 - t0)
+                raise TransferError(f"the bootstrap port at {where} sent more than the "
+                                    f"{max_bytes:,} bytes of the largest KV handoff this "
+                                    "server can use")
     except TransferError:
         raise
     except TimeoutError:
@@ -191,6 +222,19 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
         raise
     stats.add("ok", len(body), t2 - t1, t1 - t0)
     return handoff
+
+
+async def _read_at_most(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes | None:
+    """The body, or None as soon as it is known to exceed `max_bytes` (a broken or hostile peer
+    must not fill the decode server's memory)."""
+    if resp.content_length is not None and resp.content_length > max_bytes:
+        return None
+    buf = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 20):
+        buf += chunk
+        if len(buf) > max_bytes:
+            return None
+    return bytes(buf)
 
 
 def _reason(body: bytes, fallback: str | None) -> str:

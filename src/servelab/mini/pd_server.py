@@ -12,6 +12,8 @@ reason; the server keeps serving.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +50,27 @@ def bootstrap_of(body: dict) -> Bootstrap | None:
     if type(port) is not int or not 1 <= port <= 65535:
         raise ApiError(400, f"'bootstrap_port' must be a port number, got {port!r}",
                        param="bootstrap_port")
-    if host is not None and (not isinstance(host, str) or not 0 < len(host) <= 253):
-        raise ApiError(400, f"'bootstrap_host' must be a host name, got {host!r}",
-                       param="bootstrap_host")
+    if host is not None:
+        host = _host(host)
     return Bootstrap(host, port, room)
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*\.?")
+
+
+def _host(host: object) -> str:
+    """A host name or IP address (IPv6 bare or in brackets); never text that would change the
+    URL the decode server fetches from (a '/', '@', '#' or a port)."""
+    if isinstance(host, str) and host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if isinstance(host, str):
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            if _HOSTNAME.fullmatch(host) and len(host) <= 253:
+                return host
+    raise ApiError(400, f"'bootstrap_host' must be a host name or IP address, got {host!r}",
+                   param="bootstrap_host")
 
 
 class PD:
@@ -70,6 +89,12 @@ class PD:
             self.bootstrap = BootstrapServer(host, bootstrap_port, self.stats)
         elif mode == "decode":
             self.stats = TransferStats("received")
+        # the largest handoff a request of this server can come with: every layer (+ MTP) of a
+        # full context, plus 1 MiB for the header and the sampler state
+        cfg = engine.cfg if mode == "decode" else None
+        self.max_handoff_bytes = 0 if cfg is None else (
+            (cfg.n_layers + 1) * engine.args.context_length * (cfg.kv_dim + cfg.index_dim)
+            * engine.cache.kv[0].element_size() + (1 << 20))
 
     def start(self) -> None:
         if self.bootstrap is not None:
@@ -112,7 +137,7 @@ class PD:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
         try:
             handoff = await fetch(self._session, boot.host, boot.port, boot.room,
-                                  self.waiting_timeout_s, self.stats)
+                                  self.waiting_timeout_s, self.stats, self.max_handoff_bytes)
             pd_engine.check(self.engine, handoff, prompt, boot.room)
         except TransferError as exc:
             raise ApiError(exc.status, str(exc), "server_error") from None
