@@ -111,3 +111,12 @@ def test_a_short_pd_experiment_reaches_a_report(tmp_path):
     with Store(db) as st:
         runs = st.runs("tiny-pd-mtp")
         assert sorted(r.status for r in runs) == ["ok", "ok"]
+
+
+def test_check_does_not_mistake_a_bootstrap_port_for_the_unallocated_http_port():
+    """serve refuses --port == --disaggregation-bootstrap-port; the pre-flight, which does not
+    know the port a process will get, must not refuse a bootstrap port of 30000 (serve's
+    default --port) for that reason."""
+    eng = engines.get("embedded")
+    assert eng.check("tiny", "prefill", {"disaggregation-bootstrap-port": 30000}) == []
+    assert eng.check("tiny", "prefill", {"disaggregation-bootstrap-port": 1}) == []

@@ -165,6 +165,20 @@ class BootstrapServer:
         if failure:
             raise failure[0]
 
+    def stop(self) -> None:
+        """Close the bootstrap port and end its thread (rooms not yet fetched are dropped)."""
+        loop, runner = self._loop, self._runner
+        if loop is None or runner is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        except Exception:  # noqa: BLE001 - closing anyway
+            pass
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._loop = None
+
 
 def host_port(host: str, port: int) -> str:
     """host:port as a URL writes it ([::1]:8998 for an IPv6 address)."""

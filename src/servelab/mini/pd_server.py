@@ -100,6 +100,11 @@ class PD:
         if self.bootstrap is not None:
             self.bootstrap.start()
 
+    def stop(self) -> None:
+        """Close the bootstrap port (the server is stopping)."""
+        if self.bootstrap is not None:
+            self.bootstrap.stop()
+
     def room(self, body: dict) -> Bootstrap | None:
         """The request's bootstrap fields; a prefill or decode server refuses a request
         without them (it cannot serve one alone)."""

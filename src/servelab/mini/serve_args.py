@@ -115,6 +115,10 @@ class ServeArgs(BaseModel):
                              f"{', '.join(sorted(SPEC_ALGORITHMS))}")
         if self.cuda_graph and not self.device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
+        if (self.disaggregation_mode == "prefill"
+                and self.disaggregation_bootstrap_port == self.port):
+            raise ValueError(f"--disaggregation-bootstrap-port {self.port} is also --port: a "
+                             "prefill server needs two ports")
         return self
 
     @property

@@ -410,8 +410,11 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
     threading.Thread(target=announce, daemon=True).start()
     try:
         server.run()
-    except SystemExit:  # from _exit after uvicorn's graceful shutdown
-        pass
+    except SystemExit as exc:  # from _exit after uvicorn's graceful shutdown: a normal stop
+        if exc.code not in (0, None):  # uvicorn's own sys.exit(1): it could not bind the port
+            raise UserError(f"cannot serve on {host}:{port} (see the error above); pick "
+                            "another --port") from None
     finally:
+        pd.stop()
         engine.stop()
         print("servelab mini stopped", file=sys.stderr, flush=True)
