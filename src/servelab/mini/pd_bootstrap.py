@@ -43,12 +43,20 @@ class _Room:
     created: float
 
 
+def _nbytes(entry: _Room) -> int:
+    h = entry.handoff
+    return 0 if h is None else h.kv.nbytes + h.ik.nbytes
+
+
 class BootstrapServer:
     """Prefill side: rooms of prefilled KV, served on the bootstrap port from its own thread."""
 
-    def __init__(self, host: str, port: int, stats: TransferStats, ttl_s: float = 300.0) -> None:
+    def __init__(self, host: str, port: int, stats: TransferStats, ttl_s: float = 300.0,
+                 max_pending_bytes: int = 1 << 30) -> None:
         self.host, self.port, self.stats, self.ttl_s = host, port, stats, ttl_s
-        self._rooms: dict[int, _Room] = {}
+        self.max_pending_bytes = max_pending_bytes
+        self._pending_bytes = 0  # KV held for rooms not fetched yet
+        self._rooms: dict[int, _Room] = {}  # insertion order = age: the oldest go first
         self._ready: dict[int, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -72,8 +80,27 @@ class BootstrapServer:
         held = self._rooms.get(room)
         if entry.error is not None and held is not None and held.handoff is not None:
             return  # the KV went out whole: a later failure of the request does not void it
+        self._drop(room)
         self._rooms[room] = entry
+        self._pending_bytes += _nbytes(entry)
         self._event(room).set()
+        # KV nobody fetched (its decode side is gone or far behind) must not grow without
+        # bound: past the budget, the oldest rooms are evicted; their fetch fails at once
+        for old in list(self._rooms):
+            if self._pending_bytes <= self.max_pending_bytes or old == room:
+                break
+            if self._rooms[old].handoff is not None:
+                self._drop(old)
+                self._rooms[old] = _Room(None, f"evicted: this prefill server holds at most "
+                                         f"{self.max_pending_bytes:,} bytes of KV not yet "
+                                         "fetched", time.monotonic())
+                self.stats.add("expired")
+
+    def _drop(self, room: int) -> _Room | None:
+        entry = self._rooms.pop(room, None)
+        if entry is not None:
+            self._pending_bytes -= _nbytes(entry)
+        return entry
 
     def _event(self, room: int) -> asyncio.Event:
         ev = self._ready.get(room)
@@ -102,7 +129,7 @@ class BootstrapServer:
                 return web.json_response(
                     {"error": f"no prefill for bootstrap_room {room} within {wait_s:g} s"},
                     status=404)
-        entry = self._rooms.pop(room, None)
+        entry = self._drop(room)
         self._ready.pop(room, None)
         if entry is None:  # another fetch of the same room took it first
             self.stats.add("duplicate")
@@ -129,7 +156,7 @@ class BootstrapServer:
             await asyncio.sleep(min(self.ttl_s, 5.0))
             now = time.monotonic()
             for room in [r for r, e in self._rooms.items() if now - e.created > self.ttl_s]:
-                del self._rooms[room]
+                self._drop(room)
                 self._ready.pop(room, None)
                 self.stats.add("expired")
 

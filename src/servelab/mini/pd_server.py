@@ -84,17 +84,22 @@ class PD:
         self.stats: TransferStats | None = None
         self.bootstrap: BootstrapServer | None = None
         self._session = None
+        self.max_handoff_bytes = 0  # (a server of no PD role receives no handoff)
+        # the largest handoff one request can make: every layer (+ MTP) of a full context, plus
+        # 1 MiB for the header and the sampler state. A decode server reads no more than that;
+        # a prefill server holds at most a few batches of them for decode sides that lag.
+        if mode != "null":
+            cfg = engine.cfg
+            self.max_handoff_bytes = (
+                (cfg.n_layers + 1) * engine.args.context_length * (cfg.kv_dim + cfg.index_dim)
+                * engine.cache.kv[0].element_size() + (1 << 20))
         if mode == "prefill":
             self.stats = TransferStats("sent")
-            self.bootstrap = BootstrapServer(host, bootstrap_port, self.stats)
+            self.bootstrap = BootstrapServer(
+                host, bootstrap_port, self.stats,
+                max_pending_bytes=4 * engine.args.max_running_requests * self.max_handoff_bytes)
         elif mode == "decode":
             self.stats = TransferStats("received")
-        # the largest handoff a request of this server can come with: every layer (+ MTP) of a
-        # full context, plus 1 MiB for the header and the sampler state
-        cfg = engine.cfg if mode == "decode" else None
-        self.max_handoff_bytes = 0 if cfg is None else (
-            (cfg.n_layers + 1) * engine.args.context_length * (cfg.kv_dim + cfg.index_dim)
-            * engine.cache.kv[0].element_size() + (1 << 20))
 
     def start(self) -> None:
         if self.bootstrap is not None:

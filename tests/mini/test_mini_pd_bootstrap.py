@@ -1,0 +1,61 @@
+"""The prefill's bootstrap server over real HTTP on loopback: KV nobody fetches is bounded. Past
+`max_pending_bytes` the oldest unfetched rooms are evicted (counted as expired), and their
+decode side hears so at once instead of waiting out its timeout; the newer rooms go out whole."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import torch
+
+from servelab.mini.pd_bootstrap import BootstrapServer
+from servelab.mini.pd_transfer import KVHandoff, TransferStats, decode
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _handoff(room: int) -> KVHandoff:
+    kv = torch.full((2, 8, 16), float(room))  # [L, S, kv_dim]: 1024 B
+    return KVHandoff(room=room, prompt=list(range(8)), first_token=1, drafts=[], kv=kv,
+                     ik=torch.zeros(2, 8, 4), fingerprint="f")
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_unfetched_kv_is_bounded_and_evicted_rooms_fail_at_once():
+    one = _handoff(0).kv.nbytes + _handoff(0).ik.nbytes
+    stats = TransferStats("sent")
+    srv = BootstrapServer("127.0.0.1", _port(), stats, max_pending_bytes=2 * one)
+    srv.start()
+    try:
+        for room in (1, 2, 3):
+            srv.put(_handoff(room))
+        base = f"http://127.0.0.1:{srv.port}/kv"
+        t0 = time.monotonic()
+        st, body = _get(f"{base}/1?timeout_s=5")
+        assert st == 409 and "evicted" in json.loads(body)["error"], body
+        assert time.monotonic() - t0 < 2
+        for room in (2, 3):
+            st, body = _get(f"{base}/{room}?timeout_s=5")
+            assert st == 200
+            h = decode(body)
+            assert h.room == room and torch.equal(h.kv, _handoff(room).kv)
+        assert stats.outcomes.get("expired") == 1 and stats.outcomes.get("ok") == 2
+        st, body = _get(f"http://127.0.0.1:{srv.port}/route")
+        assert json.loads(body)["rooms_pending"] == 0
+    finally:
+        srv.stop()
