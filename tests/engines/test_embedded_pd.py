@@ -111,6 +111,16 @@ def test_a_short_pd_experiment_reaches_a_report(tmp_path):
     with Store(db) as st:
         runs = st.runs("tiny-pd-mtp")
         assert sorted(r.status for r in runs) == ["ok", "ok"]
+        points = {p.provenance["arm"]: p.provenance for p in st.load_points()}
+    # the bench went through the router to a decode server fed by a prefill server, and MTP's
+    # acceptance was read through the router's /metrics (the decode worker's counters)
+    assert sorted(points) == ["baseline", "mtp"]
+    for prov in points.values():
+        assert [p["role"] for p in prov["processes"]] == ["prefill", "decode", "router"]
+        info = prov["server_info"]
+        assert info["disaggregation_mode"] == "decode" and len(info["router"]["prefill"]) == 1
+    assert points["mtp"]["spec_window"]["accept_length"] > 1.0
+    assert points["baseline"]["spec_window"]["accept_length"] is None
 
 
 def test_check_does_not_mistake_a_bootstrap_port_for_the_unallocated_http_port():

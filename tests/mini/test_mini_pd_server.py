@@ -205,8 +205,17 @@ def test_kv_that_never_comes_fails_that_request_alone(pd):
     dec = pd["decode_plain"]
     body = {"prompt": PROMPT, "max_tokens": 4, **GREEDY, "bootstrap_host": "127.0.0.1",
             "bootstrap_port": pd["boot"], "bootstrap_room": 12345}
+    from concurrent.futures import ThreadPoolExecutor
+
     t0 = time.monotonic()
-    st, err = call(dec, "/v1/completions", body)
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(call, dec, "/v1/completions", body)
+        # while that request waits for its KV, the same decode server serves routed requests
+        st, full = call(pd["router_plain"], "/v1/completions",
+                        {"prompt": PROMPT, "max_tokens": 8, **GREEDY})
+        assert st == 200 and full["usage"]["completion_tokens"] == 8, full
+        assert not stuck.done() and time.monotonic() - t0 < WAIT_S
+        st, err = stuck.result()
     assert st == 504 and "did not arrive" in err["error"]["message"], err
     assert WAIT_S <= time.monotonic() - t0 < WAIT_S + 5
     st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": _port()})  # nobody there
