@@ -220,6 +220,9 @@ def test_kv_that_never_comes_fails_that_request_alone(pd):
     assert WAIT_S <= time.monotonic() - t0 < WAIT_S + 5
     st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": _port()})  # nobody there
     assert st == 502 and "cannot be reached" in err["error"]["message"], err
+    http_port = int(pd["prefill"].rsplit(":", 1)[1])  # the prefill's HTTP port, not its bootstrap
+    st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": http_port})
+    assert st == 502 and "is not a prefill server's bootstrap port" in err["error"]["message"]
     st, err = call(dec, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
     assert st == 400 and "bootstrap_room" in err["error"]["message"]
     assert call(dec, "/health")[0] == 200

@@ -33,6 +33,9 @@ from servelab.mini.pd_transfer import (
     encode,
 )
 
+# marks the bootstrap server's own "not within the wait" 404, told apart from any other
+# server's 404 (a decode pointed at the wrong port must not report a timeout)
+_WAITED = "X-Servelab-KV-Waited"
 MAX_WAIT_S = 3600.0  # a long poll never outlives this, whatever the decode side asks for
 
 
@@ -128,7 +131,7 @@ class BootstrapServer:
                 self.stats.add("timeout")
                 return web.json_response(
                     {"error": f"no prefill for bootstrap_room {room} within {wait_s:g} s"},
-                    status=404)
+                    status=404, headers={_WAITED: "1"})
         entry = self._drop(room)
         self._ready.pop(room, None)
         if entry is None:  # another fetch of the same room took it first
@@ -229,10 +232,15 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
         async with session.get(url, params={"timeout_s": f"{timeout_s:g}"},
                                timeout=aiohttp.ClientTimeout(total=timeout_s + 10)) as resp:
             t1 = time.perf_counter()
-            if resp.status == 404:
+            if resp.status == 404 and resp.headers.get(_WAITED) == "1":
                 stats.add("timeout", wait_seconds=t1 - t0)
                 raise TransferError(f"the KV of bootstrap_room {room} did not arrive from the "
                                     f"prefill server at {where} within {timeout_s:g} s", 504)
+            if resp.status == 404:  # another server's 404: nothing there serves /kv/ROOM
+                stats.add("unreachable", wait_seconds=t1 - t0)
+                raise TransferError(f"{where} is not a prefill server's bootstrap port (it "
+                                    f"answers GET /kv/{room} with 404): give the port of its "
+                                    "--disaggregation-bootstrap-port")
             if resp.status != 200:
                 why = _reason(await resp.read(), resp.reason)
                 stats.add("prefill_failed", wait_seconds=t1 - t0)
