@@ -429,7 +429,10 @@ def test_router_flags_parse_as_sglang_router_spells_them():
                         "http://a:2", "--policy", "cache_aware"], "knows round_robin"),
                       *(([*"--pd-disaggregation --prefill".split(), bad, "--decode",
                           "http://a:2"], "worker URL")
-                        for bad in ("http://a:99999", "http://a:x", "http://[::1", "http://a:0"))):
+                        for bad in ("http://a:99999", "http://a:x", "http://[::1", "http://a:0")),
+                      *(([*"--pd-disaggregation --prefill http://a:1 --decode http://a:2".split(),
+                          "--request-timeout-secs", t], "must be > 0")
+                        for t in ("inf", "nan", "0", "-1"))):
         with pytest.raises(UserError, match=why):
             parse(argv)
 

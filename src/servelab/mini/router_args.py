@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from servelab.errors import UserError
 
 POLICIES = ("round_robin", "random")
+MAX_TIMEOUT_S = 7 * 86400.0  # a week: finite, as aiohttp's timers need
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +88,8 @@ def parse(argv: list[str]):
         raise UserError(f"--policy {a.policy}: this router knows {', '.join(POLICIES)}")
     if not 1 <= a.port <= 65535:
         raise UserError(f"--port {a.port}: must be 1..65535")
-    if not a.request_timeout_secs > 0:
-        raise UserError(f"--request-timeout-secs {a.request_timeout_secs:g}: must be > 0")
+    if not 0 < a.request_timeout_secs <= MAX_TIMEOUT_S:  # nan too; inf broke every request
+        raise UserError(f"--request-timeout-secs {a.request_timeout_secs:g}: must be > 0 and "
+                        f"<= {MAX_TIMEOUT_S:g}")
     return (RouterConfig(tuple(prefills), decodes, a.policy, a.request_timeout_secs),
             a.host, a.port)
