@@ -357,6 +357,56 @@ def test_a_hanging_prefill_does_not_hold_a_request_the_decode_failed(pd):
             c.close()
 
 
+def _fake_worker(answer: bytes):
+    """An HTTP server on loopback that answers every POST with `answer` (raw bytes of status
+    line, headers and body) and then closes the connection."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.wfile.write(answer)
+            self.wfile.flush()
+            self.close_connection = True
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_a_decode_stream_that_breaks_off_ends_with_an_error_event():
+    """The decode server dies mid-stream (its chunked body never ends): the client gets the
+    chunks that came, then an error event and [DONE], not a stream that just stops."""
+    chunk = b'data: {"choices": [{"text": "ab"}]}\n\n'
+    prefill = _fake_worker(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 2\r\n\r\n{}")
+    decode = _fake_worker(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n"
+                          + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n")
+    router, port = _start("router", "--pd-disaggregation", "--prefill",
+                          f"http://127.0.0.1:{prefill.server_address[1]}", "--decode",
+                          f"http://127.0.0.1:{decode.server_address[1]}")
+    try:
+        _ready(router)
+        st, text = call(f"http://127.0.0.1:{port}", "/v1/completions",
+                        {"prompt": "x", "stream": True}, timeout=20)
+        events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
+        assert st == 200 and events[0] == '{"choices": [{"text": "ab"}]}', text
+        assert "broke off" in json.loads(events[1])["error"]["message"] and events[2] == "[DONE]"
+        m = metrics(f"http://127.0.0.1:{port}")
+        assert _sum(m, "servelab:router_upstream_errors_total", role="decode") == 1
+    finally:
+        router.kill()
+        router.wait()
+        for s in (prefill, decode):
+            s.shutdown()
+            s.server_close()
+
+
 def test_the_real_sglang_router_fronts_these_servers(pd, reference):
     py = os.environ.get("SERVELAB_SGLANG_ROUTER_PYTHON")
     if not py:

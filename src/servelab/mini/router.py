@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -152,7 +153,24 @@ def build_app(cfg: RouterConfig) -> web.Application:
             if dresp.charset:
                 out.charset = dresp.charset
             await out.prepare(request)
-            async for chunk in dresp.content.iter_any():
+            chunks = dresp.content.iter_any()
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except (aiohttp.ClientError, TimeoutError) as exc:  # decode broke off mid-answer
+                    counters.upstream_errors["decode"] = counters.upstream_errors.get("decode",
+                                                                                      0) + 1
+                    counters.done(path, 502)
+                    if out.content_type != "text/event-stream":
+                        raise  # drop the connection: a cut JSON body must not look complete
+                    msg = f"decode server {d_url} broke off: {type(exc).__name__}: {exc}"
+                    await out.write(b"data: " + json.dumps({"error": {  # as vLLM ends a failed
+                        "message": msg, "type": "server_error", "param": None,  # stream
+                        "code": 502}}).encode() + b"\n\ndata: [DONE]\n\n")
+                    await out.write_eof()
+                    return out
                 await out.write(chunk)
             await out.write_eof()
             counters.done(path, dresp.status)
@@ -193,8 +211,6 @@ def build_app(cfg: RouterConfig) -> web.Application:
             got = await _get(cfg.decodes[0] + "/get_server_info")
         info: dict = {}
         if got is not None and got[0] == 200:
-            import json
-
             try:
                 info = json.loads(got[1])
             except ValueError:
