@@ -1,6 +1,7 @@
 """The prefill's bootstrap server over real HTTP on loopback: KV nobody fetches is bounded. Past
 `max_pending_bytes` the oldest unfetched rooms are evicted (counted as expired), and their
-decode side hears so at once instead of waiting out its timeout; the newer rooms go out whole."""
+decode side hears so at once instead of waiting out its timeout; the newer rooms go out whole.
+A huge body sent to the bootstrap port is refused and the port keeps serving."""
 
 from __future__ import annotations
 
@@ -57,5 +58,26 @@ def test_unfetched_kv_is_bounded_and_evicted_rooms_fail_at_once():
         assert stats.outcomes.get("expired") == 1 and stats.outcomes.get("ok") == 2
         st, body = _get(f"http://127.0.0.1:{srv.port}/route")
         assert json.loads(body)["rooms_pending"] == 0
+    finally:
+        srv.stop()
+
+
+def test_a_huge_body_at_the_bootstrap_port_is_refused_and_it_keeps_serving():
+    srv = BootstrapServer("127.0.0.1", _port(), TransferStats("sent"))
+    srv.start()
+    try:
+        base = f"http://127.0.0.1:{srv.port}"
+        big = b"\0" * (8 << 20)
+        for method, want in (("POST", 405), ("GET", 404)):
+            req = urllib.request.Request(f"{base}/kv/1?timeout_s=0", data=big, method=method)
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    status = r.status
+            except urllib.error.HTTPError as e:
+                status = e.code
+            assert status == want, (method, status)
+        srv.put(_handoff(4))
+        st, body = _get(f"{base}/kv/4?timeout_s=5")
+        assert st == 200 and decode(body).room == 4
     finally:
         srv.stop()
