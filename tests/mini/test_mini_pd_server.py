@@ -392,6 +392,22 @@ def test_the_real_sglang_router_fronts_these_servers(pd, reference):
         proc.wait()
 
 
+def test_a_router_with_its_workers_swapped_is_not_healthy(pd):
+    """A prefill server named as --decode would answer every request with one token."""
+    router, port = _start("router", "--pd-disaggregation", "--prefill", pd["decode_plain"],
+                          "--decode", pd["prefill"])
+    try:
+        _ready(router)
+        st, err = call(f"http://127.0.0.1:{port}", "/health")
+        assert st == 503, err
+        assert (f"{pd['prefill']} runs --disaggregation-mode prefill, routed as decode"
+                in err["error"]["message"])
+        assert call(pd["router_plain"], "/health")[0] == 200
+    finally:
+        router.kill()
+        router.wait()
+
+
 def test_a_dead_prefill_fails_requests_cleanly(pd):
     """Last in the module: it kills the prefill server."""
     pd["prefill_proc"].kill()

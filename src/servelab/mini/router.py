@@ -8,9 +8,10 @@ integer in [0, 2^63), as sglang_router draws it). Both are sent at once; the pre
 is awaited (its failure is the request's answer), then the decode server's answer is passed
 through byte for byte, so SSE streams reach the client as the decode server writes them.
 
-The router's own endpoints: `/health` (200 only when every worker's /health is), `/metrics`
-(its own counters, then each decode worker's series labelled `worker`, so a scraper of the
-endpoint sees the spec-decode and KV-transfer counters of the servers that decode),
+The router's own endpoints: `/health` (200 only when every worker's /health is and each
+reports the role it is routed as), `/metrics` (its own counters, then each decode worker's
+series labelled `worker`, so a scraper of the endpoint sees the spec-decode and KV-transfer
+counters of the servers that decode),
 `/server_info` and `/get_server_info` (the first decode worker's, plus the PD layout). Other
 read-only paths a benchmark uses (`/v1/models`, `/tokenize`, `/detokenize`) go to a decode
 worker.
@@ -198,11 +199,19 @@ def build_app(cfg: RouterConfig) -> web.Application:
             return None
 
     async def health(_request: web.Request) -> web.Response:
-        urls = [p.url for p in cfg.prefills] + list(cfg.decodes)
-        got = await asyncio.gather(*(_get(u + "/health", 2.0) for u in urls))
-        bad = [u for u, g in zip(urls, got, strict=True) if g is None or g[0] != 200]
+        roles = [(p.url, "prefill") for p in cfg.prefills] + [(d, "decode") for d in cfg.decodes]
+        got = await asyncio.gather(*(_get(u + "/health", 2.0) for u, _ in roles))
+        bad = [u for (u, _), g in zip(roles, got, strict=True) if g is None or g[0] != 200]
         if bad:
             return error(503, f"worker(s) not healthy: {', '.join(bad)}")
+        # a worker named in the wrong role (a prefill given as --decode) would answer every
+        # request with one token: refuse to be healthy, naming it
+        infos = await asyncio.gather(*(_get(u + "/server_info", 2.0) for u, _ in roles))
+        wrong = [f"{u} runs --disaggregation-mode {mode}, routed as {role}"
+                 for (u, role), g in zip(roles, infos, strict=True)
+                 if (mode := _mode(g)) is not None and mode != role]
+        if wrong:
+            return error(503, f"worker(s) in the wrong role: {'; '.join(wrong)}")
         return web.Response(status=200)
 
     async def server_info(_request: web.Request) -> web.Response:
@@ -239,6 +248,18 @@ def build_app(cfg: RouterConfig) -> web.Application:
     app.router.add_get("/get_server_info", server_info)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+def _mode(got: tuple[int, bytes] | None) -> str | None:
+    """The `disaggregation_mode` a worker's /server_info reports (None when it says none)."""
+    if got is None or got[0] != 200:
+        return None
+    try:
+        info = json.loads(got[1])
+    except ValueError:
+        return None
+    mode = info.get("disaggregation_mode") if isinstance(info, dict) else None
+    return mode if isinstance(mode, str) else None
 
 
 class _RouterCollector:
