@@ -81,3 +81,27 @@ def test_a_huge_body_at_the_bootstrap_port_is_refused_and_it_keeps_serving():
         assert st == 200 and decode(body).room == 4
     finally:
         srv.stop()
+
+
+def test_stop_does_not_wait_for_pending_long_polls():
+    """A prefill server stopping with decode sides still waiting closes its bootstrap port at
+    once; the waiting fetch fails then instead of at its timeout."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    srv = BootstrapServer("127.0.0.1", _port(), TransferStats("sent"))
+    srv.start()
+    with ThreadPoolExecutor(1) as pool:
+        poll = pool.submit(_get_or_error, f"http://127.0.0.1:{srv.port}/kv/5?timeout_s=30")
+        time.sleep(0.3)  # the poll is waiting
+        t0 = time.monotonic()
+        srv.stop()
+        assert time.monotonic() - t0 < 2
+        assert poll.result(timeout=5) != 200
+    assert time.monotonic() - t0 < 5
+
+
+def _get_or_error(url: str) -> int | str:
+    try:
+        return _get(url)[0]
+    except OSError as exc:  # the connection was cut
+        return type(exc).__name__

@@ -63,6 +63,7 @@ class BootstrapServer:
         self._ready: dict[int, asyncio.Event] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
+        self._expiry: asyncio.Task | None = None
         self._thread: threading.Thread | None = None
 
     # ---- called from the engine / HTTP threads ----------------------------------------------
@@ -175,7 +176,8 @@ class BootstrapServer:
             app = web.Application(client_max_size=1 << 20)
             app.router.add_get("/kv/{room}", self._kv)
             app.router.add_get("/route", self._route)
-            self._runner = web.AppRunner(app, access_log=None)
+            # a stop must not wait for long polls: they are cut (their decode sides fail at once)
+            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
             try:
                 loop.run_until_complete(self._runner.setup())
                 site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
@@ -185,7 +187,7 @@ class BootstrapServer:
                 started.set()
                 return
             self._loop = loop
-            loop.create_task(self._expire())
+            self._expiry = loop.create_task(self._expire())
             started.set()
             loop.run_forever()
 
@@ -200,6 +202,8 @@ class BootstrapServer:
         loop, runner = self._loop, self._runner
         if loop is None or runner is None:
             return
+        if self._expiry is not None:
+            loop.call_soon_threadsafe(self._expiry.cancel)
         try:
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
         except Exception:  # noqa: BLE001 - closing anyway
