@@ -69,12 +69,16 @@ def test_adapter_renders_roles_like_sglang():
     ("disaggregation-bootstrap-port", 70000, "--disaggregation-bootstrap-port 70000: must be <= 65535"),
     ("attention-backend", "flash", "--attention-backend 'flash': input should be 'torch'"),
     ("num-threads", True, "--num-threads True: must be an integer, not a boolean"),
+    # what the engine refuses once loaded, judged before: 4096 positions, 1 draft + 2 spare
+    ("context-length", 4094, "--context-length 4094 is too long for config tiny: at most 4093"),
 ])
 def test_typed_flags_name_the_flag_the_value_and_the_bound(flag, value, why):
+    spec = {"speculative-algorithm": "EAGLE"} if flag == "context-length" else {}
     with pytest.raises(UserError) as ei:
-        ServeArgs.from_flags({flag: value})
+        ServeArgs.from_flags({flag: value, **spec})
     assert str(ei.value).startswith(why)
-    assert any(why in p for p in engines.get("embedded").check("tiny", "server", {flag: value}))
+    assert any(why in p for p in engines.get("embedded").check("tiny", "server",
+                                                                {flag: value, **spec}))
 
 
 def test_num_threads_minus_4_refused_by_check_and_serve_with_one_message(tmp_path):
@@ -111,3 +115,30 @@ def test_a_short_pd_experiment_reaches_a_report(tmp_path):
     with Store(db) as st:
         runs = st.runs("tiny-pd-mtp")
         assert sorted(r.status for r in runs) == ["ok", "ok"]
+        points = {p.provenance["arm"]: p.provenance for p in st.load_points()}
+    # the bench went through the router to a decode server fed by a prefill server, and MTP's
+    # acceptance was read through the router's /metrics (the decode worker's counters)
+    assert sorted(points) == ["baseline", "mtp"]
+    for prov in points.values():
+        assert [p["role"] for p in prov["processes"]] == ["prefill", "decode", "router"]
+        info = prov["server_info"]
+        assert info["disaggregation_mode"] == "decode" and len(info["router"]["prefill"]) == 1
+    assert points["mtp"]["spec_window"]["accept_length"] > 1.0
+    assert points["baseline"]["spec_window"]["accept_length"] is None
+
+
+def test_check_does_not_mistake_a_bootstrap_port_for_the_unallocated_http_port():
+    """serve refuses --port == --disaggregation-bootstrap-port; the pre-flight, which does not
+    know the port a process will get, must not refuse a bootstrap port of 30000 (serve's
+    default --port) for that reason."""
+    eng = engines.get("embedded")
+    assert eng.check("tiny", "prefill", {"disaggregation-bootstrap-port": 30000}) == []
+    assert eng.check("tiny", "prefill", {"disaggregation-bootstrap-port": 1}) == []
+
+
+def test_serve_refuses_a_context_too_long_as_run_check_does(tmp_path):
+    """The same line before loading (serve) and without starting anything (run --check)."""
+    served = servelab("serve", "--context-length", "4095", "--port", "1", home=tmp_path)
+    assert served.returncode == 2
+    assert served.stderr.strip() == ("error: --context-length 4095 is too long for config tiny: "
+                                     "at most 4094")

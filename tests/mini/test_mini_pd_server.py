@@ -205,12 +205,24 @@ def test_kv_that_never_comes_fails_that_request_alone(pd):
     dec = pd["decode_plain"]
     body = {"prompt": PROMPT, "max_tokens": 4, **GREEDY, "bootstrap_host": "127.0.0.1",
             "bootstrap_port": pd["boot"], "bootstrap_room": 12345}
+    from concurrent.futures import ThreadPoolExecutor
+
     t0 = time.monotonic()
-    st, err = call(dec, "/v1/completions", body)
+    with ThreadPoolExecutor(1) as pool:
+        stuck = pool.submit(call, dec, "/v1/completions", body)
+        # while that request waits for its KV, the same decode server serves routed requests
+        st, full = call(pd["router_plain"], "/v1/completions",
+                        {"prompt": PROMPT, "max_tokens": 8, **GREEDY})
+        assert st == 200 and full["usage"]["completion_tokens"] == 8, full
+        assert not stuck.done() and time.monotonic() - t0 < WAIT_S
+        st, err = stuck.result()
     assert st == 504 and "did not arrive" in err["error"]["message"], err
     assert WAIT_S <= time.monotonic() - t0 < WAIT_S + 5
     st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": _port()})  # nobody there
     assert st == 502 and "cannot be reached" in err["error"]["message"], err
+    http_port = int(pd["prefill"].rsplit(":", 1)[1])  # the prefill's HTTP port, not its bootstrap
+    st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": http_port})
+    assert st == 502 and "is not a prefill server's bootstrap port" in err["error"]["message"]
     st, err = call(dec, "/v1/completions", {"prompt": PROMPT, "max_tokens": 4})
     assert st == 400 and "bootstrap_room" in err["error"]["message"]
     assert call(dec, "/health")[0] == 200
@@ -220,6 +232,68 @@ def test_kv_that_never_comes_fails_that_request_alone(pd):
     st, full = call(pd["router_plain"], "/v1/completions",
                     {"prompt": PROMPT, "max_tokens": 8, **GREEDY})
     assert st == 200 and full["usage"]["completion_tokens"] == 8
+
+
+def test_the_bootstrap_port_refuses_bad_rooms_and_timeouts_at_once(pd):
+    """`timeout_s=nan` used to park the long poll forever."""
+    boot = f"http://127.0.0.1:{pd['boot']}"
+    for q in ("/kv/1?timeout_s=nan", "/kv/1?timeout_s=-1", "/kv/1?timeout_s=x", "/kv/-5",
+              f"/kv/{2**64}", "/kv/1e3"):
+        st, err = call(boot, q, timeout=10)
+        assert st == 400 and "ROOM an integer" in err["error"], (q, err)
+
+
+def _hostile_bootstrap(family: int, host: str):
+    """A bootstrap port that answers every fetch with more bytes than any handoff: room 1 says
+    so in its Content-Length, room 2 streams 64 MB without one."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Type", "application/octet-stream")
+            if "/kv/1?" in self.path:
+                self.send_header("Content-Length", str(10**12))
+            self.end_headers()
+            try:
+                for _ in range(64):
+                    self.wfile.write(b"\0" * (1 << 20))
+            except OSError:
+                pass
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    class S(http.server.ThreadingHTTPServer):
+        address_family = family
+
+    srv = S((host, 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_hostile_bootstrap_port_cannot_fill_the_decode_servers_memory(pd, host):
+    srv = _hostile_bootstrap(socket.AF_INET6 if ":" in host else socket.AF_INET, host)
+    try:
+        for room in (1, 2):
+            body = {"prompt": PROMPT, "max_tokens": 4, "bootstrap_host": host,
+                    "bootstrap_port": srv.server_address[1], "bootstrap_room": room}
+            st, err = call(pd["decode_plain"], "/v1/completions", body, timeout=30)
+            assert st == 502 and "more than the" in err["error"]["message"], err
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert call(pd["decode_plain"], "/health")[0] == 200
+
+
+def test_a_bootstrap_host_cannot_rewrite_the_url_decode_fetches(pd):
+    for host in ("127.0.0.1:1/health#", "a@b", "x/y", "", " ", "[::1", 7):
+        body = {"prompt": PROMPT, "max_tokens": 4, "bootstrap_host": host,
+                "bootstrap_port": pd["boot"], "bootstrap_room": 3}
+        st, err = call(pd["decode_plain"], "/v1/completions", body)
+        assert st == 400 and err["error"]["param"] == "bootstrap_host", (host, err)
 
 
 def test_a_refused_prefill_fails_its_decode_side_at_once(pd):
@@ -241,6 +315,46 @@ def test_a_refused_prefill_fails_its_decode_side_at_once(pd):
     assert time.monotonic() - t0 < WAIT_S
     m = metrics(pd["decode_plain"])
     assert _sum(m, "servelab:kv_transfers_total", outcome="prefill_failed") >= 1
+
+
+def test_router_answers_hostile_bodies_with_json_400s(pd):
+    url = pd["router_plain"]
+    for raw, why in ((b"[" * 100000 + b"]" * 100000, "nested too deeply"),
+                     (b'{"prompt": "\xff"}', "not valid JSON"), (b"[1]", "JSON object")):
+        req = urllib.request.Request(url + "/v1/completions", data=raw, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(req, timeout=30)
+        err = json.loads(ei.value.read())["error"]
+        assert ei.value.code == 400 and why in err["message"], err
+        assert err["type"] == "invalid_request_error"
+
+
+def test_a_hanging_prefill_does_not_hold_a_request_the_decode_failed(pd):
+    """The decode server fails the request at once (nothing on the bootstrap port); the router
+    answers with that failure instead of waiting for a prefill that never answers."""
+    import threading
+
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen(16)  # accepts connections and never answers
+    held: list[socket.socket] = []
+    threading.Thread(target=lambda: held.append(lsn.accept()[0]), daemon=True).start()
+    router, port = _start("router", "--pd-disaggregation", "--prefill",
+                          f"http://127.0.0.1:{lsn.getsockname()[1]}", str(_port()),
+                          "--decode", pd["decode_plain"])
+    try:
+        _ready(router)
+        t0 = time.monotonic()
+        st, err = call(f"http://127.0.0.1:{port}", "/v1/completions",
+                       {"prompt": PROMPT, "max_tokens": 4}, timeout=20)
+        assert st == 502 and "cannot be reached" in err["error"]["message"], err
+        assert time.monotonic() - t0 < 10
+    finally:
+        router.kill()
+        router.wait()
+        lsn.close()
+        for c in held:
+            c.close()
 
 
 def test_the_real_sglang_router_fronts_these_servers(pd, reference):
@@ -278,6 +392,22 @@ def test_the_real_sglang_router_fronts_these_servers(pd, reference):
         proc.wait()
 
 
+def test_a_router_with_its_workers_swapped_is_not_healthy(pd):
+    """A prefill server named as --decode would answer every request with one token."""
+    router, port = _start("router", "--pd-disaggregation", "--prefill", pd["decode_plain"],
+                          "--decode", pd["prefill"])
+    try:
+        _ready(router)
+        st, err = call(f"http://127.0.0.1:{port}", "/health")
+        assert st == 503, err
+        assert (f"{pd['prefill']} runs --disaggregation-mode prefill, routed as decode"
+                in err["error"]["message"])
+        assert call(pd["router_plain"], "/health")[0] == 200
+    finally:
+        router.kill()
+        router.wait()
+
+
 def test_a_dead_prefill_fails_requests_cleanly(pd):
     """Last in the module: it kills the prefill server."""
     pd["prefill_proc"].kill()
@@ -290,28 +420,3 @@ def test_a_dead_prefill_fails_requests_cleanly(pd):
     assert st == 502 and "cannot be reached" in err["error"]["message"], err
     assert call(pd["decode_mtp"], "/health")[0] == 200
     assert call(pd["router_mtp"], "/health")[0] == 503
-
-
-def test_router_flags_parse_as_sglang_router_spells_them():
-    from servelab.errors import UserError
-    from servelab.mini.router_args import parse
-
-    cfg, host, port = parse(["--pd-disaggregation", "--prefill", "http://10.0.0.1:30000", "8998",
-                             "--prefill", "http://10.0.0.2:30000", "none", "--prefill",
-                             "http://10.0.0.3:30000", "--decode", "http://10.0.0.4:30001",
-                             "--host", "0.0.0.0", "--port", "8000", "--policy", "random"])
-    assert [(p.url, p.bootstrap_port) for p in cfg.prefills] == [
-        ("http://10.0.0.1:30000", 8998), ("http://10.0.0.2:30000", None),
-        ("http://10.0.0.3:30000", None)]
-    assert cfg.decodes == ("http://10.0.0.4:30001",) and cfg.policy == "random"
-    assert (host, port) == ("0.0.0.0", 8000)
-    for argv, why in (([], "--pd-disaggregation"),
-                      (["--pd-disaggregation", "--decode", "http://a:1"], "at least one --prefill"),
-                      (["--pd-disaggregation", "--prefill", "a:1", "--decode", "http://a:1"],
-                       "worker URL"),
-                      (["--pd-disaggregation", "--prefill", "http://a:1", "0", "--decode",
-                        "http://a:2"], "bootstrap port '0'"),
-                      (["--pd-disaggregation", "--prefill", "http://a:1", "--decode",
-                        "http://a:2", "--policy", "cache_aware"], "knows round_robin")):
-        with pytest.raises(UserError, match=why):
-            parse(argv)

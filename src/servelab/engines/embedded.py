@@ -104,6 +104,9 @@ class Embedded(Engine):
         # the server's own typed model judges every value (bounds, choices, consistency)
         known = {k: v for k, v in flags.items() if k in _FLAGS}
         known.setdefault("config", model)
+        # the real --port is allocated at launch, apart from every other port of the plan: a
+        # stand-in that differs from the bootstrap port, so the two-ports rule cannot misfire
+        known["port"] = 2 if str(known.get("disaggregation-bootstrap-port")) == "1" else 1
         mode = role if role in ("prefill", "decode") else "null"
         try:
             ServeArgs.from_flags({**known, "disaggregation-mode": mode})

@@ -21,7 +21,6 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -31,6 +30,7 @@ from servelab.mini import tokenizer as tk
 from servelab.mini.attention import get_backend
 from servelab.mini.capacity import check_kv_fits
 from servelab.mini.checkpoint import load_model
+from servelab.mini.engine_args import EngineArgs
 from servelab.mini.model import KVCache, make_batch
 from servelab.mini.profiler import StepProfiler
 from servelab.mini.request import (  # noqa: F401 - Event, Stats: part of the engine's API
@@ -39,7 +39,6 @@ from servelab.mini.request import (  # noqa: F401 - Event, Stats: part of the en
     Request,
     Stats,
     deliver,
-    stop_prefix_len,
 )
 from servelab.mini.sampling import (
     SamplingParams,
@@ -50,33 +49,6 @@ from servelab.mini.sampling import (
 )
 
 UNHEALTHY_AFTER = 3  # consecutive failed steps before /health reports the engine failed
-
-
-@dataclass(frozen=True, slots=True)
-class EngineArgs:
-    """Server/engine arguments; flag names follow SGLang (see cli/serve.py)."""
-
-    config: str = "tiny"
-    weights: str | None = None
-    random_weights: bool = False
-    device: str = "cpu"
-    max_running_requests: int = 8
-    context_length: int = 1024
-    speculative_algorithm: str | None = None
-    speculative_num_steps: int = 1
-    speculative_eagle_topk: int = 1
-    speculative_num_draft_tokens: int = 2
-    cuda_graph: bool = False
-    attention_backend: str = "torch"
-    seed: int = 0
-    num_threads: int = 1
-    max_prefill_tokens: int = 4096
-    disaggregation_mode: str = "null"  # "prefill": export KV after prefill; "decode": install it
-
-    @property
-    def num_drafts(self) -> int:
-        """Draft tokens proposed per verify step (0 without speculation)."""
-        return self.speculative_num_steps if self.speculative_algorithm else 0
 
 
 class Engine:
@@ -471,32 +443,7 @@ class Engine:
         """Add sampled tokens to a request, detect finish, emit one event."""
         if r.finish is not None:
             return
-        p = r.params
-        text, taken, eos = "", [], False
-        for t in toks:
-            taken.append(t)
-            r.out.append(t)
-            if t == tk.EOS and not p.ignore_eos:
-                r.finish, eos = "stop", True
-                break
-            piece = r.held + r.decoder.feed([t])
-            r.held = ""
-            if p.stop:
-                hit = min((i for i in (piece.find(s) for s in p.stop) if i >= 0), default=-1)
-                if hit >= 0:
-                    text += piece[:hit]
-                    r.finish = "stop"
-                    break
-                keep = stop_prefix_len(piece, p.stop)
-                if keep:
-                    piece, r.held = piece[:-keep], piece[-keep:]
-            text += piece
-            if len(r.out) >= p.max_tokens:
-                r.finish = "length"
-                break
-        if eos or r.finish == "length":  # held text was not a stop string after all
-            text += r.held + r.decoder.flush()
-            r.held = ""
+        text, taken = r.take(toks)
         self.stats.generation_tokens += len(taken)
         if r.finish is not None:
             self._release(r)

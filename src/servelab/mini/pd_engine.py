@@ -22,6 +22,10 @@ if TYPE_CHECKING:
     from servelab.mini.request import Request
 
 
+# the size of a CPU torch.Generator's state (what a seeded request's sampler continues from)
+_GEN_STATE_BYTES = int(torch.Generator().get_state().numel())
+
+
 def fingerprint(engine: Engine) -> str:
     """Model identity both sides must share: config, weights (path or random seed), dtype."""
     meta = engine.weights_meta
@@ -49,8 +53,13 @@ def export(engine: Engine, r: Request) -> KVHandoff:
                      gen_state=gen)
 
 
-def check(engine: Engine, h: KVHandoff, prompt: list[int]) -> None:
-    """Refuse a handoff this decode engine cannot continue (TransferError, one line)."""
+def check(engine: Engine, h: KVHandoff, prompt: list[int], room: int | None = None) -> None:
+    """Refuse a handoff this decode engine cannot continue (TransferError, one line). Whatever
+    passes here installs without error: a bad handoff fails its own request, never the engine
+    step it would share with other requests."""
+    if room is not None and h.room != room:
+        raise TransferError(f"asked the prefill server for bootstrap_room {room}, it sent the "
+                            f"KV of room {h.room}")
     if h.fingerprint != fingerprint(engine):
         raise TransferError(f"the prefill server serves another model (fingerprint "
                             f"{h.fingerprint}, this decode server {fingerprint(engine)}): give "
@@ -70,6 +79,13 @@ def check(engine: Engine, h: KVHandoff, prompt: list[int]) -> None:
     if h.kv.dtype != engine.cache.kv[0].dtype:
         raise TransferError(f"KV handoff in {h.kv.dtype}, this decode server caches "
                             f"{engine.cache.kv[0].dtype}")
+    bad = [t for t in (h.first_token, *h.drafts) if not 0 <= t < cfg.vocab_size]
+    if bad:
+        raise TransferError(f"KV handoff names token ids {bad[:4]} outside this model's "
+                            f"vocabulary of {cfg.vocab_size}")
+    if h.gen_state is not None and len(h.gen_state) != _GEN_STATE_BYTES:
+        raise TransferError(f"KV handoff's sampler state is {len(h.gen_state)} bytes, this "
+                            f"server's is {_GEN_STATE_BYTES}: run the same torch on both sides")
 
 
 def install(engine: Engine, r: Request) -> None:

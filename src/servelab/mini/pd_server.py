@@ -12,16 +12,16 @@ reason; the server keeps serving.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from servelab.mini import pd_engine
 from servelab.mini.pd_bootstrap import BootstrapServer, fetch
-from servelab.mini.pd_transfer import KVHandoff, TransferError, TransferStats
+from servelab.mini.pd_transfer import ROOM_MAX, KVHandoff, TransferError, TransferStats
 from servelab.mini.protocol import ApiError
 from servelab.mini.serve_args import DEFAULT_BOOTSTRAP_PORT
-
-ROOM_MAX = 2**64 - 1  # SGLang's router draws rooms in [0, 2^63 - 1]; any u64 is accepted
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,10 +50,27 @@ def bootstrap_of(body: dict) -> Bootstrap | None:
     if type(port) is not int or not 1 <= port <= 65535:
         raise ApiError(400, f"'bootstrap_port' must be a port number, got {port!r}",
                        param="bootstrap_port")
-    if host is not None and (not isinstance(host, str) or not 0 < len(host) <= 253):
-        raise ApiError(400, f"'bootstrap_host' must be a host name, got {host!r}",
-                       param="bootstrap_host")
+    if host is not None:
+        host = _host(host)
     return Bootstrap(host, port, room)
+
+
+_HOSTNAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_-]{1,63})*\.?")
+
+
+def _host(host: object) -> str:
+    """A host name or IP address (IPv6 bare or in brackets); never text that would change the
+    URL the decode server fetches from (a '/', '@', '#' or a port)."""
+    if isinstance(host, str) and host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if isinstance(host, str):
+        try:
+            return str(ipaddress.ip_address(host))
+        except ValueError:
+            if _HOSTNAME.fullmatch(host) and len(host) <= 253:
+                return host
+    raise ApiError(400, f"'bootstrap_host' must be a host name or IP address, got {host!r}",
+                   param="bootstrap_host")
 
 
 class PD:
@@ -67,15 +84,31 @@ class PD:
         self.stats: TransferStats | None = None
         self.bootstrap: BootstrapServer | None = None
         self._session = None
+        self.max_handoff_bytes = 0  # (a server of no PD role receives no handoff)
+        # the largest handoff one request can make: every layer (+ MTP) of a full context, plus
+        # 1 MiB for the header and the sampler state. A decode server reads no more than that;
+        # a prefill server holds at most a few batches of them for decode sides that lag.
+        if mode != "null":
+            cfg = engine.cfg
+            self.max_handoff_bytes = (
+                (cfg.n_layers + 1) * engine.args.context_length * (cfg.kv_dim + cfg.index_dim)
+                * engine.cache.kv[0].element_size() + (1 << 20))
         if mode == "prefill":
             self.stats = TransferStats("sent")
-            self.bootstrap = BootstrapServer(host, bootstrap_port, self.stats)
+            self.bootstrap = BootstrapServer(
+                host, bootstrap_port, self.stats,
+                max_pending_bytes=4 * engine.args.max_running_requests * self.max_handoff_bytes)
         elif mode == "decode":
             self.stats = TransferStats("received")
 
     def start(self) -> None:
         if self.bootstrap is not None:
             self.bootstrap.start()
+
+    def stop(self) -> None:
+        """Close the bootstrap port (the server is stopping)."""
+        if self.bootstrap is not None:
+            self.bootstrap.stop()
 
     def room(self, body: dict) -> Bootstrap | None:
         """The request's bootstrap fields; a prefill or decode server refuses a request
@@ -114,8 +147,8 @@ class PD:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
         try:
             handoff = await fetch(self._session, boot.host, boot.port, boot.room,
-                                  self.waiting_timeout_s, self.stats)
-            pd_engine.check(self.engine, handoff, prompt)
+                                  self.waiting_timeout_s, self.stats, self.max_handoff_bytes)
+            pd_engine.check(self.engine, handoff, prompt, boot.room)
         except TransferError as exc:
             raise ApiError(exc.status, str(exc), "server_error") from None
         return handoff

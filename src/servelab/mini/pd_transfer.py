@@ -24,6 +24,7 @@ import torch
 
 MAGIC = b"SLKV"
 VERSION = 1
+ROOM_MAX = 2**64 - 1  # SGLang's router draws rooms in [0, 2^63 - 1]; any u64 is accepted
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -71,34 +72,55 @@ def encode(h: KVHandoff) -> bytes:
 
 
 def decode(buf: bytes) -> KVHandoff:
-    """Parse a framed handoff; TransferError when it is malformed or inconsistent."""
+    """Parse a framed handoff; TransferError when it is malformed or inconsistent (whatever the
+    bytes: a decode server must survive a broken or hostile peer on the bootstrap port)."""
     if len(buf) < 8 or buf[:4] != MAGIC:
         raise TransferError("the prefill server sent something that is not a KV handoff")
     (n,) = struct.unpack(">I", buf[4:8])
     try:
         hd = json.loads(buf[8:8 + n])
-        dtype = _DTYPES[hd["dtype"]]
-        kv_shape, ik_shape = [int(x) for x in hd["kv_shape"]], [int(x) for x in hd["ik_shape"]]
-        nkv, nik, ngen = (int(x) for x in hd["bytes"])
         if hd["version"] != VERSION:
             raise TransferError(f"KV handoff version {hd['version']}, this server reads "
                                 f"{VERSION}: run the same servelab on both sides")
+        dtype = _DTYPES[hd["dtype"]]
+        kv_shape, ik_shape = _shape(hd["kv_shape"]), _shape(hd["ik_shape"])
+        nkv, nik, ngen = (_count(x) for x in hd["bytes"])
+        room, first = _count(hd["room"]), _count(hd["first_token"])
+        prompt, drafts = [_count(t) for t in hd["prompt"]], [_count(t) for t in hd["drafts"]]
+        fingerprint = hd["fingerprint"]
+        if not isinstance(fingerprint, str):
+            raise TypeError("fingerprint is not a string")
     except TransferError:
         raise
-    except (ValueError, KeyError, TypeError) as exc:
-        raise TransferError(f"malformed KV handoff header ({type(exc).__name__}: {exc})") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
+        raise TransferError(f"malformed KV handoff header ({type(exc).__name__}: "
+                            f"{str(exc)[:150]})") from None
     itemsize = torch.empty((), dtype=dtype).element_size()
     if (8 + n + nkv + nik + ngen != len(buf) or nkv != _numel(kv_shape) * itemsize
-            or nik != _numel(ik_shape) * itemsize or kv_shape[:2] != ik_shape[:2]):
+            or nik != _numel(ik_shape) * itemsize or kv_shape[:2] != ik_shape[:2]
+            or kv_shape[1] != len(prompt)):
         raise TransferError(f"KV handoff of {len(buf)} bytes does not match its header "
-                            f"(shapes {kv_shape} and {ik_shape}, {hd['dtype']})")
+                            f"(shapes {kv_shape} and {ik_shape}, {hd['dtype']}, "
+                            f"{len(prompt)} prompt tokens)")
     off = 8 + n
     kv = _tensor(buf[off:off + nkv], dtype, kv_shape)
     ik = _tensor(buf[off + nkv:off + nkv + nik], dtype, ik_shape)
     gen = buf[off + nkv + nik:] or None
-    return KVHandoff(room=int(hd["room"]), prompt=[int(t) for t in hd["prompt"]],
-                     first_token=int(hd["first_token"]), drafts=[int(t) for t in hd["drafts"]],
-                     kv=kv, ik=ik, fingerprint=str(hd["fingerprint"]), gen_state=gen)
+    return KVHandoff(room=room, prompt=prompt, first_token=first, drafts=drafts, kv=kv, ik=ik,
+                     fingerprint=fingerprint, gen_state=gen)
+
+
+def _count(x: object) -> int:
+    """A non-negative JSON integer (token id, room, byte count, dimension)."""
+    if type(x) is not int or x < 0:
+        raise ValueError(f"{x!r} is not a non-negative integer")
+    return x
+
+
+def _shape(xs: object) -> list[int]:
+    if not isinstance(xs, list) or len(xs) != 3:
+        raise ValueError(f"shape {xs!r} is not [layers, tokens, dim]")
+    return [_count(x) for x in xs]
 
 
 def _numel(shape: list[int]) -> int:

@@ -1,6 +1,7 @@
-"""What one request is to the engine: its record while it runs, the events it emits, the
-reasons it can finish with (vLLM's `finished_reason` values plus "error"), and the lifetime
-counters /metrics and /server_info read. Delivery to a listener never raises into the engine."""
+"""What one request is to the engine: its record while it runs (and how its sampled tokens
+become its text: EOS, stop strings, max_tokens), the events it emits, the reasons it can finish
+with (vLLM's `finished_reason` values plus "error"), and the lifetime counters /metrics and
+/server_info read. Delivery to a listener never raises into the engine."""
 
 from __future__ import annotations
 
@@ -53,6 +54,38 @@ class Request:
     room: int = -1
     export: Callable[[Any], None] | None = None
     handoff: Any = None  # pd_transfer.KVHandoff until installed into the request's slot
+
+    def take(self, toks: list[int]) -> tuple[str, list[int]]:
+        """Add sampled tokens to the output until one finishes the request (EOS, a stop string,
+        max_tokens; `finish` is set). Returns (the text to emit now, the tokens taken). Text
+        that may begin a stop string is held back until the next tokens tell."""
+        p = self.params
+        text, taken, eos = "", [], False
+        for t in toks:
+            taken.append(t)
+            self.out.append(t)
+            if t == tk.EOS and not p.ignore_eos:
+                self.finish, eos = "stop", True
+                break
+            piece = self.held + self.decoder.feed([t])
+            self.held = ""
+            if p.stop:
+                hit = min((i for i in (piece.find(s) for s in p.stop) if i >= 0), default=-1)
+                if hit >= 0:
+                    text += piece[:hit]
+                    self.finish = "stop"
+                    break
+                keep = stop_prefix_len(piece, p.stop)
+                if keep:
+                    piece, self.held = piece[:-keep], piece[-keep:]
+            text += piece
+            if len(self.out) >= p.max_tokens:
+                self.finish = "length"
+                break
+        if eos or self.finish == "length":  # held text was not a stop string after all
+            text += self.held + self.decoder.flush()
+            self.held = ""
+        return text, taken
 
 
 @dataclass(slots=True)

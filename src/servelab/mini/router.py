@@ -8,9 +8,10 @@ integer in [0, 2^63), as sglang_router draws it). Both are sent at once; the pre
 is awaited (its failure is the request's answer), then the decode server's answer is passed
 through byte for byte, so SSE streams reach the client as the decode server writes them.
 
-The router's own endpoints: `/health` (200 only when every worker's /health is), `/metrics`
-(its own counters, then each decode worker's series labelled `worker`, so a scraper of the
-endpoint sees the spec-decode and KV-transfer counters of the servers that decode),
+The router's own endpoints: `/health` (200 only when every worker's /health is and each
+reports the role it is routed as), `/metrics` (its own counters, then each decode worker's
+series labelled `worker`, so a scraper of the endpoint sees the spec-decode and KV-transfer
+counters of the servers that decode),
 `/server_info` and `/get_server_info` (the first decode worker's, plus the PD layout). Other
 read-only paths a benchmark uses (`/v1/models`, `/tokenize`, `/detokenize`) go to a decode
 worker.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -38,6 +40,9 @@ GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 FORWARD_GET = ("/v1/models",)
 FORWARD_POST = ("/tokenize", "/detokenize")
 MAX_BODY_BYTES = 64 << 20
+# After a decode server's failure, how long the router waits for the prefill's answer (whose
+# status says better what was wrong) before it answers with the decode's.
+PREFILL_GRACE_S = 1.0
 
 
 @dataclass(slots=True)
@@ -82,22 +87,21 @@ def build_app(cfg: RouterConfig) -> web.Application:
     app.on_startup.append(on_startup)
     app.on_cleanup.append(on_cleanup)
 
-    def error(status: int, message: str) -> web.Response:
-        return web.json_response({"error": {"message": message, "type": "server_error",
+    def error(status: int, message: str, kind: str = "server_error") -> web.Response:
+        return web.json_response({"error": {"message": message, "type": kind,
                                             "param": None, "code": status}}, status=status)
 
     async def generate(request: web.Request) -> web.StreamResponse:
         path = request.path
         try:
             body = await request.json()
-        except ValueError:
+        except (ValueError, RecursionError) as exc:  # bad JSON or UTF-8, huge ints, deep nesting
             counters.done(path, 400)
-            return web.json_response({"error": {"message": "request body is not valid JSON",
-                                                "type": "invalid_request_error", "param": None,
-                                                "code": 400}}, status=400)
+            why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+            return error(400, f"request body is not valid JSON: {why}", "invalid_request_error")
         if not isinstance(body, dict):
             counters.done(path, 400)
-            return error(400, "request body must be a JSON object")
+            return error(400, "request body must be a JSON object", "invalid_request_error")
         p, d = cfg.prefills[pick_p()], cfg.decodes[pick_d()]
         body = {**body, "bootstrap_host": host_of(p.url), "bootstrap_port": p.bootstrap_port,
                 "bootstrap_room": random.getrandbits(63)}
@@ -117,6 +121,9 @@ def build_app(cfg: RouterConfig) -> web.Application:
         pf = asyncio.ensure_future(_prefill(s, p_url + path, body))
         try:
             dresp = await s.post(d_url + path, json=body)
+        except asyncio.CancelledError:
+            pf.cancel()
+            raise
         except (aiohttp.ClientError, TimeoutError) as exc:
             pf.cancel()
             counters.upstream_errors["decode"] = counters.upstream_errors.get("decode", 0) + 1
@@ -124,6 +131,16 @@ def build_app(cfg: RouterConfig) -> web.Application:
             return error(502, f"decode server {d_url} failed: {type(exc).__name__}: {exc}")
         try:
             try:
+                if dresp.status != 200:
+                    # decode failed (its KV never came, or the prefill failed it): a prefill that
+                    # refused the request answers within moments with the better status; one
+                    # that hangs must not hold the request until --request-timeout-secs
+                    done, _ = await asyncio.wait({pf}, timeout=PREFILL_GRACE_S)
+                    if not done:
+                        pf.cancel()
+                        counters.done(path, dresp.status)
+                        return web.Response(status=dresp.status, body=await dresp.read(),
+                                            content_type=dresp.content_type)
                 p_status, p_body, p_type = await pf
             except (aiohttp.ClientError, TimeoutError) as exc:
                 counters.upstream_errors["prefill"] = counters.upstream_errors.get("prefill", 0) + 1
@@ -137,13 +154,31 @@ def build_app(cfg: RouterConfig) -> web.Application:
             if dresp.charset:
                 out.charset = dresp.charset
             await out.prepare(request)
-            async for chunk in dresp.content.iter_any():
+            chunks = dresp.content.iter_any()
+            while True:
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                except (aiohttp.ClientError, TimeoutError) as exc:  # decode broke off mid-answer
+                    counters.upstream_errors["decode"] = counters.upstream_errors.get("decode",
+                                                                                      0) + 1
+                    counters.done(path, 502)
+                    if out.content_type != "text/event-stream":
+                        raise  # drop the connection: a cut JSON body must not look complete
+                    msg = f"decode server {d_url} broke off: {type(exc).__name__}: {exc}"
+                    await out.write(b"data: " + json.dumps({"error": {  # as vLLM ends a failed
+                        "message": msg, "type": "server_error", "param": None,  # stream
+                        "code": 502}}).encode() + b"\n\ndata: [DONE]\n\n")
+                    await out.write_eof()
+                    return out
                 await out.write(chunk)
             await out.write_eof()
             counters.done(path, dresp.status)
             return out
         finally:
             dresp.release()
+            pf.cancel()  # a no-op once the prefill answered
 
     async def forward(request: web.Request) -> web.Response:
         d = cfg.decodes[pick_d()]
@@ -164,11 +199,19 @@ def build_app(cfg: RouterConfig) -> web.Application:
             return None
 
     async def health(_request: web.Request) -> web.Response:
-        urls = [p.url for p in cfg.prefills] + list(cfg.decodes)
-        got = await asyncio.gather(*(_get(u + "/health", 2.0) for u in urls))
-        bad = [u for u, g in zip(urls, got, strict=True) if g is None or g[0] != 200]
+        roles = [(p.url, "prefill") for p in cfg.prefills] + [(d, "decode") for d in cfg.decodes]
+        got = await asyncio.gather(*(_get(u + "/health", 2.0) for u, _ in roles))
+        bad = [u for (u, _), g in zip(roles, got, strict=True) if g is None or g[0] != 200]
         if bad:
             return error(503, f"worker(s) not healthy: {', '.join(bad)}")
+        # a worker named in the wrong role (a prefill given as --decode) would answer every
+        # request with one token: refuse to be healthy, naming it
+        infos = await asyncio.gather(*(_get(u + "/server_info", 2.0) for u, _ in roles))
+        wrong = [f"{u} runs --disaggregation-mode {mode}, routed as {role}"
+                 for (u, role), g in zip(roles, infos, strict=True)
+                 if (mode := _mode(g)) is not None and mode != role]
+        if wrong:
+            return error(503, f"worker(s) in the wrong role: {'; '.join(wrong)}")
         return web.Response(status=200)
 
     async def server_info(_request: web.Request) -> web.Response:
@@ -177,8 +220,6 @@ def build_app(cfg: RouterConfig) -> web.Application:
             got = await _get(cfg.decodes[0] + "/get_server_info")
         info: dict = {}
         if got is not None and got[0] == 200:
-            import json
-
             try:
                 info = json.loads(got[1])
             except ValueError:
@@ -207,6 +248,18 @@ def build_app(cfg: RouterConfig) -> web.Application:
     app.router.add_get("/get_server_info", server_info)
     app.router.add_get("/metrics", metrics)
     return app
+
+
+def _mode(got: tuple[int, bytes] | None) -> str | None:
+    """The `disaggregation_mode` a worker's /server_info reports (None when it says none)."""
+    if got is None or got[0] != 200:
+        return None
+    try:
+        info = json.loads(got[1])
+    except ValueError:
+        return None
+    mode = info.get("disaggregation_mode") if isinstance(info, dict) else None
+    return mode if isinstance(mode, str) else None
 
 
 class _RouterCollector:
@@ -246,6 +299,7 @@ class _RouterCollector:
 def run_router(cfg: RouterConfig, host: str, port: int) -> None:
     """Bind (a busy port is a UserError), say ready, serve until SIGINT/SIGTERM."""
     import signal
+    import socket
 
     from servelab.errors import UserError
 
@@ -258,8 +312,8 @@ def run_router(cfg: RouterConfig, host: str, port: int) -> None:
             await web.TCPSite(runner, host, port, reuse_address=True).start()
         except OSError as exc:
             await runner.cleanup()
-            raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another "
-                            "--port") from exc
+            fix = "check --host" if isinstance(exc, socket.gaierror) else "pick another --port"
+            raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); {fix}") from exc
         print(f"servelab router ready: http://{host}:{port} prefill="
               f"{','.join(p.url for p in cfg.prefills)} decode={','.join(cfg.decodes)} "
               f"policy={cfg.policy} startup_s={time.perf_counter() - t0:.1f}", flush=True)

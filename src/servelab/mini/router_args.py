@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 from servelab.errors import UserError
 
 POLICIES = ("round_robin", "random")
+MAX_TIMEOUT_S = 7 * 86400.0  # a week: finite, as aiohttp's timers need
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +42,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _url(value: str, flag: str) -> str:
-    u = urlsplit(value)
-    if u.scheme not in ("http", "https") or not u.hostname or u.port is None:
+    try:  # urlsplit and .port raise ValueError on "http://[::1", "http://a:99999", "http://a:x"
+        u = urlsplit(value)
+        ok = u.scheme in ("http", "https") and bool(u.hostname) and bool(u.port)
+    except ValueError:
+        ok = False
+    if not ok:
         raise UserError(f"{flag} {value}: give a worker URL such as http://127.0.0.1:30000")
     return value.rstrip("/")
 
@@ -83,7 +88,8 @@ def parse(argv: list[str]):
         raise UserError(f"--policy {a.policy}: this router knows {', '.join(POLICIES)}")
     if not 1 <= a.port <= 65535:
         raise UserError(f"--port {a.port}: must be 1..65535")
-    if not a.request_timeout_secs > 0:
-        raise UserError(f"--request-timeout-secs {a.request_timeout_secs:g}: must be > 0")
+    if not 0 < a.request_timeout_secs <= MAX_TIMEOUT_S:  # nan too; inf broke every request
+        raise UserError(f"--request-timeout-secs {a.request_timeout_secs:g}: must be > 0 and "
+                        f"<= {MAX_TIMEOUT_S:g}")
     return (RouterConfig(tuple(prefills), decodes, a.policy, a.request_timeout_secs),
             a.host, a.port)

@@ -115,6 +115,17 @@ class ServeArgs(BaseModel):
                              f"{', '.join(sorted(SPEC_ALGORITHMS))}")
         if self.cuda_graph and not self.device.startswith("cuda"):
             raise ValueError("--cuda-graph needs --device cuda")
+        # as the engine checks once loaded (engine.py); a --weights checkpoint may carry its own
+        # positions, so only the config's own weights are judged here
+        k = self.speculative_num_steps if algo else 0
+        longest = CONFIGS[self.config].max_position - k - 2
+        if self.weights is None and self.context_length > longest:
+            raise ValueError(f"--context-length {self.context_length} is too long for config "
+                             f"{self.config}: at most {longest}")
+        if (self.disaggregation_mode == "prefill"
+                and self.disaggregation_bootstrap_port == self.port):
+            raise ValueError(f"--disaggregation-bootstrap-port {self.port} is also --port: a "
+                             "prefill server needs two ports")
         return self
 
     @property

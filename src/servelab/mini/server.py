@@ -76,7 +76,8 @@ def _sse(obj: object) -> bytes:
 
 class _Stream:
     """Engine events of one request, delivered into the event loop; `on_error` hears why the
-    engine failed it (a prefill server passes it on to the request's decode side)."""
+    engine failed it, or that it was aborted (a prefill server passes it on to the request's
+    decode side, which would otherwise wait out its timeout for KV that never comes)."""
 
     def __init__(self, engine: Engine, prompt: list[int], params,
                  on_error: Callable[[str], None] | None = None, **submit_kw) -> None:
@@ -106,6 +107,9 @@ class _Stream:
         finally:
             if not self.done:  # client went away: free the slot
                 self.engine.abort(self.rid)
+                if self.on_error is not None:  # a prefill's decode side must not wait for it
+                    self.on_error("the request was aborted before it finished (its client "
+                                  "went away)")
 
     async def collect(self) -> tuple[str, Event]:
         """Wait for the whole answer (non-streaming): (all text, the final event)."""
@@ -410,8 +414,11 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
     threading.Thread(target=announce, daemon=True).start()
     try:
         server.run()
-    except SystemExit:  # from _exit after uvicorn's graceful shutdown
-        pass
+    except SystemExit as exc:  # from _exit after uvicorn's graceful shutdown: a normal stop
+        if exc.code not in (0, None):  # uvicorn's own sys.exit(1): it could not bind the port
+            raise UserError(f"cannot serve on {host}:{port} (see the error above); pick "
+                            "another --port") from None
     finally:
+        pd.stop()
         engine.stop()
         print("servelab mini stopped", file=sys.stderr, flush=True)

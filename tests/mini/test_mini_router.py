@@ -1,0 +1,144 @@
+"""`servelab router --pd-disaggregation` on its own: its flags as sglang_router spells them
+(one-line errors for bad ones), its bind errors, and a decode worker that breaks off mid-stream
+(fake workers on loopback). Routing real prefill/decode servers is test_mini_pd_server.py."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from servelab.engines.base import parse_prometheus
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(*args: str) -> tuple[subprocess.Popen, int]:
+    port = _port()
+    proc = subprocess.Popen([sys.executable, "-m", "servelab", *args, "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, port
+
+
+def _ready(proc: subprocess.Popen) -> None:
+    deadline = time.time() + 60
+    line = ""
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        if "ready" in line or not line:
+            break
+    assert "ready" in line, f"did not start: {line!r}"
+
+
+def call(url: str, path: str, body: dict | None = None, timeout: float = 20):
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url + path, data=data, method="POST" if data else "GET",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_router_flags_parse_as_sglang_router_spells_them():
+    from servelab.errors import UserError
+    from servelab.mini.router_args import parse
+
+    cfg, host, port = parse(["--pd-disaggregation", "--prefill", "http://10.0.0.1:30000", "8998",
+                             "--prefill", "http://10.0.0.2:30000", "none", "--prefill",
+                             "http://10.0.0.3:30000", "--decode", "http://10.0.0.4:30001",
+                             "--host", "0.0.0.0", "--port", "8000", "--policy", "random"])
+    assert [(p.url, p.bootstrap_port) for p in cfg.prefills] == [
+        ("http://10.0.0.1:30000", 8998), ("http://10.0.0.2:30000", None),
+        ("http://10.0.0.3:30000", None)]
+    assert cfg.decodes == ("http://10.0.0.4:30001",) and cfg.policy == "random"
+    assert (host, port) == ("0.0.0.0", 8000)
+    for argv, why in (([], "--pd-disaggregation"),
+                      (["--pd-disaggregation", "--decode", "http://a:1"], "at least one --prefill"),
+                      (["--pd-disaggregation", "--prefill", "a:1", "--decode", "http://a:1"],
+                       "worker URL"),
+                      (["--pd-disaggregation", "--prefill", "http://a:1", "0", "--decode",
+                        "http://a:2"], "bootstrap port '0'"),
+                      (["--pd-disaggregation", "--prefill", "http://a:1", "--decode",
+                        "http://a:2", "--policy", "cache_aware"], "knows round_robin"),
+                      *(([*"--pd-disaggregation --prefill".split(), bad, "--decode",
+                          "http://a:2"], "worker URL")
+                        for bad in ("http://a:99999", "http://a:x", "http://[::1", "http://a:0")),
+                      *(([*"--pd-disaggregation --prefill http://a:1 --decode http://a:2".split(),
+                          "--request-timeout-secs", t], "must be > 0")
+                        for t in ("inf", "nan", "0", "-1"))):
+        with pytest.raises(UserError, match=why):
+            parse(argv)
+
+
+def test_router_on_a_host_that_does_not_resolve_says_check_host():
+    r = subprocess.run([sys.executable, "-m", "servelab", "router", "--pd-disaggregation",
+                        "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2",
+                        "--host", "no-such-host.invalid", "--port", str(_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "check --host" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _fake_worker(answer: bytes, linger_s: float = 0.0):
+    """An HTTP server on loopback that answers every POST with `answer` (raw bytes of status
+    line, headers and body), waits `linger_s` and closes the connection. (aiohttp drops bytes
+    still buffered when it sees the connection break, so a worker that breaks off lingers for
+    what it sent to be forwarded first.)"""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self.wfile.write(answer)
+            self.wfile.flush()
+            time.sleep(linger_s)
+            self.close_connection = True
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_a_decode_stream_that_breaks_off_ends_with_an_error_event():
+    """The decode server dies mid-stream (its chunked body never ends): the client gets the
+    chunks that came, then an error event and [DONE], not a stream that just stops."""
+    chunk = b'data: {"choices": [{"text": "ab"}]}\n\n'
+    prefill = _fake_worker(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 2\r\n\r\n{}")
+    decode = _fake_worker(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n"
+                          + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n", linger_s=0.5)
+    router, port = _start("router", "--pd-disaggregation", "--prefill",
+                          f"http://127.0.0.1:{prefill.server_address[1]}", "--decode",
+                          f"http://127.0.0.1:{decode.server_address[1]}")
+    try:
+        _ready(router)
+        st, text = call(f"http://127.0.0.1:{port}", "/v1/completions",
+                        {"prompt": "x", "stream": True}, timeout=20)
+        events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
+        assert st == 200 and events[0] == '{"choices": [{"text": "ab"}]}', text
+        assert "broke off" in json.loads(events[1])["error"]["message"] and events[2] == "[DONE]"
+        m = parse_prometheus(call(f"http://127.0.0.1:{port}", "/metrics")[1])
+        assert m['servelab:router_upstream_errors_total{role="decode"}'] == 1
+    finally:
+        router.kill()
+        router.wait()
+        for s in (prefill, decode):
+            s.shutdown()
+            s.server_close()
