@@ -88,7 +88,8 @@ def test_provenance_and_logs_are_redacted_at_rest(tmp_path):
     prov = {"env": {"HF_TOKEN": "hf_secret1", "NCCL_PROTO": "LL"},
             "processes": [{"argv": ["sglang", "--api-key", "sk-secret2", "--port", "1"],
                            "env": {"OPENAI_API_KEY": "sk-secret3"}}],
-            "server_info": {"api_key": "sk-secret4", "max_total_tokens": 8192},
+            "server_info": {"api_key": "sk-secret4", "max_total_tokens": 8192,
+                            "max_prefill_tokens": 16384, "num_reserved_decode_tokens": 512},
             "base_url": "http://user:pw-secret5@127.0.0.1:1"}
     with Store(db) as st:
         lp = st.add_load_point(summary={}, provenance=prov, load_key="c=1")
@@ -101,7 +102,9 @@ def test_provenance_and_logs_are_redacted_at_rest(tmp_path):
     for i in range(1, 8):
         assert f"secret{i}".encode() not in raw, i
     assert row.provenance["env"] == {"HF_TOKEN": "<redacted>", "NCCL_PROTO": "LL"}
-    assert row.provenance["server_info"]["max_total_tokens"] == 8192  # counts are not secrets
+    info = row.provenance["server_info"]
+    assert info["max_total_tokens"] == 8192  # counts are not secrets, however many words
+    assert (info["max_prefill_tokens"], info["num_reserved_decode_tokens"]) == (16384, 512)
     assert row.provenance["processes"][0]["argv"][3:] == ["--port", "1"]
 
 

@@ -68,7 +68,8 @@ _SECRET_WORDS = frozenset({
 # names that contain a secret word but hold no secret (counts and sizes of tokens, sort keys)
 _NOT_SECRET = re.compile(
     r"(^|_)(max|min|num|total|input|output|prompt|completion|draft|accepted|generation|new|"
-    r"special|sort|primary|load|cache|spec|eos|bos)_?(tokens?|keys?)($|_)|tokens?_(per|s$|count)"
+    r"special|sort|primary|load|cache|spec|eos|bos)_?([a-z0-9]+_){0,3}(tokens?|keys?)($|_)"
+    r"|tokens?_(per|s$|count)"
     r"|^(key|keys|tokens|token_ids|token_strs|load_key|tokenizer|tokenizer_path|tokenizer_mode|skip_tokenizer_init)$",
     re.IGNORECASE)
 _URL_CREDENTIALS = re.compile(r"(?<=://)[^/@\s:]+:[^/@\s]+@")
