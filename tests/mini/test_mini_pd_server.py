@@ -16,12 +16,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 
 import pytest
+from serve_proc import free_port, start, wait_ready
 
 from servelab.engines.base import parse_prometheus
 from servelab.mini import tokenizer as tk
@@ -34,51 +34,28 @@ PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"
 WAIT_S = 3  # decode_plain's --disaggregation-waiting-timeout
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(*args: str) -> tuple[subprocess.Popen, int]:
-    port = _port()
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", *args, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, port
-
-
-def _ready(proc: subprocess.Popen) -> None:
-    deadline = time.time() + 120
-    line = ""
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if "ready" in line or not line:
-            break
-    assert "ready" in line, f"did not start: {line!r}"
-
-
 @pytest.fixture(scope="module")
 def pd():
-    boot = _port()
+    boot = free_port()
     serve = ["serve", "--config", "tiny", "--context-length", "512"]
-    prefill, p_port = _start(*serve, *MTP, "--disaggregation-mode", "prefill",
+    prefill, p_port = start(*serve, *MTP, "--disaggregation-mode", "prefill",
                              "--disaggregation-bootstrap-port", str(boot))
-    dec_mtp, dm_port = _start(*serve, *MTP, "--disaggregation-mode", "decode")
-    dec_plain, dp_port = _start(*serve, "--disaggregation-mode", "decode",
+    dec_mtp, dm_port = start(*serve, *MTP, "--disaggregation-mode", "decode")
+    dec_plain, dp_port = start(*serve, "--disaggregation-mode", "decode",
                                 "--disaggregation-waiting-timeout", str(WAIT_S))
     procs = [prefill, dec_mtp, dec_plain]
     try:
         for p in procs:
-            _ready(p)
+            wait_ready(p)
         pre = f"http://127.0.0.1:{p_port}"
-        r_mtp, rm_port = _start("router", "--pd-disaggregation", "--prefill", pre, str(boot),
+        r_mtp, rm_port = start("router", "--pd-disaggregation", "--prefill", pre, str(boot),
                                 "--decode", f"http://127.0.0.1:{dm_port}")
-        r_plain, rp_port = _start("router", "--pd-disaggregation", "--prefill", pre, str(boot),
+        r_plain, rp_port = start("router", "--pd-disaggregation", "--prefill", pre, str(boot),
                                   "--decode", f"http://127.0.0.1:{dp_port}",
                                   "--policy", "random")
         procs += [r_mtp, r_plain]
-        _ready(r_mtp)
-        _ready(r_plain)
+        wait_ready(r_mtp)
+        wait_ready(r_plain)
         yield {"prefill": pre, "prefill_proc": prefill, "boot": boot,
                "decode_mtp": f"http://127.0.0.1:{dm_port}",
                "decode_plain": f"http://127.0.0.1:{dp_port}",
@@ -218,7 +195,7 @@ def test_kv_that_never_comes_fails_that_request_alone(pd):
         st, err = stuck.result()
     assert st == 504 and "did not arrive" in err["error"]["message"], err
     assert WAIT_S <= time.monotonic() - t0 < WAIT_S + 5
-    st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": _port()})  # nobody there
+    st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": free_port()})  # nobody there
     assert st == 502 and "cannot be reached" in err["error"]["message"], err
     http_port = int(pd["prefill"].rsplit(":", 1)[1])  # the prefill's HTTP port, not its bootstrap
     st, err = call(dec, "/v1/completions", {**body, "bootstrap_port": http_port})
@@ -339,11 +316,11 @@ def test_a_hanging_prefill_does_not_hold_a_request_the_decode_failed(pd):
     lsn.listen(16)  # accepts connections and never answers
     held: list[socket.socket] = []
     threading.Thread(target=lambda: held.append(lsn.accept()[0]), daemon=True).start()
-    router, port = _start("router", "--pd-disaggregation", "--prefill",
-                          f"http://127.0.0.1:{lsn.getsockname()[1]}", str(_port()),
+    router, port = start("router", "--pd-disaggregation", "--prefill",
+                          f"http://127.0.0.1:{lsn.getsockname()[1]}", str(free_port()),
                           "--decode", pd["decode_plain"])
     try:
-        _ready(router)
+        wait_ready(router)
         t0 = time.monotonic()
         st, err = call(f"http://127.0.0.1:{port}", "/v1/completions",
                        {"prompt": PROMPT, "max_tokens": 4}, timeout=20)
@@ -362,7 +339,7 @@ def test_the_real_sglang_router_fronts_these_servers(pd, reference):
     if not py:
         pytest.skip("no interpreter with sglang-router: set SERVELAB_SGLANG_ROUTER_PYTHON "
                     "(this module's docstring)")
-    port = _port()
+    port = free_port()
     proc = subprocess.Popen([py, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                              "--prefill", pd["prefill"], str(pd["boot"]), "--decode",
                              pd["decode_mtp"], "--host", "127.0.0.1", "--port", str(port),
@@ -394,10 +371,10 @@ def test_the_real_sglang_router_fronts_these_servers(pd, reference):
 
 def test_a_router_with_its_workers_swapped_is_not_healthy(pd):
     """A prefill server named as --decode would answer every request with one token."""
-    router, port = _start("router", "--pd-disaggregation", "--prefill", pd["decode_plain"],
+    router, port = start("router", "--pd-disaggregation", "--prefill", pd["decode_plain"],
                           "--decode", pd["prefill"])
     try:
-        _ready(router)
+        wait_ready(router)
         st, err = call(f"http://127.0.0.1:{port}", "/health")
         assert st == 503, err
         assert (f"{pd['prefill']} runs --disaggregation-mode prefill, routed as decode"

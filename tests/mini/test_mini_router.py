@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -13,31 +12,9 @@ import urllib.error
 import urllib.request
 
 import pytest
+from serve_proc import free_port, start, wait_ready
 
 from servelab.engines.base import parse_prometheus
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(*args: str) -> tuple[subprocess.Popen, int]:
-    port = _port()
-    proc = subprocess.Popen([sys.executable, "-m", "servelab", *args, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    return proc, port
-
-
-def _ready(proc: subprocess.Popen) -> None:
-    deadline = time.time() + 60
-    line = ""
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if "ready" in line or not line:
-            break
-    assert "ready" in line, f"did not start: {line!r}"
 
 
 def call(url: str, path: str, body: dict | None = None, timeout: float = 20):
@@ -85,7 +62,7 @@ def test_router_flags_parse_as_sglang_router_spells_them():
 def test_router_on_a_host_that_does_not_resolve_says_check_host():
     r = subprocess.run([sys.executable, "-m", "servelab", "router", "--pd-disaggregation",
                         "--prefill", "http://127.0.0.1:1", "--decode", "http://127.0.0.1:2",
-                        "--host", "no-such-host.invalid", "--port", str(_port())],
+                        "--host", "no-such-host.invalid", "--port", str(free_port())],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "check --host" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
@@ -124,11 +101,11 @@ def test_a_decode_stream_that_breaks_off_ends_with_an_error_event():
     decode = _fake_worker(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                           b"Transfer-Encoding: chunked\r\n\r\n"
                           + f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n", linger_s=0.5)
-    router, port = _start("router", "--pd-disaggregation", "--prefill",
+    router, port = start("router", "--pd-disaggregation", "--prefill",
                           f"http://127.0.0.1:{prefill.server_address[1]}", "--decode",
                           f"http://127.0.0.1:{decode.server_address[1]}")
     try:
-        _ready(router)
+        wait_ready(router)
         st, text = call(f"http://127.0.0.1:{port}", "/v1/completions",
                         {"prompt": "x", "stream": True}, timeout=20)
         events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]

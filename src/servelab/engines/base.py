@@ -49,6 +49,21 @@ class ProcessConfig:
     placement: Placement = field(default_factory=Placement)  # where the process runs
 
 
+def pd_workers(proc: ProcessConfig, peers: Mapping[str, ProcessPlan]) -> list[str]:
+    """A PD router's workers as sglang_router takes them: `--prefill URL [BOOTSTRAP_PORT]` per
+    prefill server (its bootstrap port as allocated for it) and `--decode URL` per decode server."""
+    argv: list[str] = []
+    for plan in peers.values():
+        if plan.role == "prefill":
+            argv += ["--prefill", plan.url]
+            boot = proc.extra.get(f"bootstrap_port:{plan.port}")
+            if boot:
+                argv.append(str(boot))
+        elif plan.role == "decode":
+            argv += ["--decode", plan.url]
+    return argv
+
+
 def render_flags(flags: Mapping[str, FlagValue]) -> list[str]:
     """`{"tp-size": 8, "trust-remote-code": True, "cuda-graph-bs": [1, 2]}` ->
     `--tp-size 8 --trust-remote-code --cuda-graph-bs 1 2`. False drops the flag."""

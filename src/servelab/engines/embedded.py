@@ -18,7 +18,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from servelab.engines.base import Engine, FlagValue, ProcessConfig, ProcessPlan, render_flags
+from servelab.engines.base import (
+    Engine,
+    FlagValue,
+    ProcessConfig,
+    ProcessPlan,
+    pd_workers,
+    render_flags,
+)
 from servelab.engines.launcher import Entry
 from servelab.errors import UserError
 from servelab.mini import router_args
@@ -65,15 +72,7 @@ class Embedded(Engine):
     ) -> list[str]:
         host_port = ["--host", proc.host, "--port", str(proc.port)]
         if proc.role == "router":
-            argv = ["router", "--pd-disaggregation"]
-            for plan in peers.values():
-                if plan.role == "prefill":
-                    argv += ["--prefill", plan.url]
-                    boot = proc.extra.get(f"bootstrap_port:{plan.port}")
-                    if boot:
-                        argv.append(str(boot))
-                elif plan.role == "decode":
-                    argv += ["--decode", plan.url]
+            argv = ["router", "--pd-disaggregation", *pd_workers(proc, peers)]
             return argv + host_port + render_flags(proc.flags)
         flags = dict(proc.flags)
         flags.setdefault("config", model)

@@ -20,6 +20,7 @@ from servelab.engines.base import (
     FlagValue,
     ProcessConfig,
     ProcessPlan,
+    pd_workers,
     render_flags,
     spec_window,
 )
@@ -67,15 +68,7 @@ class SGLang(Engine):
     ) -> list[str]:
         host_port = ["--host", proc.host, "--port", str(proc.port)]
         if proc.role == "router":
-            argv = ["--pd-disaggregation"]
-            for plan in peers.values():
-                if plan.role == "prefill":
-                    argv += ["--prefill", plan.url]
-                    boot = proc.extra.get(f"bootstrap_port:{plan.port}")
-                    if boot:
-                        argv.append(str(boot))
-                elif plan.role == "decode":
-                    argv += ["--decode", plan.url]
+            argv = ["--pd-disaggregation", *pd_workers(proc, peers)]
             return argv + host_port + render_flags(proc.flags)
         argv = ["--model-path", model, *host_port]
         if proc.role in ("prefill", "decode"):
