@@ -16,30 +16,16 @@ import urllib.request
 from itertools import pairwise
 
 import pytest
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from serve_proc import free_port, start, wait_ready
 
 
 @pytest.fixture(scope="module")
 def server():
-    port = _port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "servelab", "serve", "--port", str(port), "--config", "tiny",
-         "--max-running-requests", "3", "--context-length", "512",
-         "--speculative-algorithm", "EAGLE", "--speculative-num-steps", "1",
-         "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 90
-    line = ""
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if "ready" in line or not line:
-            break
-    assert "ready" in line, f"server did not start: {line!r}"
+    proc, port = start("serve", "--config", "tiny", "--max-running-requests", "3",
+                       "--context-length", "512", "--speculative-algorithm", "EAGLE",
+                       "--speculative-num-steps", "1", "--speculative-eagle-topk", "1",
+                       "--speculative-num-draft-tokens", "2")
+    wait_ready(proc, 90)
     yield f"http://127.0.0.1:{port}", proc
     if proc.poll() is None:
         proc.kill()
@@ -298,16 +284,16 @@ def test_cli_errors_are_one_line(server):
     url, _ = server
     port = url.rsplit(":", 1)[1]
     for args, word in ((["--port", port], "pick another --port"),
-                       (["--port", str(_port()), "--weights", "/nonexistent.pt"], "does not exist"),
-                       (["--port", str(_port()), "--speculative-eagle-topk", "2",
+                       (["--port", str(free_port()), "--weights", "/nonexistent.pt"], "does not exist"),
+                       (["--port", str(free_port()), "--speculative-eagle-topk", "2",
                          "--speculative-algorithm", "EAGLE"], "topk"),
-                       (["--port", str(_port()), "--device", "tpu"], "cuda:N"),
-                       (["--port", str(_port()), "--log-level", "loud"], "--log-level"),
-                       (["--port", str(_port()), "--weights", "/"], "is a directory"),
+                       (["--port", str(free_port()), "--device", "tpu"], "cuda:N"),
+                       (["--port", str(free_port()), "--log-level", "loud"], "--log-level"),
+                       (["--port", str(free_port()), "--weights", "/"], "is a directory"),
                        # used to start allocating ~180 GiB of KV cache
-                       (["--port", str(_port()), "--max-running-requests", "65536",
+                       (["--port", str(free_port()), "--max-running-requests", "65536",
                          "--context-length", "4000"], "KV cache"),  # ~700 GiB
-                       (["--port", str(_port()), "--seed", str(2**70)], "--seed")):  # was exit 1
+                       (["--port", str(free_port()), "--seed", str(2**70)], "--seed")):  # was exit 1
         res = subprocess.run([sys.executable, "-m", "servelab", "serve", *args],
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == 2, res.stderr
