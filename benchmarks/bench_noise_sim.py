@@ -24,12 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from servelab.experiment import sequential as seq
+from servelab.experiment.noise_notes import rule_name
 from servelab.experiment.stats import bootstrap_ratio, verdict
 
 
@@ -41,6 +44,7 @@ class Noise:
     within_sd: float  # drift between the two runs of a block
     burst_p: float  # chance that a run is hit by a burst
     burst_max: float  # a burst removes U(0.1, burst_max) of the throughput
+    arm_offset_sd: float = 0.0  # an offset one arm keeps for a whole experiment, log units
 
 
 # fitted to the demo at c=1: quiet (one helper's tests beside it): pair log-ratio sd ~0.13;
@@ -48,12 +52,25 @@ class Noise:
 MODELS = (
     Noise("quiet", run_sd=0.06, drift_sd=0.05, within_sd=0.02, burst_p=0.05, burst_max=0.4),
     Noise("loaded", run_sd=0.09, drift_sd=0.10, within_sd=0.04, burst_p=0.12, burst_max=0.6),
+    # the 2026-12-02 benchmark (10 A/A demos, one core busy): the run means of the block log
+    # ratios spread 1.5x wider than the blocks' own spread implies, as if one identical arm kept
+    # an offset of SD ~0.05 for a whole run; no interval from the run's own blocks can see it
+    Noise(
+        "loaded+offset",
+        run_sd=0.09,
+        drift_sd=0.10,
+        within_sd=0.04,
+        burst_p=0.12,
+        burst_max=0.6,
+        arm_offset_sd=0.05,
+    ),
 )
 
 
 def blocks(rng: np.random.Generator, noise: Noise, n: int, log_effect: float) -> np.ndarray:
     """Per-block log ratios arm/baseline for one experiment of n blocks (ABBA order)."""
     drift = np.cumsum(rng.normal(0, noise.drift_sd, n))
+    offset = rng.normal(0, noise.arm_offset_sd) if noise.arm_offset_sd else 0.0
     out = np.empty(n)
     for b in range(n):
         runs = []
@@ -65,13 +82,13 @@ def blocks(rng: np.random.Generator, noise: Noise, n: int, log_effect: float) ->
             runs.append(x)
         first_is_base = b % 2 == 0  # ABBA: the baseline leads even blocks
         base, arm = (runs[0], runs[1]) if first_is_base else (runs[1], runs[0])
-        out[b] = arm + log_effect - base
+        out[b] = arm + log_effect + offset - base
     return out
 
 
 def rule_key(d: seq.Design) -> str:
-    """How the report finds a design's measured rates (noise_notes.measured_rates)."""
-    return f"adaptive {d.min_n}-{d.max_n}, {d.effects} effect(s), alpha {d.alpha:g}"
+    """How the report finds a design's measured rates (noise_notes.measured_rate_line)."""
+    return rule_name(d)
 
 
 def fixed_verdict(logr: np.ndarray, n: int, band: float, seed: int) -> str:
@@ -94,11 +111,15 @@ class Cell:
 
 
 def simulate(noise: Noise, effect: float, n_exp: int, band: float, seed: int) -> list[Cell]:
+    """One (noise, effect) cell: n_exp experiments under every rule."""
     rng = np.random.default_rng(seed)
-    designs = {  # the default, the demo's (3 load points) and aa_noise.toml's (2)
+    designs = {  # the default; the demo's (c=1 primary, O'Brien-Fleming) with its Pocock twin;
+        # earlier demos' (3 and 2 primary load points) and aa_noise.toml's (2)
         rule_key(d): d
         for d in (
             seq.Design(5, 20, 0.05, 1),
+            seq.Design(4, 12, 0.05, 1, "obrien-fleming"),
+            seq.Design(4, 12, 0.05, 1),
             seq.Design(4, 10, 0.05, 3),
             seq.Design(4, 12, 0.05, 2),
         )
@@ -144,11 +165,16 @@ def simulate(noise: Noise, effect: float, n_exp: int, band: float, seed: int) ->
     return cells
 
 
+def _simulate(job: tuple) -> list[Cell]:
+    return simulate(*job)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--experiments", type=int, default=1000)
     ap.add_argument("--band", type=float, default=0.02)
     ap.add_argument("--out", default="/tmp/noise_sim.json")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     ap.add_argument(
         "--record",
         default=None,
@@ -161,8 +187,15 @@ def main() -> None:
         rng = np.random.default_rng(99 + k)
         pairs = np.concatenate([blocks(rng, noise, 20, 0.0) for _ in range(200)])
         print(f"{noise.name}: sd of a block's log ratio {pairs.std(ddof=1):.3f}", flush=True)
-        for j, effect in enumerate((1.0, 1.2)):
-            cells += simulate(noise, effect, a.experiments, a.band, seed=1000 * k + j)
+    jobs = [
+        (noise, effect, a.experiments, a.band, 1000 * k + j)
+        for k, noise in enumerate(MODELS)
+        for j, effect in enumerate((1.0, 1.2))
+    ]
+    # each (noise, effect) cell has its own seed: the result is the same however many workers
+    with ProcessPoolExecutor(max_workers=max(1, min(a.workers, len(jobs)))) as pool:
+        for got in pool.map(_simulate, jobs):
+            cells += got
     print(
         "| noise | rule | A/A false positives | power at +20% | blocks (A/A / +20%) "
         "| interval missed the truth (A/A / +20%) |"

@@ -107,3 +107,69 @@ def test_analyze_uses_the_sequence_for_every_directional_metric():
     assert an.effects[("b", "c=1", "tpot_ms")].verdict == "better"
     assert an.effects[("b", "c=1", "accept_length")].verdict == "n/a"
     assert not any("repetition(s)" in w for w in an.warnings)  # no fixed-n warning
+
+
+def test_obrien_fleming_coverage_holds_and_its_levels_rise_to_the_last_look():
+    # the O'Brien-Fleming shape: strict early looks, the last close to a fixed-n interval; the
+    # familywise coverage is checked by its own simulation (another seed and scale), and the
+    # boundary is written out from its definition with scipy's t and normal quantiles
+    from scipy import stats as sps
+
+    d = seq.Design(min_n=4, max_n=12, alpha=0.10, shape="obrien-fleming")
+    levels = [d.level(n) for n in range(4, 13)]
+    assert all(a < b for a, b in zip(levels, levels[1:], strict=False))
+    c = -sps.norm.ppf(levels[-1] / 2)  # the normal-scale constant at the last look
+    for n in range(4, 13):
+        assert d.t_bound(n) == pytest.approx(
+            sps.t.ppf(sps.norm.cdf(c * math.sqrt(12 / n)), n - 1), rel=1e-6
+        )
+    pocock = seq.Design(min_n=4, max_n=12, alpha=0.10)
+    assert d.t_bound(12) < pocock.t_bound(12) and d.t_bound(4) > pocock.t_bound(4)
+    rng = np.random.default_rng(321)
+    x = _streams(rng, 2000, 12, math.log(0.8), 0.15)
+    missed = sum(
+        not (b.ci_low <= 0.8 <= b.ci_high)
+        for b in (seq.confidence_sequence(row, d, band=0.0) for row in x)
+    )
+    assert 0.079 <= missed / 2000 <= 0.121, missed  # nominal 10%, 3 binomial sd either side
+
+
+def test_the_pocock_shape_keeps_its_constant_level():
+    d = seq.Design(min_n=4, max_n=12, alpha=0.025)
+    assert {round(d.level(n), 12) for n in range(4, 13)} == {round(d.gamma, 12)}
+    # the same constant as the direct calibration of the smallest p-value (its own simulation)
+    assert d.gamma == pytest.approx(seq.nominal_level(4, 12, 0.025), rel=0.02)
+    with pytest.raises(ValueError, match="unknown boundary"):
+        seq.boundary_constant(4, 12, 0.05, "haybittle")
+
+
+def test_secondary_load_points_are_not_waited_for_and_keep_their_own_alpha():
+    from servelab.experiment.stats import undecided
+
+    runs = []
+    rng = np.random.default_rng(5)
+    for b in range(6):
+        for lk, gain, sd in (("c=1", 1.3, 0.02), ("c=16", 1.0, 0.3)):
+            a_v, b_v = (100 * math.exp(rng.normal(0, sd)) for _ in range(2))
+            runs.append(RunValue("a", lk, b, b, {"output_throughput_tok_s": a_v}))
+            runs.append(RunValue("b", lk, b, b, {"output_throughput_tok_s": b_v * gain}))
+    both = seq.Design(4, 10, 0.05, effects=2)
+    only = seq.Design(4, 10, 0.05, effects=1, primary=("c=1",))
+    an_both = analyze(runs, baseline="a", arms=["a", "b"], load_keys=["c=1", "c=16"], design=both)
+    an_only = analyze(runs, baseline="a", arms=["a", "b"], load_keys=["c=1", "c=16"], design=only)
+    m = "output_throughput_tok_s"
+    assert undecided(an_both, m) == [("b", "c=16")]  # the noisy point holds the stop back
+    assert undecided(an_only, m) == []  # ... unless it is secondary
+    # the primary interval is narrower without the Bonferroni split; the secondary one is the
+    # interval of a one-effect design
+    w = {k: an.effects[("b", "c=1", m)] for k, an in (("both", an_both), ("only", an_only))}
+    assert w["only"].ci_high / w["only"].ci_low < w["both"].ci_high / w["both"].ci_low
+    sec = an_only.effects[("b", "c=16", m)]
+    alone = analyze(
+        [r for r in runs if r.load_key == "c=16"],
+        baseline="a",
+        arms=["a", "b"],
+        load_keys=["c=16"],
+        design=seq.Design(4, 10, 0.05, effects=1),
+    ).effects[("b", "c=16", m)]
+    assert (sec.ci_low, sec.ci_high) == (alone.ci_low, alone.ci_high)

@@ -59,6 +59,12 @@ PARSE_CASES = [
     ('repetitions = "auto"\n[adaptive]\nmin = 8\nmax = 4', "adaptive: min (8) must be <= max (4)"),
     ('repetitions = "auto"\n[adaptive]\nbudget_s = nan', "adaptive.budget_s: Input should be"),
     ('repetitions = "auto"\n[adaptive]\nmax = 101', "adaptive.max: Input should be less than"),
+    (
+        'repetitions = "auto"\n[adaptive]\nprimary = ["c=16"]',
+        "adaptive.primary: c=16 is not a load point of this experiment (its load points: c=1)",
+    ),
+    ('repetitions = "auto"\n[adaptive]\nprimary = []', "primary must name at least one"),
+    ('repetitions = "auto"\n[adaptive]\nboundary = "haybittle"', "adaptive.boundary: "),
     ('[noise]\npin = "yes"', 'noise.pin: must be true, false or "auto"'),
     ("[noise]\nmax_steal = 2", "noise.max_steal: Input should be less than or equal to 1"),
     ('repetitions = "auto"\norder = "sequential"', 'use order = "interleaved" or "shuffled"'),

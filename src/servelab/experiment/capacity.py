@@ -274,17 +274,16 @@ def _sequential(lo: np.ndarray, hi: np.ndarray, design: seq.Design, band: float
     at every look n = min_n .. min(blocks, max_n), the lower ends' repeated-t lower bound and
     the upper ends' upper bound at the design's nominal level, intersected with the earlier
     looks'. An open bracket in the first n blocks leaves that end of look n open (-100% / +inf).
-    Each side of the two-sided Pocock boundary errs with about half the design's alpha, so the
+    Each side of the two-sided boundary errs with about half the design's alpha, so the
     pair covers the capacity ratio at every look at once with about 1 - alpha."""
     n_all = min(int(lo.size), design.max_n)
     if n_all < design.min_n:
         return math.nan, math.nan, seq.UNDECIDED, None
-    gamma = design.gamma
     low, high = -math.inf, math.inf
     decided: int | None = None
     verdict = seq.UNDECIDED
     for n in range(design.min_n, n_all + 1):
-        b = seq.boundary(n, gamma) / math.sqrt(n)
+        b = design.t_bound(n) / math.sqrt(n)
         x, y = lo[:n], hi[:n]
         lo_n = float(x.mean() - b * x.std(ddof=1)) if np.isfinite(x).all() else -math.inf
         hi_n = float(y.mean() + b * y.std(ddof=1)) if np.isfinite(y).all() else math.inf

@@ -26,8 +26,16 @@ def design_of(spec: dict[str, Any]) -> seq.Design | None:
     if spec.get("repetitions") != "auto":
         return None
     a = AdaptiveSpec.model_validate(spec.get("adaptive") or {})
-    loads = LoadSpec.model_validate(spec["load"]).keys()
-    return seq.Design(a.min, a.max, a.alpha, (len(spec["arms"]) - 1) * len(loads))
+    loads = [k for k, _, _ in LoadSpec.model_validate(spec["load"]).keys()]
+    primary = [k for k in loads if a.primary is None or k in a.primary]
+    return seq.Design(
+        a.min,
+        a.max,
+        a.alpha,
+        (len(spec["arms"]) - 1) * len(primary),
+        a.boundary,
+        None if a.primary is None else tuple(primary),
+    )
 
 
 def noise_of(spec: dict[str, Any]) -> NoiseSpec:

@@ -21,10 +21,17 @@ def stopping_lines(data: ExperimentData) -> list[str]:
     if an.design is not None:
         d = an.design
         und = undecided(an, data.primary)
+        secondary = [lk for lk in an.load_keys if not d.is_primary(lk)]
         out.append(
             f"adaptive repetitions: {data.blocks_used} blocks used (min {d.min_n}, max "
-            f"{d.max_n}); rule: {seq.RULE}; familywise alpha {d.alpha:g} over {d.effects} "
-            f"primary effects (each look at nominal level {d.gamma:.2g})"
+            f"{d.max_n}); rule: {seq.rule_text(d)}; familywise alpha {d.alpha:g} over "
+            f"{d.effects} primary effects (each look at {d.levels_text()})"
+            + (
+                f"; secondary, not waited for, each at alpha {d.alpha:g} on its own: "
+                + ", ".join(secondary)
+                if secondary
+                else ""
+            )
         )
         out.append(measured_rate_line(data.spec))
         out.append(
@@ -99,6 +106,12 @@ def _cores(c: list[int] | None) -> str:
 RATES_FILE = Path(__file__).with_name("error_rates.json")
 
 
+def rule_name(d: Any) -> str:
+    """A sequential design's key in error_rates.json (bench_noise_sim.py uses this too)."""
+    shape = "" if d.shape == "pocock" else f", {d.shape}"
+    return f"adaptive {d.min_n}-{d.max_n}, {d.effects} effect(s), alpha {d.alpha:g}{shape}"
+
+
 def rule_key(spec: dict[str, Any]) -> str | None:
     """The key of this experiment's rule in error_rates.json (as bench_noise_sim.py names it)."""
     if spec.get("repetitions") == "auto":
@@ -106,7 +119,7 @@ def rule_key(spec: dict[str, Any]) -> str | None:
 
         d = design_of(spec)
         assert d is not None
-        return f"adaptive {d.min_n}-{d.max_n}, {d.effects} effect(s), alpha {d.alpha:g}"
+        return rule_name(d)
     return f"fixed {spec.get('repetitions')}"
 
 

@@ -121,14 +121,24 @@ def plan_lines(spec: ExperimentSpec) -> list[str]:
 
     out = []
     if spec.adaptive_on:
+        from servelab.experiment.evidence import design_of
+
         a = spec.adaptive
-        effects = (len(spec.arms) - 1) * len(spec.load.keys())
-        design = seq.Design(a.min, a.max, a.alpha, effects)
+        design = design_of(spec.to_json())
+        assert design is not None
+        secondary = [k for k, _, _ in spec.load.keys() if not design.is_primary(k)]
         out.append(
             f'repetitions = "auto": blocks {a.min} to {a.max} (the schedule lists the most), '
-            f"stop when all {effects} primary effects are decided or after {a.budget_s:g} s; "
-            f"rule: {seq.RULE}, familywise alpha {a.alpha:g}, each look at nominal level "
-            f"{design.gamma:.2g}"
+            "stop when "
+            + (
+                "the primary effect is"
+                if design.effects == 1
+                else f"all {design.effects} primary effects are"
+            )
+            + f" decided or after "
+            f"{a.budget_s:g} s; rule: {seq.rule_text(design)}, familywise alpha {a.alpha:g}, "
+            f"each look at {design.levels_text()}"
+            + (f"; secondary (not waited for): {', '.join(secondary)}" if secondary else "")
         )
     n = spec.noise
     extra = f", up to {n.max_repeats} extra blocks" if n.on_interference == "repeat" else ""

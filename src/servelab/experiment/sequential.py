@@ -6,18 +6,26 @@ at the effect after every block and stops as soon as it is decided. A 95% interv
 every look would exclude the truth at *some* look far more often than 5% of the time (the
 peeking problem). Here the interval at look n (n paired blocks, min_n <= n <= max_n) is
 
-    mean(log ratio) +- t_{n-1}(1 - gamma/2) * sd(log ratio) / sqrt(n)
+    mean(log ratio) +- t_{n-1}(1 - gamma_n/2) * sd(log ratio) / sqrt(n)
 
-with ONE nominal level gamma for every look, chosen so that, for Gaussian log ratios of any mean
-and variance, all the intervals from min_n to max_n cover the true effect at once with
-probability 1 - alpha (a repeated-t group-sequential design with Pocock's constant nominal
-level). The t statistic is free of the mean and variance, so gamma depends only on
-(min_n, max_n, alpha) and is found once by a seeded simulation. The running intersection of
-the intervals is then also a (1 - alpha) confidence sequence, and it only shrinks: a decision
-once reached never reverses. Several primary effects
-(load points, arms) share alpha by Bonferroni, so the chance that ANY of them is called wrongly
-stays below alpha. docs/EXPERIMENTS.md gives the measured error rates under heavy-tailed,
-drifting, bursty noise (benchmarks/bench_noise_sim.py).
+a repeated-t group-sequential design (repeated confidence intervals). The nominal level gamma_n
+of look n follows a Wang-Tsiatis boundary shape: on the normal scale the boundary is
+c * (n / max_n)^(Delta - 1/2), with Delta = 1/2 (Pocock: one constant level at every look) or
+Delta = 0 (O'Brien-Fleming: strict early looks, the last look close to a fixed-n interval).
+The constant c is chosen so that, for Gaussian log ratios of any mean and variance, all the
+intervals from min_n to max_n cover the true effect at once with probability 1 - alpha. The t
+statistic is free of the mean and variance, so c depends only on (min_n, max_n, alpha, shape)
+and is found once by a seeded simulation. The running intersection of the intervals is then
+also a (1 - alpha) confidence sequence, and it only shrinks: a decision once reached never
+reverses.
+
+Pocock stops a large effect earliest; O'Brien-Fleming decides more effects by the last look
+(its final interval is narrower), so it suits a fixed time budget that most runs spend.
+Several primary effects (load points, arms) share alpha by Bonferroni, so the chance that ANY
+of them is called wrongly stays below alpha; `primary` names the load points whose effects are
+primary (default: all). The others are secondary: reported with their own interval at alpha,
+outside the familywise guarantee, and never waited for. docs/EXPERIMENTS.md gives the measured
+error rates under heavy-tailed, drifting, bursty noise (benchmarks/bench_noise_sim.py).
 """
 
 from __future__ import annotations
@@ -25,11 +33,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 RULE = "repeated-t confidence sequence (Pocock constant nominal level, Bonferroni over effects)"
+# boundary shapes: the Wang-Tsiatis Delta of each
+BOUNDARIES = {"pocock": 0.5, "obrien-fleming": 0.0}
+_SHAPE_TEXT = {"pocock": "Pocock constant", "obrien-fleming": "O'Brien-Fleming-shaped"}
 
 # verdicts of an adaptive experiment
 BETTER, WORSE, NO_CHANGE, UNDECIDED = "better", "worse", "no change", "undecided"
@@ -62,6 +73,37 @@ def nominal_level(min_n: int, max_n: int, alpha: float, seed: int = 0) -> float:
     return float(np.quantile(best_p, alpha))
 
 
+@functools.lru_cache(maxsize=64)
+def boundary_constant(min_n: int, max_n: int, alpha: float, shape: str, seed: int = 0) -> float:
+    """The normal-scale constant c of a Wang-Tsiatis boundary: with z_n the normal quantile of
+    look n's two-sided t-test p-value, P(some look n in [min_n, max_n] has z_n > c * (n /
+    max_n)^(Delta - 1/2)) = alpha for i.i.d. Gaussian data. Deterministic: seeded simulation."""
+    from scipy.special import ndtri, stdtr
+
+    if shape not in BOUNDARIES:
+        raise ValueError(f"unknown boundary {shape!r}; use one of {', '.join(BOUNDARIES)}")
+    if not 2 <= min_n <= max_n:
+        raise ValueError(f"need 2 <= min_n <= max_n, got {min_n}, {max_n}")
+    if not 0 < alpha < 1:
+        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
+    delta = BOUNDARIES[shape]
+    rng = np.random.default_rng(seed)
+    n = np.arange(1, max_n + 1)
+    looks = n[min_n - 1 :]
+    weight = (looks / max_n) ** (0.5 - delta)  # z_n * weight > c  <=>  z_n > c (n/N)^(D - 1/2)
+    worst = np.empty(_SIMS)
+    chunk = max(1_000, 2_000_000 // max_n)
+    for start in range(0, _SIMS, chunk):
+        z = rng.standard_normal((min(chunk, _SIMS - start), max_n))
+        mean = np.cumsum(z, axis=1) / n
+        var = (np.cumsum(z * z, axis=1) - n * mean * mean) / np.maximum(n - 1, 1)
+        t = np.abs(mean) / np.sqrt(np.maximum(var, 1e-300) / n)
+        half_p = stdtr(looks - 1, -t[:, min_n - 1 :])  # one-sided tail of |t|
+        zq = -ndtri(np.maximum(half_p, 1e-300))
+        worst[start : start + z.shape[0]] = (zq * weight).max(axis=1)
+    return float(np.quantile(worst, 1 - alpha))
+
+
 @functools.lru_cache(maxsize=4096)
 def boundary(n: int, gamma: float) -> float:
     """|t| boundary at a look with n pairs: the t_{n-1} quantile of the nominal level."""
@@ -78,7 +120,9 @@ class Design:
     min_n: int
     max_n: int
     alpha: float = 0.05
-    effects: int = 1
+    effects: int = 1  # primary effects sharing alpha
+    shape: str = "pocock"  # a key of BOUNDARIES
+    primary: tuple[str, ...] | None = None  # load keys of the primary effects (None: all)
 
     @property
     def alpha_each(self) -> float:
@@ -86,8 +130,43 @@ class Design:
 
     @property
     def gamma(self) -> float:
-        """The nominal two-sided level of each look."""
-        return nominal_level(self.min_n, self.max_n, round(self.alpha_each, 12))
+        """The nominal two-sided level of the first look (Pocock: of every look)."""
+        return self.level(self.min_n)
+
+    def level(self, n: int) -> float:
+        """The nominal two-sided level of the look after n pairs."""
+        from scipy.special import ndtr
+
+        c = boundary_constant(self.min_n, self.max_n, round(self.alpha_each, 12), self.shape)
+        z = c * (min(n, self.max_n) / self.max_n) ** (BOUNDARIES[self.shape] - 0.5)
+        return float(2 * ndtr(-z))
+
+    def t_bound(self, n: int) -> float:
+        """|t| boundary of the look after n pairs."""
+        return boundary(n, self.level(n))
+
+    def is_primary(self, load_key: str) -> bool:
+        return self.primary is None or load_key in self.primary
+
+    def secondary(self) -> Design:
+        """The design of a secondary effect: the same looks, alpha for itself alone."""
+        return replace(self, effects=1)
+
+    def levels_text(self) -> str:
+        """'nominal level 0.0063' (Pocock) or 'nominal level 0.0002 at look 4 to 0.031 at look
+        12' (a shape whose level changes)."""
+        first, last = self.level(self.min_n), self.level(self.max_n)
+        if self.shape == "pocock" or self.min_n == self.max_n:
+            return f"nominal level {first:.2g}"
+        return f"nominal level {first:.2g} at look {self.min_n} to {last:.2g} at look {self.max_n}"
+
+
+def rule_text(design: Design) -> str:
+    """The rule's name as the report and `run --check` print it."""
+    return (
+        f"repeated-t confidence sequence ({_SHAPE_TEXT[design.shape]} nominal level, "
+        "Bonferroni over primary effects)"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,10 +206,9 @@ def confidence_sequence(
     lo, hi = -math.inf, math.inf
     decided: int | None = None
     verdict = UNDECIDED
-    gamma = design.gamma if n_all >= design.min_n else math.nan
     for n in range(design.min_n, n_all + 1):
         m, sd = float(x[:n].mean()), float(x[:n].std(ddof=1))
-        half = boundary(n, gamma) * sd / math.sqrt(n)
+        half = design.t_bound(n) * sd / math.sqrt(n)
         lo, hi = max(lo, m - half), min(hi, m + half)
         if lo > hi:  # the looks disagree (far from Gaussian data): keep the latest interval
             lo, hi = m - half, m + half

@@ -200,11 +200,20 @@ class AdaptiveSpec(_Strict):
     max: int = Field(20, ge=3, le=100, strict=True)  # blocks at most
     budget_s: float = Field(3600.0, gt=0, le=7 * 86400, allow_inf_nan=False)  # wall time
     alpha: float = Field(0.05, gt=0, le=0.2, allow_inf_nan=False)  # familywise error rate
+    # how the looks' levels run: one constant level, or strict early and loose late looks
+    boundary: Literal["pocock", "obrien-fleming"] = "pocock"
+    # the load points whose effects are primary (decide when to stop, share alpha); None: all
+    primary: list[str] | None = None
 
     @model_validator(mode="after")
     def _order(self) -> AdaptiveSpec:
         if self.min > self.max:
             raise ValueError(f"min ({self.min}) must be <= max ({self.max})")
+        if self.primary is not None:
+            if not self.primary:
+                raise ValueError("primary must name at least one load point (or be left out)")
+            if len(set(self.primary)) != len(self.primary):
+                raise ValueError(f"primary names a load point twice: {self.primary}")
         return self
 
 
@@ -299,6 +308,13 @@ class ExperimentSpec(_Strict):
         if self.engine not in ("external", "command") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
         check_placement(self)
+        loads = [k for k, _, _ in self.load.keys()]
+        unknown = [k for k in self.adaptive.primary or [] if k not in loads]
+        if unknown:
+            raise ValueError(
+                f"adaptive.primary: {', '.join(unknown)} is not a load point of this experiment "
+                f"(its load points: {', '.join(loads)})"
+            )
         if self.repetitions == "auto" and self.order == "sequential":
             raise ValueError(
                 'repetitions = "auto" decides on effects paired by block: use order = '

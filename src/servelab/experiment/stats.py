@@ -322,7 +322,7 @@ def analyze(
                         lk,
                         m,
                         [(a_blk[k], b_blk[k]) for k in common],
-                        design,
+                        design if design.is_primary(lk) else design.secondary(),
                         noise_band,
                     )
                     continue
@@ -341,7 +341,14 @@ def analyze(
         from servelab.experiment import capacity
 
         an.capacity = {
-            arm: capacity.compare(runs, arm, baseline, noise_band, SWEEP_KEY, design=design)
+            arm: capacity.compare(
+                runs,
+                arm,
+                baseline,
+                noise_band,
+                SWEEP_KEY,
+                design=design if design.is_primary(SWEEP_KEY) else design.secondary(),
+            )
             for arm in arms
             if arm != baseline
         }
@@ -386,12 +393,14 @@ def _sequential_effect(
 def undecided(an: Analysis, metric: str) -> list[tuple[str, str]]:
     """(arm, load key) of the primary effects an adaptive experiment has not decided yet. At a
     capacity sweep's load key the primary effect is the SLO capacity itself (not the primary
-    metric at the point where capacity was found)."""
+    metric at the point where capacity was found). Secondary load points are never waited for."""
     out = []
     for arm in an.arms:
         if arm == an.baseline:
             continue
         for lk in an.load_keys:
+            if an.design is not None and not an.design.is_primary(lk):
+                continue
             e = an.capacity.get(arm) if lk == SWEEP_KEY else an.effects.get((arm, lk, metric))
             if e is None or e.verdict == seq.UNDECIDED:
                 out.append((arm, lk))
