@@ -21,7 +21,7 @@ import orjson
 
 VERSION = 1
 KINDS = ("bench", "load_points", "load_point", "import", "compare", "jobs", "experiment",
-         "tune_verify", "profile", "ceiling", "experiment_check")
+         "tune", "tune_verify", "tune_install", "profile", "ceiling", "experiment_check")
 
 
 def _clean(obj: Any) -> Any:
@@ -166,3 +166,32 @@ def tune_verify(checks: Sequence[Any], rows: Sequence[Any], device: str,
             "rows": [{**asdict(r), "speedup": r.speedup, "vs_shipped": r.vs_shipped}
                      for r in rows],
             "geomean_speedup": geomean, "geomean_vs_shipped": geomean_vs_shipped}
+
+
+def tune(rep: Any, spec: Any) -> dict[str, Any]:
+    """`servelab tune fp8-gemm`: every (N, K, M) tuned (its best config in the engines' key
+    names, its time and the baseline's), the failures, the files written."""
+    points = []
+    for (n, k, m), u in sorted(rep.units.items()):
+        us, base = u.get("us"), u.get("default_us")
+        points.append({"n": n, "k": k, "m": m, "config": u.get("best"), "time_us": us,
+                       "baseline": u.get("baseline"), "baseline_us": base,
+                       "speedup": base / us if us and base else None, "kernel": u.get("kernel"),
+                       "timed": u.get("timed"), "candidates": u.get("candidates")})
+    failed = [{"n": f.get("n"), "k": f.get("k"), "m": f.get("m"),
+               "error": (str(f.get("error", "")).strip().splitlines() or [""])[-1]}
+              for f in rep.failed]
+    return {"device": rep.device_name, "out_dir": spec.out_dir, "search": spec.search,
+            "formats": list(spec.formats), "seconds": rep.seconds,
+            "resumed_points": rep.resumed_units, "points": points,
+            "failed": failed,
+            "files": list(rep.files), "notes": list(rep.notes)}
+
+
+def tune_install(engine: str, folder: Path, installed: Sequence[Any], restored: bool,
+                 lookup: Mapping[str, Any] | None, undo: str | None) -> dict[str, Any]:
+    """`servelab tune install`: the files put in place (or put back with --restore) and what
+    the engine's own lookup found."""
+    return {"engine": engine, "folder": folder, "action": "restore" if restored else "install",
+            "files": [{"path": folder / f.name, "replaced": f.replaced} for f in installed],
+            "lookup": dict(lookup) if lookup is not None else None, "undo": undo}

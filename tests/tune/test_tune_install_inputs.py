@@ -46,3 +46,32 @@ def test_install_without_the_engine_here_names_python_not_kernel(tmp_path, monke
     line = next(s for s in out.splitlines() if s.startswith("not checked"))
     assert "--kernel" not in line and "--python" in line, line
     assert "sglang is not installed in this interpreter" in line
+
+
+def test_install_and_restore_print_one_json_document(tmp_path, monkeypatch, capsys):
+    # --json: the result on stdout (the files put in place, what the engine's lookup said, the
+    # undo command), the human lines on stderr; then --restore --json puts the folder back
+    import json
+
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    name = formats.config_file_name("sglang", 128, 256, "NVIDIA H200")
+    (dest / name).write_text('{"1": {"BLOCK_SIZE_M": 64}}')  # a "shipped" file it replaces
+    code, out, err = cli(monkeypatch, capsys, "tune", "install", str(_tuned_dir(tmp_path)),
+                         "--engine", "sglang", "--dest", str(dest), "--json")
+    doc = json.loads(out)
+    assert doc["schema"] == "servelab.tune_install/1" and doc["action"] == "install"
+    assert doc["files"] == [{"path": str(dest / name), "replaced": True}]
+    assert formats.read_config_file(dest / name) == {1: TUNED}
+    assert doc["undo"] == f"servelab tune install --engine sglang --restore --dest {dest}"
+    assert "installed " in err and "undo with" in err
+    if EK.package_dir("sglang") is None:  # no engine here: said, not checked, not a failure
+        assert code == 0 and doc["lookup"]["checked"] is False
+        assert "sglang is not installed" in doc["lookup"]["error"]
+    code, out, err = cli(monkeypatch, capsys, "tune", "install", "--engine", "sglang",
+                         "--dest", str(dest), "--restore", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["action"] == "restore" and doc["lookup"] is None
+    assert doc["files"] == [{"path": str(dest / name), "replaced": True}]
+    assert (dest / name).read_text() == '{"1": {"BLOCK_SIZE_M": 64}}'
+    assert "restored " in err

@@ -77,6 +77,15 @@ def test_detach_kill_mid_run_then_resume(tmp_path):
     assert sorted(map(int, side["points"])) == [1, 2, 3, 4, 5, 6]
     st = _cli("status", "t1", timeout=60)
     assert "finished" in st.stdout and "6/6" in st.stdout, st.stdout
+    r = _cli(*base, "--json")  # all from the checkpoint: the result as one document on stdout
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "servelab.tune/1" and doc["resumed_points"] == 6
+    assert [p["m"] for p in doc["points"]] == [1, 2, 3, 4, 5, 6] and doc["failed"] == []
+    assert {(p["m"], json.dumps(p["config"], sort_keys=True)) for p in doc["points"]} == {
+        (m, json.dumps(c, sort_keys=True)) for m, c in after.items()
+    }
+    assert str(sg) in doc["files"] and "done: 6 points tuned" in r.stderr
 
 
 def test_ray_backend_runs_units_as_tasks(tmp_path):

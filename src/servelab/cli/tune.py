@@ -54,6 +54,7 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option(None, "--name", help="Job name shown by `servelab status`."),
         detach: bool = typer.Option(False, "--detach", help="Run in the background; follow with `servelab status`."),
         kernel: str = typer.Option("auto", "--kernel", help="Whose launcher to time: auto (the engine's own when importable here, else servelab's) | servelab | sglang | vllm."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (docs/JSON.md); progress goes to stderr."),
     ) -> None:
         """Tune the block-FP8 GEMM per (N, K, M); resumable; writes SGLang/vLLM config files.
         The engine's shipped config for each point is always a finalist and is kept unless
@@ -84,16 +85,23 @@ def register(app: typer.Typer) -> None:
             ray=ray, formats=("sglang", "vllm") if fmt == "both" else (fmt,), device=device,
             space=space, budget_frac=budget, name=job_name, kernel=kernel)
         if detach:
+            if as_json:
+                raise UserError("--json prints the result when the job ends: leave out --detach, "
+                                "or follow the detached job with `servelab status --json`")
             from servelab import jobs
             pid, log = jobs.detach(sys.argv[1:], job_name)
             typer.echo(f"started job '{job_name}' (pid {pid}); log {log}; follow with: servelab status {job_name}")
             return
-        rep = _run_with_progress(job, spec)
+        say = _stderr if as_json else typer.echo
+        rep = _run_with_progress(job, spec, say, bar=not as_json)
+        if as_json:
+            from servelab import jsonout
+            jsonout.emit("tune", jsonout.tune(rep, spec))
         n_ok = len(rep.units)
-        typer.echo(f"done: {n_ok} points tuned ({rep.resumed_units} from the checkpoint), "
-                   f"{len(rep.failed)} failed, {rep.seconds:.1f} s on {rep.device_name}")
+        say(f"done: {n_ok} points tuned ({rep.resumed_units} from the checkpoint), "
+            f"{len(rep.failed)} failed, {rep.seconds:.1f} s on {rep.device_name}")
         for p in rep.files:
-            typer.echo(f"  {p}")
+            say(f"  {p}")
         if rep.failed:
             raise typer.Exit(1)
 
@@ -162,15 +170,22 @@ def register(app: typer.Typer) -> None:
         python: str = typer.Option(None, "--python", help="The engine's interpreter (its venv's python), if not this one."),
         dest: Path = typer.Option(None, "--dest", help="The engine's config folder, if not found."),
         restore: bool = typer.Option(False, "--restore", help="Put back what earlier installs replaced."),
+        as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (docs/JSON.md)."),
     ) -> None:
         """Install tuned files where the engine reads them; shipped files are backed up."""
+        from servelab import jsonout
         from servelab.errors import UserError
         from servelab.kernels.fp8_gemm import engine as engine_kernel
         from servelab.tune import install as I
+        say = _stderr if as_json else typer.echo
         folder = dest or I.engine_config_dir(engine, python)
         if restore:
-            for f in I.restore(folder):
-                typer.echo(f"{'restored' if f.replaced else 'removed '} {folder / f.name}")
+            back = I.restore(folder)
+            for f in back:
+                say(f"{'restored' if f.replaced else 'removed '} {folder / f.name}")
+            if as_json:
+                jsonout.emit("tune_install", jsonout.tune_install(engine, folder, back, True,
+                                                                  None, None))
             return
         if directory is None:
             raise UserError("give the folder of tuned files: servelab tune install DIR --engine ...")
@@ -178,30 +193,44 @@ def register(app: typer.Typer) -> None:
         done = I.install(directory, engine, folder)
         for f in done:
             note = "replaced the shipped file (backed up)" if f.replaced else "new"
-            typer.echo(f"installed {folder / f.name} ({note})")
+            say(f"installed {folder / f.name} ({note})")
+        lookup: dict[str, object]
         try:                      # the engine's own lookup is the judge of "installed"
             if python is None and engine_kernel.package_dir(engine) is None:
                 raise UserError(f"{engine} is not installed in this interpreter "
                                 f"({sys.executable}); pass --python with the engine's "
                                 "interpreter to check")
             ok = I.confirm(engine, folder, [f.name for f in done], python, own_folder=not dest)
-            typer.echo(f"{engine}'s own lookup finds {len(ok.found)} of {len(done)} installed "
-                       f"files: {ok.by}")
+            say(f"{engine}'s own lookup finds {len(ok.found)} of {len(done)} installed "
+                f"files: {ok.by}")
             for name in ok.missing:
-                typer.echo(f"NOT FOUND by {engine}'s lookup: {name}")
+                say(f"NOT FOUND by {engine}'s lookup: {name}")
+            lookup = {"checked": True, "by": ok.by, "found": ok.found, "missing": ok.missing,
+                      "error": None}
         except (RuntimeError, UserError, OSError, subprocess.SubprocessError) as exc:
             ok = None
-            typer.echo(f"not checked with {engine}'s own lookup: {str(exc)[:200]}")
-        typer.echo(f"undo with: servelab tune install --engine {engine} --restore"
-                   + (f" --dest {folder}" if dest else f" --python {python}" if python else ""))
+            say(f"not checked with {engine}'s own lookup: {str(exc)[:200]}")
+            lookup = {"checked": False, "by": None, "found": [], "missing": [],
+                      "error": str(exc)[:200]}
+        undo = (f"servelab tune install --engine {engine} --restore"
+                + (f" --dest {folder}" if dest else f" --python {python}" if python else ""))
+        say(f"undo with: {undo}")
+        if as_json:
+            jsonout.emit("tune_install", jsonout.tune_install(engine, folder, done, False,
+                                                              lookup, undo))
         if ok is not None and ok.missing:
             raise typer.Exit(1)
 
 
-def _run_with_progress(job, spec):
-    """A progress bar with ETA on a terminal; one line per unit (with ETA) otherwise."""
-    if not sys.stdout.isatty():
-        return job.run(spec, echo=typer.echo, argv=sys.argv)
+def _stderr(text: str) -> None:
+    typer.echo(text, err=True)
+
+
+def _run_with_progress(job, spec, echo=typer.echo, bar: bool = True):
+    """A progress bar with ETA on a terminal; one line per unit (with ETA) otherwise, or when
+    stdout carries the JSON document (`bar` False: the lines go to `echo`, i.e. stderr)."""
+    if not bar or not sys.stdout.isatty():
+        return job.run(spec, echo=echo, argv=sys.argv)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("tuning"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

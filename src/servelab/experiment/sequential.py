@@ -23,8 +23,8 @@ Pocock stops a large effect earliest; O'Brien-Fleming decides more effects by th
 (its final interval is narrower), so it suits a fixed time budget that most runs spend.
 Several primary effects (load points, arms) share alpha by Bonferroni, so the chance that ANY
 of them is called wrongly stays below alpha; `primary` names the load points whose effects are
-primary (default: all). The others are secondary: reported with their own interval at alpha,
-outside the familywise guarantee, and never waited for. docs/EXPERIMENTS.md gives the measured
+primary (default: all). The others are secondary: shown with their own interval at alpha
+(descriptive, outside the familywise guarantee), never given a verdict and never waited for. docs/EXPERIMENTS.md gives the measured
 error rates under heavy-tailed, drifting, bursty noise (benchmarks/bench_noise_sim.py).
 """
 
@@ -44,6 +44,8 @@ _SHAPE_TEXT = {"pocock": "Pocock constant", "obrien-fleming": "O'Brien-Fleming-s
 
 # verdicts of an adaptive experiment
 BETTER, WORSE, NO_CHANGE, UNDECIDED = "better", "worse", "no change", "undecided"
+# an effect outside the primary load points: its interval is shown, no verdict is called
+SECONDARY = "secondary"
 
 _SIMS = 100_000  # Monte Carlo error of gamma at alpha = 0.05/3: about +-3% of gamma
 

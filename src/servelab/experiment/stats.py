@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -324,6 +324,7 @@ def analyze(
                         [(a_blk[k], b_blk[k]) for k in common],
                         design if design.is_primary(lk) else design.secondary(),
                         noise_band,
+                        secondary=not design.is_primary(lk),
                     )
                     continue
                 if paired:
@@ -340,6 +341,7 @@ def analyze(
     if design is not None and SWEEP_KEY in load_keys:
         from servelab.experiment import capacity
 
+        primary = design.is_primary(SWEEP_KEY)
         an.capacity = {
             arm: capacity.compare(
                 runs,
@@ -347,11 +349,16 @@ def analyze(
                 baseline,
                 noise_band,
                 SWEEP_KEY,
-                design=design if design.is_primary(SWEEP_KEY) else design.secondary(),
+                design=design if primary else design.secondary(),
             )
             for arm in arms
             if arm != baseline
         }
+        if not primary:  # shown with its interval, no verdict
+            an.capacity = {
+                arm: replace(c, verdict=seq.SECONDARY)
+                for arm, c in an.capacity.items()
+            }
     an.warnings = _warnings(an, by)
     return an
 
@@ -364,8 +371,10 @@ def _sequential_effect(
     pairs: list[tuple[RunValue, RunValue]],
     design: seq.Design,
     band: float,
+    secondary: bool = False,
 ) -> Effect:
-    """One effect under the adaptive rule: log ratios of the block pairs in block order."""
+    """One effect under the adaptive rule: log ratios of the block pairs in block order. A
+    secondary effect keeps its interval (at the design's alpha for itself) but no verdict."""
     logr = []
     for a, b in pairs:
         av, bv = metric_value(a.summary, m), metric_value(b.summary, m)
@@ -374,6 +383,8 @@ def _sequential_effect(
     hib = METRICS[m].higher_is_better
     bound = seq.confidence_sequence(logr, design, band, hib)
     verdict = "n/a" if hib is None else bound.verdict
+    if secondary and hib is not None:
+        verdict = seq.SECONDARY
     return Effect(
         arm,
         baseline,
@@ -471,6 +482,8 @@ def headline(an: Analysis, metric: str) -> list[str]:
                 continue
             if e.verdict in ("better", "worse"):
                 parts.append(f"{e.text()} at {lk} ({e.verdict})")
+            elif e.verdict == seq.SECONDARY:
+                parts.append(f"{e.text()} at {lk} (secondary: no verdict)")
             else:
                 parts.append(f"{e.verdict} at {lk} ({e.text()})")
         lines.append(f"{arm} vs {an.baseline}, {METRICS[metric].label}: " + ", ".join(parts))
