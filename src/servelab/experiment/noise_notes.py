@@ -25,9 +25,10 @@ def stopping_lines(data: ExperimentData) -> list[str]:
         out.append(
             f"adaptive repetitions: {data.blocks_used} blocks used (min {d.min_n}, max "
             f"{d.max_n}); rule: {seq.rule_text(d)}; familywise alpha {d.alpha:g} over "
-            f"{d.effects} primary effects (each look at {d.levels_text()})"
+            f"{d.effects} primary effect{'s' if d.effects != 1 else ''} (each look at "
+            f"{d.levels_text()})"
             + (
-                f"; secondary, not waited for, each at alpha {d.alpha:g} on its own: "
+                "; secondary (an interval at alpha on its own, no verdict, not waited for): "
                 + ", ".join(secondary)
                 if secondary
                 else ""

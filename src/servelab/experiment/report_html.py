@@ -126,7 +126,9 @@ def suggestion(an: Any, primary: str, effects: list[capacity.CapacityEffect]) ->
         if cap is not None:
             (good if cap.verdict == "better" else bad if cap.verdict == "worse" else []).append(
                 "SLO capacity")
-        open_ = [lk for k, lks in v.items() if k not in ("better", "worse") for lk in lks]
+        open_ = [lk for k, lks in v.items() if k not in ("better", "worse", "secondary")
+                 for lk in lks]
+        shown = v.get("secondary", [])  # intervals only: no verdict to suggest from
         if cap is not None and cap.verdict not in ("better", "worse"):
             open_.append("SLO capacity")
         if good and not bad:
@@ -139,6 +141,8 @@ def suggestion(an: Any, primary: str, effects: list[capacity.CapacityEffect]) ->
             s = f"{arm}: no measured change; keep {an.baseline} or measure more"
         if open_ and (good or bad):
             s += f"; not decided or no change at {', '.join(open_)}"
+        if shown:
+            s += f"; {', '.join(shown)} shown without a verdict (secondary)"
         out.append(" ".join(s.split()))
     return out
 
