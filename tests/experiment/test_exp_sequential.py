@@ -174,7 +174,8 @@ def test_secondary_load_points_are_not_waited_for_and_keep_their_own_alpha():
     ).effects[("b", "c=16", m)]
     assert (sec.ci_low, sec.ci_high) == (alone.ci_low, alone.ci_high)
     # shown, never called: no verdict, and the headline says so
-    assert sec.verdict == seq.SECONDARY and alone.verdict != seq.SECONDARY
+    assert sec.verdict == seq.SECONDARY and sec.decided_at is None
+    assert alone.verdict != seq.SECONDARY
     assert an_only.effects[("b", "c=1", m)].verdict == seq.BETTER
     (line,) = headline(an_only, m)
     assert "at c=16 (secondary: no verdict)" in line and "at c=1 (better)" in line

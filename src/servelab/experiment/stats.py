@@ -397,7 +397,7 @@ def _sequential_effect(
         True,
         verdict,
         "sequential",
-        bound.decided_at,
+        None if secondary else bound.decided_at,
     )
 
 
