@@ -37,7 +37,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-RULE = "repeated-t confidence sequence (Pocock constant nominal level, Bonferroni over effects)"
 # boundary shapes: the Wang-Tsiatis Delta of each
 BOUNDARIES = {"pocock": 0.5, "obrien-fleming": 0.0}
 _SHAPE_TEXT = {"pocock": "Pocock constant", "obrien-fleming": "O'Brien-Fleming-shaped"}
