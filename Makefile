@@ -19,7 +19,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@scripts/ensure-chromium
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
