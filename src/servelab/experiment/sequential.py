@@ -24,8 +24,9 @@ Pocock stops a large effect earliest; O'Brien-Fleming decides more effects by th
 Several primary effects (load points, arms) share alpha by Bonferroni, so the chance that ANY
 of them is called wrongly stays below alpha; `primary` names the load points whose effects are
 primary (default: all). The others are secondary: shown with their own interval at alpha
-(descriptive, outside the familywise guarantee), never given a verdict and never waited for. docs/EXPERIMENTS.md gives the measured
-error rates under heavy-tailed, drifting, bursty noise (benchmarks/bench_noise_sim.py).
+(descriptive, outside the familywise guarantee), never given a verdict and never waited for.
+docs/EXPERIMENTS.md gives the measured error rates under heavy-tailed, drifting, bursty noise
+(benchmarks/bench_noise_sim.py).
 """
 
 from __future__ import annotations
@@ -47,31 +48,6 @@ BETTER, WORSE, NO_CHANGE, UNDECIDED = "better", "worse", "no change", "undecided
 SECONDARY = "secondary"
 
 _SIMS = 100_000  # Monte Carlo error of gamma at alpha = 0.05/3: about +-3% of gamma
-
-
-@functools.lru_cache(maxsize=64)
-def nominal_level(min_n: int, max_n: int, alpha: float, seed: int = 0) -> float:
-    """The per-look two-sided level gamma with P(some look n in [min_n, max_n] has a t-test
-    p-value < gamma) = alpha for i.i.d. Gaussian data (Pocock's constant nominal level; the t
-    statistic makes it free of the mean and variance). Deterministic: seeded simulation."""
-    from scipy.special import stdtr
-
-    if not 2 <= min_n <= max_n:
-        raise ValueError(f"need 2 <= min_n <= max_n, got {min_n}, {max_n}")
-    if not 0 < alpha < 1:
-        raise ValueError(f"alpha must be in (0, 1), got {alpha}")
-    rng = np.random.default_rng(seed)
-    n = np.arange(1, max_n + 1)
-    best_p = np.empty(_SIMS)
-    chunk = max(1_000, 2_000_000 // max_n)  # ~16 MB of normals per step, whatever max_n
-    for start in range(0, _SIMS, chunk):
-        z = rng.standard_normal((min(chunk, _SIMS - start), max_n))
-        mean = np.cumsum(z, axis=1) / n
-        var = (np.cumsum(z * z, axis=1) - n * mean * mean) / np.maximum(n - 1, 1)
-        t = np.abs(mean) / np.sqrt(np.maximum(var, 1e-300) / n)
-        p = 2 * stdtr(n[min_n - 1 :] - 1, -t[:, min_n - 1 :])
-        best_p[start : start + z.shape[0]] = p.min(axis=1)
-    return float(np.quantile(best_p, alpha))
 
 
 @functools.lru_cache(maxsize=64)
