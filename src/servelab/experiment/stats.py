@@ -322,9 +322,8 @@ def analyze(
                         lk,
                         m,
                         [(a_blk[k], b_blk[k]) for k in common],
-                        design if design.is_primary(lk) else design.secondary(),
+                        design,
                         noise_band,
-                        secondary=not design.is_primary(lk),
                     )
                     continue
                 if paired:
@@ -356,7 +355,7 @@ def analyze(
         }
         if not primary:  # shown with its interval, no verdict
             an.capacity = {
-                arm: replace(c, verdict=seq.SECONDARY)
+                arm: replace(c, verdict=seq.SECONDARY, decided_at=None)
                 for arm, c in an.capacity.items()
             }
     an.warnings = _warnings(an, by)
@@ -371,20 +370,18 @@ def _sequential_effect(
     pairs: list[tuple[RunValue, RunValue]],
     design: seq.Design,
     band: float,
-    secondary: bool = False,
 ) -> Effect:
-    """One effect under the adaptive rule: log ratios of the block pairs in block order. A
-    secondary effect keeps its interval (at the design's alpha for itself) but no verdict."""
+    """One effect under the adaptive rule: log ratios of the block pairs in block order. At a
+    secondary load point it keeps its interval (at alpha for itself) but gets no verdict."""
     logr = []
     for a, b in pairs:
         av, bv = metric_value(a.summary, m), metric_value(b.summary, m)
         if math.isfinite(av) and math.isfinite(bv) and av > 0 and bv > 0:
             logr.append(math.log(av / bv))
     hib = METRICS[m].higher_is_better
-    bound = seq.confidence_sequence(logr, design, band, hib)
-    verdict = "n/a" if hib is None else bound.verdict
-    if secondary and hib is not None:
-        verdict = seq.SECONDARY
+    primary = design.is_primary(lk)
+    bound = seq.confidence_sequence(logr, design if primary else design.secondary(), band, hib)
+    verdict = "n/a" if hib is None else bound.verdict if primary else seq.SECONDARY
     return Effect(
         arm,
         baseline,
@@ -397,7 +394,7 @@ def _sequential_effect(
         True,
         verdict,
         "sequential",
-        None if secondary else bound.decided_at,
+        bound.decided_at if primary else None,
     )
 
 
