@@ -220,9 +220,48 @@ def run_load_point(cfg: BenchConfig, load: LoadPoint, *, progress: bool = True) 
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(_run(cfg, load, progress))
+        return run_interruptible(_run(cfg, load, progress))
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         return ex.submit(asyncio.run, _run(cfg, load, progress)).result()
+
+
+def run_interruptible(coro: Any, grace_s: float = 5.0) -> Any:
+    """`asyncio.run(coro)`, with Ctrl-C raised as KeyboardInterrupt at once and a bounded
+    teardown. asyncio.run turns the first Ctrl-C into a cancellation of the main task and raises
+    KeyboardInterrupt only if that task ends cancelled: when code under it absorbs the
+    cancellation, the Ctrl-C is lost and the load point runs on (seen: a Ray PD experiment
+    ignored Ctrl-C for over 60 s); and its teardown waits for every task however long it takes.
+    Here the tasks get `grace_s` to end once cancelled, and are then abandoned."""
+    import signal
+    import threading
+
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        return asyncio.run(coro)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    loop = asyncio.new_event_loop()
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        main = loop.create_task(coro)
+        try:
+            return loop.run_until_complete(main)
+        except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # a 2nd Ctrl-C: at once
+            pending = asyncio.all_tasks(loop)
+            for t in pending:
+                t.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.wait(pending, timeout=grace_s))
+            raise
+        finally:
+            if not asyncio.all_tasks(loop):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        loop.close()
 
 
 def save_load_point(store: Any, cfg: BenchConfig, load: LoadPoint, result: LoadPointResult, *,
