@@ -52,9 +52,10 @@ class Noise:
 MODELS = (
     Noise("quiet", run_sd=0.06, drift_sd=0.05, within_sd=0.02, burst_p=0.05, burst_max=0.4),
     Noise("loaded", run_sd=0.09, drift_sd=0.10, within_sd=0.04, burst_p=0.12, burst_max=0.6),
-    # the 2026-12-02 benchmark (10 A/A demos, one core busy): the run means of the block log
-    # ratios spread 1.5x wider than the blocks' own spread implies, as if one identical arm kept
-    # an offset of SD ~0.05 for a whole run; no interval from the run's own blocks can see it
+    # a pessimistic case: one 2026-12-02 benchmark (10 A/A demos, one core busy) saw the run
+    # means of the block log ratios spread 1.5x wider than the blocks' own spread implies, as if
+    # one identical arm kept an offset of SD ~0.05 for a whole run (the next 10 did not); no
+    # interval from the run's own blocks can see such an offset
     Noise(
         "loaded+offset",
         run_sd=0.09,
