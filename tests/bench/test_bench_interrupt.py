@@ -14,6 +14,9 @@ SCRIPT = """
 import asyncio, os, signal, sys, threading, time
 from servelab.bench.run import run_interruptible
 
+# as a program started in the foreground: a background job of a shell inherits SIGINT ignored
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
 async def absorbs_one_cancellation():
     absorbed = False
     for _ in range(40):  # 2 s unless interrupted

@@ -153,6 +153,9 @@ def _servelab(*args, env=None, **kw):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        # Ctrl-C at its default, as in the foreground: a test run started as a shell's
+        # background job inherits SIGINT ignored, and the runner would never see it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         **kw,
     )
 
