@@ -1,9 +1,8 @@
 """Ctrl-C during a load point stops it at once. asyncio.run turns the first Ctrl-C into a
 cancellation of the main task and raises KeyboardInterrupt only if that task ends cancelled: a
 task that absorbs one cancellation (as code under an HTTP client may) loses the Ctrl-C and runs
-on, and its teardown waits for every task however long. Seen: a Ray PD experiment ignored
-Ctrl-C for over 60 s in a full-suite run. Each case runs in its own process, which sends itself
-SIGINT (never the test runner's own process)."""
+on, and its teardown waits for every task however long. Each case runs in its own process,
+which sends itself SIGINT (never the test runner's own process)."""
 
 from __future__ import annotations
 
