@@ -17,8 +17,11 @@ def test_free_ports_lie_below_the_ephemeral_range_and_are_bindable():
     got = {ports.free_port() for _ in range(20)}
     assert all(ports.LOWEST <= p < start for p in got), (sorted(got), start)
     for p in got:
-        with socket.socket() as s:          # free means: a listener can take it now
+        with socket.socket() as s:  # free means: a listener can take it now, binding as the
+            # servers do (SO_REUSEADDR: a closed connection's TIME_WAIT on it does not count)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", p))
+            s.listen()
 
 
 def test_a_port_in_use_is_never_returned(monkeypatch):
