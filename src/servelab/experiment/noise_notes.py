@@ -21,7 +21,7 @@ def stopping_lines(data: ExperimentData) -> list[str]:
     if an.design is not None:
         d = an.design
         und = undecided(an, data.primary)
-        secondary = [lk for lk in an.load_keys if not d.is_primary(lk)]
+        secondary = d.secondary_keys(an.load_keys)
         out.append(
             f"adaptive repetitions: {data.blocks_used} blocks used (min {d.min_n}, max "
             f"{d.max_n}); rule: {seq.rule_text(d)}; familywise alpha {d.alpha:g} over "

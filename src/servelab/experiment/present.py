@@ -126,7 +126,7 @@ def plan_lines(spec: ExperimentSpec) -> list[str]:
         a = spec.adaptive
         design = design_of(spec.to_json())
         assert design is not None
-        secondary = [k for k, _, _ in spec.load.keys() if not design.is_primary(k)]
+        secondary = design.secondary_keys([k for k, _, _ in spec.load.keys()])
         out.append(
             f'repetitions = "auto": blocks {a.min} to {a.max} (the schedule lists the most), '
             "stop when "

@@ -125,6 +125,10 @@ class Design:
     def is_primary(self, load_key: str) -> bool:
         return self.primary is None or load_key in self.primary
 
+    def secondary_keys(self, load_keys: Sequence[str]) -> list[str]:
+        """The load keys of `load_keys` whose effects are secondary, in order."""
+        return [k for k in load_keys if not self.is_primary(k)]
+
     def secondary(self) -> Design:
         """The design of a secondary effect: the same looks, alpha for itself alone."""
         return replace(self, effects=1)
