@@ -24,13 +24,14 @@ Bisection (not interpolation) keeps the number of load points predictable: from 
 width w at rate r, it takes ceil(log2(w / (precision x r))) refinements.
 
 The measuring is the caller's: `sweep(measure, cfg)` calls `measure(LoadPoint)` and reads the
-returned load-point summary, so `servelab bench --sweep` and experiments share it.
+returned load-point summary, so `servelab bench --sweep` and experiments share it; `search(cfg)`
+is the same search as a generator, for callers that interleave several (paired sweeps).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,14 +157,32 @@ def _rate_of(p: SweepPoint, role: str) -> float:
     return float(r)
 
 
+Step = tuple[str, LoadPoint]  # (role, load point) a search asks to have measured
+Search = Generator[Step, Mapping[str, Any], SweepResult]
+
+
 def sweep(measure: Measure, cfg: SweepConfig,
           on_point: Callable[[SweepPoint], None] | None = None) -> SweepResult:
     """Run the capacity search (module docstring); `on_point` sees each point as it finishes
     (to store or print it)."""
+    it = search(cfg, on_point)
+    try:
+        role, load = next(it)
+        while True:
+            role, load = it.send(measure(load))
+    except StopIteration as stop:
+        return stop.value
+
+
+def search(cfg: SweepConfig, on_point: Callable[[SweepPoint], None] | None = None) -> Search:
+    """The capacity search as a generator: it yields `(role, LoadPoint)`, is sent the measured
+    summary, and returns the SweepResult. Who measures, and when, is the caller's: `sweep` runs
+    one search to its end; an experiment alternates the searches of two arms point by point
+    (experiment/capacity.py), so that both meet the same minutes of a drifting machine."""
     points: list[SweepPoint] = []
 
-    def run(role: str, load: LoadPoint) -> SweepPoint:
-        summary = measure(load)
+    def run(role: str, load: LoadPoint) -> Generator[Step, Mapping[str, Any], SweepPoint]:
+        summary = yield role, load
         p = SweepPoint(role=role, load=load, summary=summary,
                        check=cfg.slo.check(summary) if cfg.slo is not None else None)
         points.append(p)
@@ -171,12 +190,12 @@ def sweep(measure: Measure, cfg: SweepConfig,
             on_point(p)
         return p
 
-    def rate(r: float, role: str) -> SweepPoint:
-        return run(role, LoadPoint(request_rate=_round(r), burstiness=cfg.burstiness))
+    def rate(r: float, role: str) -> Generator[Step, Mapping[str, Any], SweepPoint]:
+        return (yield from run(role, LoadPoint(request_rate=_round(r), burstiness=cfg.burstiness)))
 
-    sync = run("synchronous", LoadPoint(concurrency=1))
+    sync = yield from run("synchronous", LoadPoint(concurrency=1))
     r_sync = _rate_of(sync, "synchronous")
-    r_sat = _rate_of(run("throughput", LoadPoint(request_rate=math.inf)), "throughput")
+    r_sat = _rate_of((yield from run("throughput", LoadPoint(request_rate=math.inf))), "throughput")
     notes: list[str] = []
     if r_sat < r_sync:
         notes.append(f"the saturated rate ({r_sat:.4g} req/s) is below the synchronous one "
@@ -192,10 +211,10 @@ def sweep(measure: Measure, cfg: SweepConfig,
                                ("at concurrency 1: " + "; ".join(sync.check.reasons),)))
     if top > r_sync * (1 + cfg.precision):  # else the grid would be narrower than the precision
         for i in range(1, cfg.grid_rates + 1):
-            rate(r_sync + (top - r_sync) * i / (cfg.grid_rates + 1), "grid")
+            yield from rate(r_sync + (top - r_sync) * i / (cfg.grid_rates + 1), "grid")
     if cfg.slo is None:
         return result(None)
-    capacity = _refine(points, cfg, top, rate)
+    capacity = yield from _refine(points, cfg, top, rate)
     n = min((p.summary.get("completed") or 0) for p in points)
     short = cfg.slo.sample_note(n)
     if short:
@@ -224,7 +243,8 @@ def first_crossing(rated: Iterable[tuple[float, bool]]
 
 
 def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
-            rate: Callable[[float, str], SweepPoint]) -> Capacity:
+            rate: Callable[[float, str], Generator[Step, Mapping[str, Any], SweepPoint]]
+            ) -> Generator[Step, Mapping[str, Any], Capacity]:
     """Bisect the first SLO crossing among the open-loop rates until it is `precision` wide."""
     floor = _round(top) * 1e-3  # below this the answer is "none", not a rate
     while True:
@@ -235,7 +255,7 @@ def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
         if not missed:
             if _round(top) not in met:
                 if not full:
-                    rate(top, "refine")
+                    yield from rate(top, "refine")
                     continue
                 return Capacity("unresolved", met[-1] if met else None, None, cfg.precision,
                                 ("--sweep-max-points was reached before the saturated rate "
@@ -252,4 +272,4 @@ def _refine(points: list[SweepPoint], cfg: SweepConfig, top: float,
             return Capacity("none_met", 0.0, hi, cfg.precision, notes)
         if full or nxt in (lo, hi):
             return Capacity("unresolved", lo, hi, cfg.precision, notes)
-        rate(nxt, "refine")
+        yield from rate(nxt, "refine")

@@ -36,7 +36,7 @@ or more blocks narrow it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -49,61 +49,129 @@ from servelab.experiment.stats import MIN_REPS_TO_DECIDE, RunValue, expanded_alp
 CAPACITY_STATUSES_OPEN = ("above_saturation", "unmet_at_synchronous", "none_met", "unresolved")
 
 
+class ArmSweep:
+    """One arm's capacity search against `url` (bench/sweep.py `search`), measured one load
+    point at a time by `step()`, so that a caller can alternate the searches of several arms."""
+
+    def __init__(self, url: str, spec: Any, run: Any) -> None:
+        from servelab.bench.slo import parse_slo
+        from servelab.bench.sweep import SweepConfig, search
+        from servelab.experiment.measure import served_model as _served_model
+
+        sw = spec.load.sweep
+        self.slo = parse_slo(sw.slo)
+        cfg = spec.workload.bench_config(url, model=_served_model(spec))
+        if self.slo is not None and self.slo.goodput() and not cfg.goodput:
+            from dataclasses import replace
+
+            cfg = replace(cfg, goodput=self.slo.goodput())
+        self.cfg, self.run = cfg, run
+        self.results: dict[str, Any] = {}
+        self._search = search(SweepConfig(slo=self.slo, precision=sw.precision,
+                                          grid_rates=sw.rates, max_points=sw.max_points,
+                                          burstiness=spec.load.burstiness))
+        self.next: Any = next(self._search)  # (role, LoadPoint) to measure; None when done
+        self.result: Any = None
+
+    def step(self) -> None:
+        """Measure the next load point and advance the search (`next` None once it ended)."""
+        from servelab.bench.run import run_load_point
+
+        _, lp = self.next
+        res = run_load_point(self.cfg, lp, progress=False)
+        self.results[lp.key] = res
+        try:
+            self.next = self._search.send(res.summary)
+        except StopIteration as stop:
+            self.next, self.result = None, stop.value
+        except UserError as exc:  # e.g. no request completed: this run failed, not the experiment
+            self.next = None
+            raise RuntimeError(f"capacity sweep: {exc}") from None
+
+    def measurement(self) -> Any:
+        """The runner's Measurement: the point at capacity, the others as `extra_points`."""
+        from servelab.experiment.measure import Measurement
+
+        result, slo, cfg, results = self.result, self.slo, self.cfg, self.results
+        assert result is not None, "the search has not ended"
+        cap = result.capacity
+        assert cap is not None  # a sweep with SLOs always brackets (or bounds) a capacity
+        at = _point_at_capacity(result)
+        points = []
+        for p in result.points:
+            res = results[p.load.key]
+            summary = dict(res.summary)
+            summary["sweep"] = {"role": p.role, "slo_met": p.check.met if p.check else None,
+                                "slo_ratio": p.check.ratio if p.check else None,
+                                "slo_reasons": list(p.check.reasons) if p.check else []}
+            points.append((p, summary, res))
+        main = next(x for x in points if x[0] is at)
+        summary = dict(main[1])
+        summary["capacity"] = {**cap.to_dict(), "slo": slo.to_dict() if slo else None,
+                               "slo_text": slo.describe() if slo else "",
+                               "synchronous_req_s": result.synchronous_req_s,
+                               "saturated_req_s": result.saturated_req_s,
+                               "load": {"key": at.load.key, "concurrency": at.load.concurrency,
+                                        "request_rate": at.load.request_rate},
+                               "sweep_notes": list(result.notes)}
+        extra = [{"summary": s, "records": list(r.records), "load_key": p.load.key,
+                  "concurrency": p.load.concurrency, "request_rate": p.load.request_rate}
+                 for p, s, r in points if p is not at]
+        return Measurement(summary=summary, records=list(main[2].records),
+                           server_info=dict(main[2].server_info or {}), bench=asdict(cfg),
+                           extra_points=extra)
+
+
 def measure(url: str, spec: Any, run: Any) -> Any:
     """One capacity sweep against `url` (the runner's MeasureFn for load key `capacity`):
     returns the runner's Measurement for the point at capacity, the others as `extra_points`."""
-    from servelab.bench.config import LoadPoint
-    from servelab.bench.run import run_load_point
-    from servelab.bench.slo import parse_slo
-    from servelab.bench.sweep import SweepConfig, sweep
-    from servelab.experiment.runner import Measurement, _served_model
+    arm = ArmSweep(url, spec, run)
+    while arm.next is not None:
+        arm.step()
+    return arm.measurement()
 
-    sw = spec.load.sweep
-    slo = parse_slo(sw.slo)
-    cfg = spec.workload.bench_config(url, model=_served_model(spec))
-    if slo is not None and slo.goodput() and not cfg.goodput:
-        from dataclasses import replace
 
-        cfg = replace(cfg, goodput=slo.goodput())
-    results: dict[str, Any] = {}
+def measure_paired(items: Sequence[tuple[str, Any, Any]],
+                   on_point: Callable[[Any, str, str], None] | None = None) -> list[Any]:
+    """The capacity sweeps of several arms of one block, `(url, spec, run)` each, alternating
+    point by point (`[load.sweep] paired`): the first arm's first point, the second arm's first
+    point, the first arm's second point, ... until every search has ended; a search that ends
+    early leaves the others alternating among themselves. Each arm still bisects its own
+    crossing, but its k-th point runs seconds, not a whole sweep, away from the other arm's k-th:
+    a machine whose speed drifts over minutes moves both arms' capacities together, and their
+    ratio (what the experiment compares) keeps less of the drift.
 
-    def one(lp: LoadPoint) -> Mapping[str, Any]:
-        res = run_load_point(cfg, lp, progress=False)
-        results[lp.key] = res
-        return res.summary
-
-    scfg = SweepConfig(slo=slo, precision=sw.precision, grid_rates=sw.rates,
-                       max_points=sw.max_points, burstiness=spec.load.burstiness)
-    try:
-        result = sweep(one, scfg)
-    except UserError as exc:  # e.g. no request completed: this run failed, not the experiment
-        raise RuntimeError(f"capacity sweep: {exc}") from None
-    cap = result.capacity
-    assert cap is not None  # a sweep with SLOs always brackets (or bounds) a capacity
-    at = _point_at_capacity(result)
-    points = []
-    for p in result.points:
-        res = results[p.load.key]
-        summary = dict(res.summary)
-        summary["sweep"] = {"role": p.role, "slo_met": p.check.met if p.check else None,
-                            "slo_ratio": p.check.ratio if p.check else None,
-                            "slo_reasons": list(p.check.reasons) if p.check else []}
-        points.append((p, summary, res))
-    main = next(x for x in points if x[0] is at)
-    summary = dict(main[1])
-    summary["capacity"] = {**cap.to_dict(), "slo": slo.to_dict() if slo else None,
-                           "slo_text": slo.describe() if slo else "",
-                           "synchronous_req_s": result.synchronous_req_s,
-                           "saturated_req_s": result.saturated_req_s,
-                           "load": {"key": at.load.key, "concurrency": at.load.concurrency,
-                                    "request_rate": at.load.request_rate},
-                           "sweep_notes": list(result.notes)}
-    extra = [{"summary": s, "records": list(r.records), "load_key": p.load.key,
-              "concurrency": p.load.concurrency, "request_rate": p.load.request_rate}
-             for p, s, r in points if p is not at]
-    return Measurement(summary=summary, records=list(main[2].records),
-                       server_info=dict(main[2].server_info or {}), bench=asdict(cfg),
-                       extra_points=extra)
+    Returns one Measurement per item, or the exception that broke that arm's sweep (the other
+    arms go on); Ctrl-C, SystemExit and configuration errors (UserError) propagate.
+    `on_point(run, role, load_key)` is told before each point is measured (progress)."""
+    arms: list[ArmSweep | BaseException] = []
+    for url, spec, run in items:
+        try:
+            arms.append(ArmSweep(url, spec, run))
+        except (KeyboardInterrupt, SystemExit, UserError):
+            raise
+        except Exception as exc:
+            arms.append(exc)
+    while True:
+        live = [i for i, a in enumerate(arms) if isinstance(a, ArmSweep) and a.next is not None]
+        if not live:
+            break
+        for i in live:
+            a = arms[i]
+            assert isinstance(a, ArmSweep) and a.next is not None
+            if on_point is not None:
+                on_point(a.run, a.next[0], a.next[1].key)
+            try:
+                a.step()
+            except (KeyboardInterrupt, SystemExit, UserError):
+                raise
+            except Exception as exc:  # this arm's run failed; the others go on
+                arms[i] = exc
+    out = [a.measurement() if isinstance(a, ArmSweep) else a for a in arms]
+    for m, (_, _, run) in zip(out, items, strict=True):
+        if not isinstance(m, BaseException):  # the report says which sweeps ran paired
+            m.summary["capacity"]["paired_with"] = [r.arm for _, _, r in items if r is not run]
+    return out
 
 
 def _point_at_capacity(result: Any) -> Any:

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import groupby
 from pathlib import Path
 from typing import Any
@@ -22,57 +22,15 @@ from servelab.engines.base import Engine
 from servelab.errors import UserError
 from servelab.experiment import evidence, interference, pinning, processes
 from servelab.experiment.deploy import DeployError, Deployment, on_main_thread
+from servelab.experiment.measure import (  # noqa: F401 (Measurement: the runner's API)
+    MeasureFn,
+    Measurement,
+    PairedFn,
+    bench_measure,
+)
 from servelab.experiment.schedule import PlannedRun, plan
-from servelab.experiment.spec import ExperimentSpec
+from servelab.experiment.spec import SWEEP_KEY, ExperimentSpec
 from servelab.store import Store
-
-
-@dataclass(frozen=True, slots=True)
-class Measurement:
-    """What one load point against a live server gave."""
-
-    summary: dict[str, Any]
-    records: list[dict[str, Any]]
-    server_info: dict[str, Any] = field(default_factory=dict)
-    bench: dict[str, Any] = field(default_factory=dict)  # the bench configuration used
-    # a capacity sweep's other load points (summary, records, load_key, concurrency,
-    # request_rate), each stored as an ordinary load point beside the run's own
-    extra_points: list[dict[str, Any]] = field(default_factory=list)
-
-
-MeasureFn = Callable[[str, ExperimentSpec, PlannedRun], Measurement]
-
-
-def _served_model(spec: ExperimentSpec) -> str | None:
-    if spec.engine in ("sglang", "vllm"):
-        name = spec.base.flags.get("served-model-name")
-        return str(name) if name else spec.model
-    return None
-
-
-def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measurement:
-    """One load point with servelab.bench: the same prompts for every arm and repetition of it."""
-    from dataclasses import asdict
-
-    from servelab.bench.config import LoadPoint
-    from servelab.bench.run import run_load_point
-    from servelab.experiment.spec import SWEEP_KEY
-
-    if run.load_key == SWEEP_KEY:  # one capacity search (experiment/capacity.py)
-        from servelab.experiment import capacity
-
-        return capacity.measure(url, spec, run)
-    cfg = spec.workload.bench_config(url, model=_served_model(spec))
-    load = LoadPoint(
-        concurrency=run.concurrency, request_rate=run.request_rate, burstiness=spec.load.burstiness
-    )
-    res = run_load_point(cfg, load, progress=False)
-    return Measurement(
-        summary=dict(res.summary),
-        records=list(res.records),
-        server_info=dict(res.server_info or {}),
-        bench=asdict(cfg),
-    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +55,18 @@ class Runner:
         store: Store,
         *,
         measure: MeasureFn | None = None,
+        measure_paired: PairedFn | None = None,
         say: Callable[[str], None] = print,
         log_root: Path | None = None,
         on_progress: Callable[[int, int, str], None] | None = None,
     ) -> None:
         self.spec, self.store = spec, store
         self.measure = measure or bench_measure
+        # a block's capacity sweeps alternate point by point ([load.sweep] paired); a test that
+        # measures with its own function measures them one after the other unless it gives one
+        if measure_paired is None and measure is None:
+            from servelab.experiment.capacity import measure_paired
+        self.measure_paired = measure_paired
         self.say = say
         self.engine: Engine = engines.get(spec.engine)
         self.log_root = log_root or paths.home() / "experiments" / spec.name / "logs"
@@ -283,29 +247,45 @@ class Runner:
 
     def _run_group(self, group: list[PlannedRun], job: Any) -> Iterator[tuple[PlannedRun, str]]:
         """The runs of one group; each arm's deployment is launched at its first run in the group
-        (restart 'block': every arm of the block is up at once) and all are stopped at the end."""
+        (restart 'block': every arm of the block is up at once) and all are stopped at the end.
+        With `[load.sweep] paired`, the group's capacity runs are measured together: at the
+        first of them every arm's deployment is up and the sweeps alternate point by point."""
         spec = self.spec
         if not self.engine.launches:
             assert spec.url
             for p in group:
-                yield p, self._measure_one(p, spec.url, None, job)
+                yield p, self._measure(p, [(p, spec.url, None)], job)[p.key]
             return
         deps: dict[str, Deployment | DeployError] = {}
+        done: dict[tuple[str, str, int], str] = {}  # statuses of runs measured with an earlier one
+        pair = (spec.load.sweep is not None and spec.load.sweep.paired
+                and self.measure_paired is not None)
         try:
             for p in group:
-                if p.arm not in deps:
-                    job.update(current=f"{p.describe()} (launching)")
-                    dep, error = self._launch(p)
-                    deps[p.arm] = dep if dep is not None else error  # type: ignore[assignment]
-                d = deps[p.arm]
-                if isinstance(d, DeployError):
-                    self._failed(p, str(d), d.log_tail)
-                    yield p, "failed"
-                elif why := d.lost():  # a process exited, or its Ray node died
-                    self._failed(p, f"before the run: {why}", d.log_tail())
-                    yield p, "failed"
-                else:
-                    yield p, self._measure_one(p, d.url, d, job)
+                if p.key in done:
+                    yield p, done.pop(p.key)
+                    continue
+                together = [p] + ([q for q in group if q.load_key == p.load_key
+                                   and q.arm != p.arm and q.seq > p.seq]
+                                  if pair and p.load_key == SWEEP_KEY else [])
+                live = []
+                for q in together:
+                    if q.arm not in deps:
+                        job.update(current=f"{q.describe()} (launching)")
+                        dep, error = self._launch(q)
+                        deps[q.arm] = dep if dep is not None else error  # type: ignore[assignment]
+                    d = deps[q.arm]
+                    if isinstance(d, DeployError):
+                        self._failed(q, str(d), d.log_tail)
+                        done[q.key] = "failed"
+                    elif why := d.lost():  # a process exited, or its Ray node died
+                        self._failed(q, f"before the run: {why}", d.log_tail())
+                        done[q.key] = "failed"
+                    else:
+                        live.append((q, d.url, d))
+                if live:
+                    done.update(self._measure(p, live, job))
+                yield p, done.pop(p.key)
         finally:
             # last launched, first stopped; only the first launched (stopped last) waits for
             # the GPU memory to return to its launch-time level, which held none of the block's
@@ -383,26 +363,46 @@ class Runner:
                 )
         return None, last
 
-    def _measure_one(self, p: PlannedRun, url: str, dep: Deployment | None, job: Any) -> str:
-        spec = self.spec
-        job.update(current=p.describe())
+    def _measure(self, first: PlannedRun, live: list[tuple[PlannedRun, str, Deployment | None]],
+                 job: Any) -> dict[tuple[str, str, int], str]:
+        """Measure `live` runs ((run, url, deployment) each; several: paired capacity sweeps),
+        store each, and return their statuses by run key."""
+        spec, _ = self.spec, job.update(current=first.describe())
         started = time.time()
-        before = self.engine.scrape(url)
+        befores = [self.engine.scrape(url) for _, url, _ in live]
         pids = self._our_pids()
         snap = interference.snapshot(pids)
-        try:
-            m = self.measure(url, spec, p)
-        except (KeyboardInterrupt, SystemExit, UserError):
-            raise  # a configuration problem stops the experiment (after teardown)
-        except Exception as exc:  # a broken run is recorded, the experiment goes on
+        outs: list[Measurement | BaseException]
+        if len(live) == 1:
+            p, url, _ = live[0]
+            try:
+                outs = [self.measure(url, spec, p)]
+            except (KeyboardInterrupt, SystemExit, UserError):
+                raise  # a configuration problem stops the experiment (after teardown)
+            except Exception as exc:  # a broken run is recorded, the experiment goes on
+                outs = [exc]
+        else:
+            assert self.measure_paired is not None
+            outs = self.measure_paired(
+                [(url, spec, p) for p, url, _ in live],
+                lambda p, role, key: job.update(current=f"{p.describe()}: {role} {key}"))
+        inter = self._interference(snap, pids)
+        return {p.key: self._record(p, url, dep, out, before, inter, started)
+                for (p, url, dep), out, before in zip(live, outs, befores, strict=True)}
+
+    def _record(self, p: PlannedRun, url: str, dep: Deployment | None,
+                m: Measurement | BaseException, before: Any, inter: dict[str, Any],
+                started: float) -> str:
+        """Store one measured run (or its failure) with its provenance; its status."""
+        spec = self.spec
+        if isinstance(m, BaseException):
             why = dep.lost() if dep else None
-            self._failed(p, f"during the run: {why}" if why else f"{type(exc).__name__}: {exc}",
+            self._failed(p, f"during the run: {why}" if why else f"{type(m).__name__}: {m}",
                          dep.log_tail() if dep else "", started)
             return "failed"
         if dep and (why := dep.lost()):  # a process (or its node) lost mid-run: not a result
             self._failed(p, f"during the run: {why}", dep.log_tail(), started)
             return "failed"
-        inter = self._interference(snap, pids)
         window = self.engine.acceptance(before, self.engine.scrape(url))
         summary = dict(m.summary)
         if summary.get("accept_length") is None and window["accept_length"] is not None:

@@ -20,6 +20,10 @@ class SweepSpec(BaseModel):
     precision: float = Field(0.1, ge=0.001, le=1.0, allow_inf_nan=False)
     rates: int = Field(3, ge=0, le=20, strict=True)  # grid rates between sync and saturated
     max_points: int = Field(12, ge=2, le=100, strict=True)
+    # with restart = "block" (every arm up at once): the arms' sweeps alternate point by point,
+    # so drift over minutes reaches both (experiment/capacity.py measure_paired); otherwise
+    # (and with false) each run's sweep runs to its end before the next run starts
+    paired: bool = Field(True, strict=True)
 
     @field_validator("slo")
     @classmethod
