@@ -134,15 +134,20 @@ def test_the_runner_pairs_only_when_every_arm_is_up(tmp_path, restart, paired, e
         groups.append([run.arm])
         return capacity.measure(url, s, run)
 
+    from servelab.experiment.report import write
+
     with Store(tmp_path / "r.db") as store:
         res = Runner(spec, store, measure=single, measure_paired=paired_fn,
                      say=lambda s: None, log_root=tmp_path / "logs").run()
         runs = list(store.runs("capp"))
         caps = [store.load_point(r.load_point_id).summary["capacity"] for r in runs]
+        md = write(store, "capp", tmp_path / "report")[0].read_text()
     assert (res.ok, res.failed) == (2, 0)
     if expect_pairs:
         assert len(groups) == 1 and sorted(groups[0]) == ["fast", "slow"]
         assert all(c.get("paired_with") for c in caps)
+        assert md.count("1 paired point by point)") == 2  # each arm's capacity says so
     else:
         assert sorted(map(tuple, groups)) == [("fast",), ("slow",)]
         assert not any(c.get("paired_with") for c in caps)
+        assert "paired point by point" not in md

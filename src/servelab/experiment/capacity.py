@@ -371,6 +371,7 @@ class ArmCapacity:
 
     arm: str
     brackets: tuple[Bracket, ...]
+    paired: int = 0  # sweeps measured point by point alternately with another arm's
 
     def text(self) -> str:
         if not self.brackets:
@@ -381,14 +382,17 @@ class ArmCapacity:
         n_open = sum(not x.closed for x in self.brackets)
         head = Bracket("bracketed" if math.isfinite(hi) else "above_saturation", lo, hi).text()
         tail = f", open in {n_open}" if n_open else ""
+        tail += f", {self.paired} paired point by point" if self.paired else ""
         return f"{head} req/s (median bracket over {len(self.brackets)} sweeps{tail})"
 
 
 def per_arm(runs: Sequence[RunValue], arms: Sequence[str], load_key: str) -> list[ArmCapacity]:
     out = []
     for arm in arms:
-        bs = [bracket_of(r.summary) for r in runs if r.arm == arm and r.load_key == load_key]
-        out.append(ArmCapacity(arm, tuple(b for b in bs if b is not None)))
+        mine = [r.summary for r in runs if r.arm == arm and r.load_key == load_key]
+        bs = [bracket_of(s) for s in mine]
+        paired = sum(bool((s.get("capacity") or {}).get("paired_with")) for s in mine)
+        out.append(ArmCapacity(arm, tuple(b for b in bs if b is not None), paired))
     return out
 
 

@@ -22,12 +22,7 @@ from servelab.engines.base import Engine
 from servelab.errors import UserError
 from servelab.experiment import evidence, interference, pinning, processes
 from servelab.experiment.deploy import DeployError, Deployment, on_main_thread
-from servelab.experiment.measure import (  # noqa: F401 (Measurement: the runner's API)
-    MeasureFn,
-    Measurement,
-    PairedFn,
-    bench_measure,
-)
+from servelab.experiment.measure import MeasureFn, Measurement, PairedFn, bench_measure
 from servelab.experiment.schedule import PlannedRun, plan
 from servelab.experiment.spec import SWEEP_KEY, ExperimentSpec
 from servelab.store import Store
@@ -254,7 +249,7 @@ class Runner:
         if not self.engine.launches:
             assert spec.url
             for p in group:
-                yield p, self._measure(p, [(p, spec.url, None)], job)[p.key]
+                yield p, self._measure([(p, spec.url, None)], job)[p.key]
             return
         deps: dict[str, Deployment | DeployError] = {}
         done: dict[tuple[str, str, int], str] = {}  # statuses of runs measured with an earlier one
@@ -284,7 +279,7 @@ class Runner:
                     else:
                         live.append((q, d.url, d))
                 if live:
-                    done.update(self._measure(p, live, job))
+                    done.update(self._measure(live, job))
                 yield p, done.pop(p.key)
         finally:
             # last launched, first stopped; only the first launched (stopped last) waits for
@@ -363,11 +358,12 @@ class Runner:
                 )
         return None, last
 
-    def _measure(self, first: PlannedRun, live: list[tuple[PlannedRun, str, Deployment | None]],
+    def _measure(self, live: list[tuple[PlannedRun, str, Deployment | None]],
                  job: Any) -> dict[tuple[str, str, int], str]:
         """Measure `live` runs ((run, url, deployment) each; several: paired capacity sweeps),
         store each, and return their statuses by run key."""
-        spec, _ = self.spec, job.update(current=first.describe())
+        spec = self.spec
+        job.update(current=live[0][0].describe())
         started = time.time()
         befores = [self.engine.scrape(url) for _, url, _ in live]
         pids = self._our_pids()
