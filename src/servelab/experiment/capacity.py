@@ -168,9 +168,11 @@ def measure_paired(items: Sequence[tuple[str, Any, Any]],
             except Exception as exc:  # this arm's run failed; the others go on
                 arms[i] = exc
     out = [a.measurement() if isinstance(a, ArmSweep) else a for a in arms]
+    whole = [run.arm for m, (_, _, run) in zip(out, items, strict=True)
+             if not isinstance(m, BaseException)]
     for m, (_, _, run) in zip(out, items, strict=True):
         if not isinstance(m, BaseException):  # the report says which sweeps ran paired
-            m.summary["capacity"]["paired_with"] = [r.arm for _, _, r in items if r is not run]
+            m.summary["capacity"]["paired_with"] = [a for a in whole if a != run.arm]
     return out
 
 
