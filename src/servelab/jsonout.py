@@ -141,7 +141,7 @@ def experiment(data: Any, report: Mapping[str, str] | None = None) -> dict[str, 
              "decided_at": e.decided_at}
             for e in an.effects.values()],
         "capacity": {
-            "arms": [{"arm": a.arm, "text": a.text(),
+            "arms": [{"arm": a.arm, "text": a.text(), "paired_sweeps": a.paired,
                       "brackets": [{"status": b.status, "low_req_s": b.low, "high_req_s": b.high}
                                    for b in a.brackets]} for a in per],
             "effects": [capacity.to_json(e) for e in cap_effects]},

@@ -200,6 +200,9 @@ teardown_s = 5
         main()
     except SystemExit as exc:
         assert not exc.code
-    (doc,) = json.loads(capsys.readouterr().out)["capacity"]["effects"]
+    out = json.loads(capsys.readouterr().out)["capacity"]
+    (doc,) = out["effects"]
     assert (doc["rule"], doc["verdict"], doc["decided_at"]) == (e.rule, e.verdict, e.decided_at)
+    # restart = "block": every block's two sweeps ran alternating point by point
+    assert [a["paired_sweeps"] for a in out["arms"]] == [ev.blocks_used] * 2
     assert doc["ci_low"] == pytest.approx(e.ci_low) and doc["n"] == e.n

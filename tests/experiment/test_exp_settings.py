@@ -125,3 +125,17 @@ def test_nothing_in_the_experiment_package_imports_the_cli():
                 names = [a.name for a in node.names]
             offenders += [f"{f.name}: {n}" for n in names if n.startswith("servelab.cli")]
     assert offenders == []
+
+
+def test_the_spec_accepts_exactly_the_boundaries_the_rule_knows():
+    """`[adaptive] boundary` is validated by the spec's Literal and computed by sequential.py:
+    one list must not grow without the other."""
+    import typing
+
+    from servelab.experiment import sequential
+    from servelab.experiment.spec import AdaptiveSpec
+
+    accepted = typing.get_args(AdaptiveSpec.model_fields["boundary"].annotation)
+    assert set(accepted) == set(sequential.BOUNDARIES)
+    for b in accepted:  # and each has a calibrated design
+        assert sequential.boundary_constant(4, 12, 0.05, b) > 0

@@ -167,9 +167,9 @@ def sweep(measure: Measure, cfg: SweepConfig,
     (to store or print it)."""
     it = search(cfg, on_point)
     try:
-        role, load = next(it)
+        _, load = next(it)
         while True:
-            role, load = it.send(measure(load))
+            _, load = it.send(measure(load))
     except StopIteration as stop:
         return stop.value
 
