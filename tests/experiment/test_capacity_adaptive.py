@@ -146,6 +146,8 @@ def test_adaptive_experiment_stops_when_its_capacity_effect_is_decided(tmp_path,
     import json
     import sys
 
+    from capacity_files import scripted_capacity
+
     from servelab.cli import main
     from servelab.experiment import evidence
     from servelab.experiment import spec as spec_mod
@@ -153,12 +155,7 @@ def test_adaptive_experiment_stops_when_its_capacity_effect_is_decided(tmp_path,
     from servelab.store import Store
 
     f = tmp_path / "capa.toml"
-    f.write_text(f"""
-name = "capa"
-engine = "command"
-command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
-           "--port", "{{port}}", "--model", "capa", "--no-log"]
-baseline = "slow"
+    f.write_text(scripted_capacity("capa", """
 repetitions = "auto"
 restart = "block"
 noise_band = 0.05
@@ -166,23 +163,7 @@ noise_band = 0.05
 min = 3
 max = 5
 budget_s = 300
-[base.flags]
-ttft-ms = 5
-gap-ms = 4
-max-running = 1
-[arms.slow]
-[arms.fast]
-flags = {{ tokens-per-chunk = 2 }}
-[load]
-sweep = {{ slo = "ttft_p90_ms=40", precision = 0.5, rates = 1, max_points = 5 }}
-[workload]
-input_len = 8
-output_len = 5
-num_prompts = 8
-[timeouts]
-ready_s = 30
-teardown_s = 5
-""")
+"""))
     said: list[str] = []
     store = Store(tmp_path / "r.db")
     Runner(spec_mod.load(f), store, say=said.append).run()

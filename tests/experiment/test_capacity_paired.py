@@ -6,10 +6,10 @@ block's sweeps only when every arm is up at once (restart = "block")."""
 from __future__ import annotations
 
 import math
-import sys
 import tomllib
 
 import pytest
+from capacity_files import scripted_capacity
 
 from servelab.bench.scripted_harness import serve_subprocess
 from servelab.bench.scripted_server import Script
@@ -20,31 +20,12 @@ from servelab.experiment import spec as spec_mod
 from servelab.experiment.schedule import PlannedRun
 
 SLO = "ttft_p90_ms=40"
-FILE = f"""
-name = "capp"
-engine = "command"
-command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
-           "--port", "{{port}}", "--model", "capp", "--no-log"]
-baseline = "slow"
-repetitions = 1
-restart = "block"
-[base.flags]
-ttft-ms = 5
-gap-ms = 4
-max-running = 1
-[arms.slow]
-[arms.fast]
-flags = {{ tokens-per-chunk = 2 }}
-[load]
-sweep = {{ slo = "{SLO}", precision = 0.5, rates = 1, max_points = 8 }}
-[workload]
-input_len = 8
-output_len = 5
-num_prompts = 8
-[timeouts]
-ready_s = 30
-teardown_s = 5
-"""
+SWEEP = f'slo = "{SLO}", precision = 0.5, rates = 1, max_points = 8'
+
+
+def _file(restart: str = "block", paired: str = "true") -> str:
+    return scripted_capacity("capp", f'repetitions = 1\nrestart = "{restart}"',
+                             f"{SWEEP}, paired = {paired}")
 
 
 def _run(arm: str, seq: int) -> PlannedRun:
@@ -63,7 +44,7 @@ def _rejudged(m) -> tuple[float | None, float | None]:
 
 
 def test_paired_sweeps_alternate_point_by_point_against_real_servers(tmp_path):
-    spec = spec_mod.parse(tomllib.loads(FILE))
+    spec = spec_mod.parse(tomllib.loads(_file()))
     slow = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp")
     fast = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp", tokens_per_chunk=2)
     seen: list[tuple[str, int, int]] = []  # (arm about to measure, requests served by each so far)
@@ -96,7 +77,7 @@ def test_paired_sweeps_alternate_point_by_point_against_real_servers(tmp_path):
 
 
 def test_a_failing_arm_leaves_the_other_sweep_whole(tmp_path):
-    spec = spec_mod.parse(tomllib.loads(FILE))
+    spec = spec_mod.parse(tomllib.loads(_file()))
     ok = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp")
     broken = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp", fail_rate=1.0)
     calls: list[str] = []
@@ -122,9 +103,7 @@ def test_the_runner_pairs_only_when_every_arm_is_up(tmp_path, restart, paired, e
     from servelab.experiment.runner import Runner
     from servelab.store import Store
 
-    text = FILE.replace('restart = "block"', f'restart = "{restart}"').replace(
-        "max_points = 8 }", f"max_points = 8, paired = {paired} }}")
-    spec = spec_mod.parse(tomllib.loads(text))
+    spec = spec_mod.parse(tomllib.loads(_file(restart, paired)))
     groups: list[list[str]] = []
 
     def paired_fn(items, on_point):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from capacity_files import scripted_capacity
 
 from servelab.bench.slo import parse_slo
 from servelab.errors import UserError
@@ -102,47 +103,19 @@ def test_sweep_spec_is_validated_in_one_line():
         spec_mod.parse(_spec("burstiness = 1.0"))
 
 
-SWEEP_ARMS = """
-[arms.slow]
-[arms.fast]
-flags = { tokens-per-chunk = 2 }
-"""
-
-
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     """A real experiment: the scripted server with one slot (a FIFO queue), two arms, two
     blocks of one capacity sweep each."""
-    import sys
-
     from servelab.experiment.runner import Runner
     from servelab.store import Store
 
     tmp = tmp_path_factory.mktemp("cap")
-    text = f"""
-name = "capx"
+    text = scripted_capacity("capx", """
 hypothesis = "two tokens per chunk raise the SLO capacity"
-engine = "command"
-command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
-           "--port", "{{port}}", "--model", "capx", "--no-log"]
-baseline = "slow"
 repetitions = 2
 restart = "arm"
-[base.flags]
-ttft-ms = 5
-gap-ms = 4
-max-running = 1
-{SWEEP_ARMS}
-[load]
-sweep = {{ slo = "ttft_p90_ms=40", precision = 0.5, rates = 1, max_points = 5 }}
-[workload]
-input_len = 8
-output_len = 5
-num_prompts = 8
-[timeouts]
-ready_s = 30
-teardown_s = 5
-"""
+""")
     f = tmp / "capx.toml"
     f.write_text(text)
     store = Store(tmp / "r.db")
