@@ -61,3 +61,24 @@ def test_demo_quick_runs_attributes_and_reports(tmp_path):
     # the stopping rule and the machine are reported beside the verdicts
     assert "adaptive repetitions: 3 blocks used" in out
     assert "rule: repeated-t confidence sequence" in out
+
+
+def test_demo_json_prints_only_the_experiment_document(tmp_path):
+    """`servelab demo --file F --json`: stdout holds the report's `experiment` document and
+    nothing else (progress and the timing go to stderr); the report files it names exist."""
+    import json
+
+    from capacity_files import scripted_capacity
+
+    f = tmp_path / "d.toml"
+    f.write_text(scripted_capacity("demoj", 'repetitions = 1\nrestart = "block"'))
+    env = {**os.environ, "SERVELAB_HOME": str(tmp_path / "home"), "COLUMNS": "250"}
+    p = subprocess.run([sys.executable, "-m", "servelab", "demo", "--file", str(f), "--json"],
+                       env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    doc = json.loads(p.stdout)  # the whole of stdout is one document
+    assert doc["schema"] == "servelab.experiment/1" and doc["name"] == "demoj"
+    assert doc["runs"] == {"stored": 2, "ok": 2}
+    assert [a["paired_sweeps"] for a in doc["capacity"]["arms"]] == [1, 1]
+    assert os.path.getsize(doc["report"]["html"]) > 20_000
+    assert "demo finished in" in p.stderr

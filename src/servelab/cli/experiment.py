@@ -152,9 +152,11 @@ def register(app: typer.Typer) -> None:
         file: Path = typer.Option(
             None, "--file", help="Experiment file (default: examples/demo.toml)."
         ),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
     ) -> None:
         """The story's MTP A/B in miniature on the embedded engine: run, attribute, report."""
         from servelab.cli.console import make_console
         from servelab.experiment.demo import run_demo
 
-        run_demo(make_console(), quick=quick, store_path=store, file=file)
+        run_demo(make_console(stderr=as_json), quick=quick, store_path=store, file=file,
+                 as_json=as_json)

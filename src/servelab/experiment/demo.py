@@ -38,9 +38,11 @@ def load_demo(file: Path | None, quick: bool) -> spec_mod.ExperimentSpec:
 
 
 def run_demo(
-    console: Any, *, quick: bool = False, store_path: Path | None = None, file: Path | None = None
+    console: Any, *, quick: bool = False, store_path: Path | None = None, file: Path | None = None,
+    as_json: bool = False,
 ) -> Path:
-    """Run the demo (fresh unless an interrupted one can be resumed); returns the HTML path."""
+    """Run the demo (fresh unless an interrupted one can be resumed); returns the HTML path.
+    `as_json`: the report's `experiment` document on stdout (`console` then writes to stderr)."""
     from servelab import jobs
     from servelab.experiment.present import attribution, run_file
     from servelab.experiment.report import write
@@ -68,6 +70,12 @@ def run_demo(
     run_file(spec, store_path, console)
     with Store(store_path) as st:
         md, page, data = write(st, spec.name)
+    if as_json:
+        from servelab import jsonout
+
+        console.print(f"demo finished in {time.monotonic() - t0:.0f} s", highlight=False)
+        jsonout.emit("experiment", jsonout.experiment(data, {"html": str(page), "markdown": str(md)}))
+        return page
     attribution(console, data)
     console.print(
         f"demo finished in {time.monotonic() - t0:.0f} s\nreport: {page}\nmarkdown: {md}",
