@@ -56,11 +56,11 @@ class ArmSweep:
     def __init__(self, url: str, spec: Any, run: Any) -> None:
         from servelab.bench.slo import parse_slo
         from servelab.bench.sweep import SweepConfig, search
-        from servelab.experiment.measure import served_model as _served_model
+        from servelab.experiment.measure import served_model
 
         sw = spec.load.sweep
         self.slo = parse_slo(sw.slo)
-        cfg = spec.workload.bench_config(url, model=_served_model(spec))
+        cfg = spec.workload.bench_config(url, model=served_model(spec))
         if self.slo is not None and self.slo.goodput() and not cfg.goodput:
             from dataclasses import replace
 

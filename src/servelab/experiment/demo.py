@@ -70,15 +70,13 @@ def run_demo(
     run_file(spec, store_path, console)
     with Store(store_path) as st:
         md, page, data = write(st, spec.name)
-    if as_json:
+    took = f"demo finished in {time.monotonic() - t0:.0f} s"
+    if as_json:  # stdout holds the document only; the console writes to stderr
         from servelab import jsonout
 
-        console.print(f"demo finished in {time.monotonic() - t0:.0f} s", highlight=False)
+        console.print(took, highlight=False)
         jsonout.emit("experiment", jsonout.experiment(data, {"html": str(page), "markdown": str(md)}))
-        return page
-    attribution(console, data)
-    console.print(
-        f"demo finished in {time.monotonic() - t0:.0f} s\nreport: {page}\nmarkdown: {md}",
-        highlight=False,
-    )
+    else:
+        attribution(console, data)
+        console.print(f"{took}\nreport: {page}\nmarkdown: {md}", highlight=False)
     return page
