@@ -10,7 +10,7 @@ writing with a one-line error that says how to recover (rows written into a dama
 lost or read back wrong). Reading a damaged store fails with the same one line, never a
 traceback. Several rows that belong together (one imported file) are written in one transaction
 (`Store.transaction`): all of them or none, per-request files included. Provenance and run logs
-are redacted (servelab.provenance.redact) before they are stored.
+are redacted (servelab.redaction.redact) before they are stored.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import orjson
 
 from servelab import paths
 from servelab.errors import UserError
-from servelab.provenance import redact, redact_text
+from servelab.redaction import redact, redact_text
 
 SCHEMA_VERSION = 1
 
