@@ -107,3 +107,24 @@ def test_a_malformed_manifest_is_one_line(tmp_path, text):
         with pytest.raises(UserError, match="manifest") as err:
             call()
         assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("BLOCK_SIZE_M", 10**100), ("BLOCK_SIZE_N", 48), ("BLOCK_SIZE_K", 1024), ("num_warps", 10**6),
+    ("num_warps", 3), ("num_stages", 64), ("GROUP_SIZE_M", 10**9), ("SPLIT_K", 3)])
+def test_install_refuses_entries_no_engine_can_launch(tmp_path, key, value):
+    tuned, dest, _ = _tree(tmp_path)
+    name = formats.config_file_name("sglang", 512, 256, "NVIDIA H200")
+    (tuned / name).write_text(json.dumps({"1": {**TUNED, key: value}}))
+    before = _snapshot(dest)
+    with pytest.raises(UserError, match=f"malformed config file, nothing installed: .*{key}"):
+        install.install(tuned, "sglang", dest)
+    assert _snapshot(dest) == before
+
+
+def test_tiles_beyond_any_gpus_shared_memory_are_refused():
+    big = {**TUNED, "BLOCK_SIZE_M": 512, "BLOCK_SIZE_N": 512, "BLOCK_SIZE_K": 256}
+    with pytest.raises(ValueError, match="shared memory"):
+        formats.validate_entry(big, "e")
+    assert formats.validate_entry({**TUNED, "BLOCK_SIZE_M": 256, "BLOCK_SIZE_N": 256,
+                                   "BLOCK_SIZE_K": 256, "num_stages": 4}, "e")["num_stages"] == 4
