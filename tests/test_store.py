@@ -43,6 +43,9 @@ def test_unknown_ids_and_names_explain_themselves(tmp_path):
     with Store(tmp_path / "r.db") as st:
         with pytest.raises(UserError, match="results list"):
             st.load_point(42)
+        for beyond in (10**23, -(10**23)):     # past SQLite's integers: not an overflow
+            with pytest.raises(UserError, match="results list"):
+                st.load_point(beyond)
         with pytest.raises(UserError, match="known: none"):
             st.experiment("nope")
 

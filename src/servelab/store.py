@@ -257,7 +257,9 @@ class Store:
         return int(cur.lastrowid)
 
     def load_point(self, lp_id: int) -> LoadPointRow:
-        rows = self._query("SELECT * FROM load_points WHERE id = ?", (lp_id,))
+        # an id beyond SQLite's 64-bit integers names no row (binding it would overflow)
+        rows = (self._query("SELECT * FROM load_points WHERE id = ?", (lp_id,))
+                if -(1 << 63) <= lp_id < (1 << 63) else [])
         row = rows[0] if rows else None
         if row is None:
             raise UserError(f"no load point with id {lp_id} in {self.path}; `servelab results list` shows the ids")
