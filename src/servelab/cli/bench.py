@@ -305,7 +305,7 @@ def register(app: typer.Typer) -> None:
             server_info = res.server_info
             row = save_load_point(st, cfg, lp, res, label=label) if st is not None else None
             if line is None:
-                _report_point(console, res, f"{lp.key}  ({cfg.base_url}, {cfg.api})"
+                _report_point(console, res, f"{lp.key}  ({cfg.shown_url}, {cfg.api})"
                               + (f"  stored as #{row}" if row else ""), full=True)
             else:
                 _report_point(console, res, line(row), full=False)
@@ -343,7 +343,7 @@ def register(app: typer.Typer) -> None:
                 write_output()
 
             console.print(f"sweep {sweep_id}" + (f" under {slos.describe()}" if slos else "")
-                          + f" against {cfg.base_url}", markup=False, highlight=False)
+                          + f" against {cfg.shown_url}", markup=False, highlight=False)
             result = run_sweep(measure, scfg, on_point)
             console.print(_sweep_table(result, slos))
             sweep_doc.update({"synchronous_req_s": result.synchronous_req_s,
