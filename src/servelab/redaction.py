@@ -27,9 +27,10 @@ REDACTED = "<redacted>"
 # a name is secret when one of its words (split at _ - . and case changes) is one of these
 _SECRET_WORDS = frozenset({
     "token", "tokens", "key", "apikey", "secret", "secrets", "password", "passwd", "pwd",
-    "passphrase", "credential", "credentials", "auth", "authorization", "cookie", "session",
+    "passphrase", "credential", "credentials", "auth", "authorization", "cookie",
     "signature", "sig", "private", "bearer",
 })
+# ("session" is not among them: workloads count sessions; AWS_SESSION_TOKEN has its "token")
 # names that contain a secret word but hold no secret (counts and sizes of tokens, sort keys)
 _NOT_SECRET = re.compile(
     r"(^|_)(max|min|num|total|input|output|prompt|completion|draft|accepted|generation|new|"

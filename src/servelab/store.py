@@ -327,11 +327,13 @@ class Store:
                     "rename it in the file, or run it with `servelab run FILE --fresh` to start over"
                 )
             # same design: keep what may change between resumes (hypothesis, noise band) current
-            self._db.execute("UPDATE experiments SET spec = ? WHERE name = ?", (_dumps(spec), name))
+            self._db.execute("UPDATE experiments SET spec = ? WHERE name = ?",
+                             (_dumps(redact(spec)), name))
             return True
+        # stored redacted: reports, --json and the HTML read this copy, never the secrets
         self._db.execute(
             "INSERT INTO experiments(name, created, spec, spec_hash) VALUES (?,?,?,?)",
-            (name, time.time(), _dumps(spec), spec_hash),
+            (name, time.time(), _dumps(redact(spec)), spec_hash),
         )
         return False
 
