@@ -13,10 +13,11 @@ import time
 import pytest
 import torch
 
-from servelab.mini import tokenizer as tk
-from servelab.mini.engine import Engine, EngineArgs
-from servelab.mini.graphs import GraphRunner
-from servelab.mini.sampling import SamplingParams, accept_drafts
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.engine import Engine
+from servelab.mini.engine.graphs import GraphRunner
+from servelab.mini.engine.sampling import SamplingParams, accept_drafts
+from servelab.mini.model import tokenizer as tk
 
 GREEDY = dict(temperature=0.0, ignore_eos=True)
 PROMPTS = ["def f(x):\n    return", "import os\n", "class A:\n    pass\n" * 3, "x = [1, 2, 3]"]
@@ -162,9 +163,10 @@ def test_engine_failure_ends_pending_requests():
 
 KERNEL_CHECK = """
 import sys
-from servelab.mini import tokenizer as tk
-from servelab.mini.engine import Engine, EngineArgs
-from servelab.mini.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.engine import Engine
+from servelab.mini.engine.sampling import SamplingParams
 out = []
 for backend in ("torch", sys.argv[1]):
     e = Engine(EngineArgs(config="micro", random_weights=True, attention_backend=backend,
@@ -320,7 +322,7 @@ def test_min_tokens_and_ignore_eos_against_an_eos_loving_model(spec):
 
 
 def test_top_p_keeps_the_smallest_nucleus():
-    from servelab.mini.sampling import target_probs
+    from servelab.mini.engine.sampling import target_probs
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     p = torch.softmax(logits[0], -1)  # 0.644, 0.237, 0.087, 0.032

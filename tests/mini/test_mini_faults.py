@@ -8,10 +8,11 @@ import time
 
 import torch
 
-from servelab.mini import engine as engine_mod
-from servelab.mini import tokenizer as tk
-from servelab.mini.engine import UNHEALTHY_AFTER, Engine, EngineArgs
-from servelab.mini.sampling import SamplingParams
+from servelab.mini.engine import engine as engine_mod
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.engine import UNHEALTHY_AFTER, Engine
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
 

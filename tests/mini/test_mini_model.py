@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from servelab.mini.config import get_config
-from servelab.mini.model import KVCache, MiniModel, make_batch
+from servelab.mini.model.config import get_config
+from servelab.mini.model.model import KVCache, MiniModel, make_batch
 
 # fp32 on CPU: the paths differ only in summation order; 1e-4 is ~100x the observed 1e-6 and
 # far below a changed top-k selection (which moves logits by O(0.1)).
@@ -96,7 +96,7 @@ def test_static_full_context_candidates_match_eager():
 
 
 def test_checkpoint_loads_on_cpu_and_is_small():
-    from servelab.mini.checkpoint import load_model, shipped_weights
+    from servelab.mini.model.checkpoint import load_model, shipped_weights
 
     path = shipped_weights("tiny")
     if path is None:

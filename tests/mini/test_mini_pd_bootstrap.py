@@ -13,8 +13,9 @@ import urllib.request
 
 import torch
 
-from servelab.mini.pd_bootstrap import BootstrapServer
-from servelab.mini.pd_transfer import KVHandoff, TransferStats, decode
+from servelab.mini.engine.kv_handoff import KVHandoff
+from servelab.mini.server.pd.bootstrap import BootstrapServer
+from servelab.mini.server.pd.wire import TransferStats, decode
 
 
 def _port() -> int:

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import pytest
 
-from servelab.mini import pd_engine
-from servelab.mini import tokenizer as tk
-from servelab.mini.engine import Engine, EngineArgs
-from servelab.mini.pd_transfer import KVHandoff, TransferError, decode, encode
-from servelab.mini.sampling import SamplingParams
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.engine import Engine
+from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
+from servelab.mini.server.pd.wire import decode, encode
 
 PROMPTS = ["def f(x):\n    return", "import os\nimport sys\n" * 3]
 
@@ -55,7 +56,7 @@ def test_prefill_then_decode_equals_one_engine(config, steps):
             want = run(one, prompt, sp)
             wire, first = prefill(pre, prompt, sp, room=100 + i)
             h = decode(wire)
-            pd_engine.check(dec, h, prompt)
+            dec.check_handoff(h, prompt)
             got = run(dec, prompt, sp, room=h.room, handoff=h)
             assert got == want, f"{config}/{steps} {sp}: PD {got} != one engine {want}"
             assert got[0] == first[0]
@@ -74,11 +75,11 @@ def test_a_handoff_that_does_not_fit_is_refused():
     wire, _ = prefill(pre, prompt, SamplingParams(max_tokens=4, temperature=0.0), room=1)
     h = decode(wire)
     with pytest.raises(TransferError, match="same --speculative"):
-        pd_engine.check(dec_mtp, h, prompt)
+        dec_mtp.check_handoff(h, prompt)
     with pytest.raises(TransferError, match="another prompt"):
-        pd_engine.check(engine("micro"), h, tk.encode("hellO"))
+        engine("micro").check_handoff(h, tk.encode("hellO"))
     with pytest.raises(TransferError, match="another model"):
-        pd_engine.check(engine("micro", seed=1), h, prompt)
+        engine("micro", seed=1).check_handoff(h, prompt)
     with pytest.raises(TransferError, match="does not match its header"):
         decode(wire[:-3])
     with pytest.raises(TransferError, match="not a KV handoff"):
@@ -121,14 +122,14 @@ def test_a_broken_or_hostile_handoff_is_refused_with_its_reason():
     with pytest.raises(TransferError, match="malformed"):
         decode(wire[:8] + b"[" * 5000)
     with pytest.raises(TransferError, match="room 5"):
-        pd_engine.check(dec, decode(wire), prompt, room=6)
+        dec.check_handoff(decode(wire), prompt, room=6)
     with pytest.raises(TransferError, match="outside this model's vocabulary"):
-        pd_engine.check(dec, decode(_reframe(wire, first_token=10**6)), prompt, room=5)
+        dec.check_handoff(decode(_reframe(wire, first_token=10**6)), prompt, room=5)
     seeded, _ = prefill(pre, prompt, SamplingParams(max_tokens=4, temperature=0.9, seed=3), 7)
     h = decode(seeded)
     assert h.gen_state is not None
     kv_b, ik_b = h.kv.numel() * 4, h.ik.numel() * 4
     with pytest.raises(TransferError, match="sampler state"):
-        pd_engine.check(dec, decode(_reframe(seeded, tail=b"\0" * 10, bytes=[kv_b, ik_b, 10])),
+        dec.check_handoff(decode(_reframe(seeded, tail=b"\0" * 10, bytes=[kv_b, ik_b, 10])),
                         prompt, room=7)
-    pd_engine.check(dec, decode(wire), prompt, room=5)  # the unbroken one passes
+    dec.check_handoff(decode(wire), prompt, room=5)  # the unbroken one passes

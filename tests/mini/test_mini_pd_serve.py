@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from servelab.errors import UserError
-from servelab.mini.engine import EngineArgs
-from servelab.mini.server import run_server
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.server.app import run_server
 
 
 def _port() -> int:
@@ -62,9 +62,9 @@ def test_a_prefill_request_aborted_by_its_client_fails_its_decode_side_at_once()
 
     import uvicorn
 
-    from servelab.mini.engine import Engine
-    from servelab.mini.pd_server import PD
-    from servelab.mini.server import build_app
+    from servelab.mini.engine.engine import Engine
+    from servelab.mini.server.app import build_app
+    from servelab.mini.server.pd.role import PD
 
     eng = Engine(EngineArgs(config="micro", random_weights=True, context_length=64,
                             max_running_requests=1))  # never started: requests stay queued

@@ -24,10 +24,11 @@ import pytest
 from serve_proc import free_port, start, wait_ready
 
 from servelab.engines.base import parse_prometheus
-from servelab.mini import tokenizer as tk
-from servelab.mini.config import TINY
-from servelab.mini.engine import Engine, EngineArgs
-from servelab.mini.sampling import SamplingParams
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.engine import Engine
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
+from servelab.mini.model.config import TINY
 
 MTP = ["--speculative-algorithm", "EAGLE", "--speculative-num-steps", "2"]
 PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"

@@ -30,7 +30,7 @@ def call(url: str, path: str, body: dict | None = None, timeout: float = 20):
 
 def test_router_flags_parse_as_sglang_router_spells_them():
     from servelab.errors import UserError
-    from servelab.mini.router_args import parse
+    from servelab.mini.router.args import parse
 
     cfg, host, port = parse(["--pd-disaggregation", "--prefill", "http://10.0.0.1:30000", "8998",
                              "--prefill", "http://10.0.0.2:30000", "none", "--prefill",

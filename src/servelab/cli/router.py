@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from servelab.mini.router_args import parse
+from servelab.mini.router.args import parse
 
 HELP = """Route requests over prefill and decode servers (SGLang's PD protocol).
 
@@ -25,7 +25,7 @@ def router(ctx: typer.Context) -> None:
     """Route requests over prefill and decode servers (SGLang's PD protocol); run
     `servelab router --help` for the flags."""
     cfg, host, port = parse(list(ctx.args))
-    from servelab.mini.router import run_router
+    from servelab.mini.router.app import run_router  # aiohttp: only when routing
 
     run_router(cfg, host, port)
 

@@ -28,8 +28,8 @@ from servelab.engines.base import (
 )
 from servelab.engines.launcher import Entry
 from servelab.errors import UserError
-from servelab.mini import router_args
-from servelab.mini.serve_args import ServeArgs
+from servelab.mini.router import args as router_args
+from servelab.mini.server.args import ServeArgs
 
 # host, port and the disaggregation mode come from the process itself (its role), not flags
 _SET_BY_DEPLOYMENT = frozenset({"host", "port", "disaggregation-mode"})

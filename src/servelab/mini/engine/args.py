@@ -1,11 +1,13 @@
 """The engine's arguments: one frozen record, built by `servelab serve` (cli/serve.py) from its
-typed flags (serve_args.py) and by tests and benchmarks directly. Names follow SGLang's server
+typed flags (server/args.py) and by tests and benchmarks directly. Names follow SGLang's server
 arguments. Kept apart from engine.py so that reading what an engine is configured with does not
 mean reading its scheduler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from servelab.errors import UserError
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,3 +35,16 @@ class EngineArgs:
     def num_drafts(self) -> int:
         """Draft tokens proposed per verify step (0 without speculation)."""
         return self.speculative_num_steps if self.speculative_algorithm else 0
+
+    def check(self, cuda_available: bool) -> None:
+        """Refuse (UserError) a combination the engine cannot run, before anything is loaded;
+        `cuda_available`: whether torch sees a CUDA device (this module does not import it)."""
+        if self.speculative_algorithm and self.speculative_eagle_topk != 1:
+            raise UserError("only --speculative-eagle-topk 1 is supported (a chain of drafts)")
+        if self.device.startswith("cuda") and not cuda_available:
+            raise UserError("--device cuda but torch sees no CUDA device; use --device cpu")
+        if self.config == "flash" and not self.device.startswith("cuda"):
+            raise UserError("--config flash (1.5 B random bf16 parameters) is for --device cuda; "
+                            "use --config tiny on the CPU")
+        if self.cuda_graph and not self.device.startswith("cuda"):
+            raise UserError("--cuda-graph needs --device cuda")

@@ -17,6 +17,14 @@ from pathlib import Path
 import torch
 
 
+def step_name(new: int, running: int, speculative: bool) -> str:
+    """The annotation of one engine step: EXTEND when it admits `new` requests (prefill), else
+    TARGET_VERIFY (speculative decoding) or DECODE over the `running` ones."""
+    if new:
+        return f"step[EXTEND bs={new}]"
+    return f"step[{'TARGET_VERIFY' if speculative else 'DECODE'} bs={running}]"
+
+
 class StepProfiler:
     """One optional torch.profiler session, counting engine steps."""
 

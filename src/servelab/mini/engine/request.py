@@ -8,12 +8,16 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from servelab.mini import tokenizer as tk
-from servelab.mini.sampling import SamplingParams
+from servelab.errors import UserError
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
+
+if TYPE_CHECKING:
+    from servelab.mini.engine.kv_handoff import KVHandoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +53,11 @@ class Request:
     held: str = ""  # text held back because it may start a stop string
     finish: str | None = None
     spec_verify_ct: int = 0
-    # prefill/decode disaggregation (pd_engine.py): the bootstrap room of the request; on a
+    # prefill/decode disaggregation (kv_handoff.py): the bootstrap room of the request; on a
     # prefill server, where its KV goes once prefilled; on a decode server, the KV it came with
     room: int = -1
-    export: Callable[[Any], None] | None = None
-    handoff: Any = None  # pd_transfer.KVHandoff until installed into the request's slot
+    export: Callable[[KVHandoff], None] | None = None
+    handoff: KVHandoff | None = None  # until installed into the request's slot
 
     def take(self, toks: list[int]) -> tuple[str, list[int]]:
         """Add sampled tokens to the output until one finishes the request (EOS, a stop string,
@@ -101,11 +105,33 @@ class Stats:
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)
 
+    def verified(self, k: int, accepted: int) -> None:
+        """Count one verify step of one request: `k` drafts proposed, the first `accepted` kept."""
+        self.spec_num_drafts += 1
+        self.spec_num_draft_tokens += k
+        self.spec_num_accepted_tokens += accepted
+        for j in range(accepted):
+            self.spec_accepted_per_pos[j] += 1
+
     @property
     def avg_spec_accept_length(self) -> float | None:
         if not self.spec_num_drafts:
             return None
         return 1.0 + self.spec_num_accepted_tokens / self.spec_num_drafts
+
+
+def generator(params: SamplingParams) -> torch.Generator | None:
+    """The random stream of a sampled request (None for greedy): seeded by its `seed`, else by
+    a fresh draw; UserError for a seed torch refuses."""
+    if params.greedy:
+        return None
+    gen = torch.Generator()
+    try:
+        gen.manual_seed(params.seed if params.seed is not None else
+                        int(torch.randint(0, 2**62, ()).item()))
+    except (RuntimeError, OverflowError, ValueError) as exc:
+        raise UserError(f"seed {params.seed} is not usable: {exc}") from None
+    return gen
 
 
 def deliver(r: Request, ev: Event) -> bool:

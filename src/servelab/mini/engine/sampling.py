@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.mini.tokenizer import BOS, EOS
+from servelab.mini.model.tokenizer import BOS, EOS
 
 
 @dataclass(frozen=True, slots=True)

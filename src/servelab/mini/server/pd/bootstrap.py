@@ -24,14 +24,8 @@ from dataclasses import dataclass
 import aiohttp
 from aiohttp import web
 
-from servelab.mini.pd_transfer import (
-    ROOM_MAX,
-    KVHandoff,
-    TransferError,
-    TransferStats,
-    decode,
-    encode,
-)
+from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
+from servelab.mini.server.pd.wire import ROOM_MAX, TransferStats, decode, encode
 
 # marks the bootstrap server's own "not within the wait" 404, told apart from any other
 # server's 404 (a decode pointed at the wrong port must not report a timeout)

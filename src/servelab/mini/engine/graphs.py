@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from servelab.mini.model import make_batch
+from servelab.mini.model.model import make_batch
 
 BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
 

@@ -1,8 +1,8 @@
-"""A server's role in prefill/decode disaggregation, as the HTTP handlers see it (server.py).
+"""A server's role in prefill/decode disaggregation, as the HTTP handlers see it (server/).
 
 `--disaggregation-mode null` (default): an ordinary server; the bootstrap fields of a body are
 ignored. `prefill`: every generation request must carry SGLang's `bootstrap_room` (the router
-adds it); the engine prefills, the KV goes to the bootstrap server (pd_bootstrap.py) under that
+adds it); the engine prefills, the KV goes to the bootstrap server (bootstrap.py) under that
 room, and the answer ends after the first token. `decode`: the request also carries
 `bootstrap_host` / `bootstrap_port`; the server fetches the room's KV first (no slot is held
 while waiting), checks it fits this model and prompt, then submits the request with it. A
@@ -15,13 +15,16 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from servelab.mini import pd_engine
-from servelab.mini.pd_bootstrap import BootstrapServer, fetch
-from servelab.mini.pd_transfer import ROOM_MAX, KVHandoff, TransferError, TransferStats
-from servelab.mini.protocol import ApiError
-from servelab.mini.serve_args import DEFAULT_BOOTSTRAP_PORT
+from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
+from servelab.mini.server.args import DEFAULT_BOOTSTRAP_PORT
+from servelab.mini.server.pd.bootstrap import BootstrapServer, fetch
+from servelab.mini.server.pd.wire import ROOM_MAX, TransferStats
+from servelab.mini.server.protocol import ApiError
+
+if TYPE_CHECKING:
+    from servelab.mini.engine.engine import Engine
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +80,7 @@ class PD:
     """The disaggregation role of one server: what a generation request needs before it is
     submitted to the engine, and what happens when it fails."""
 
-    def __init__(self, engine: Any, mode: str, host: str, bootstrap_port: int,
+    def __init__(self, engine: Engine, mode: str, host: str, bootstrap_port: int,
                  waiting_timeout_s: float) -> None:
         self.engine, self.mode = engine, mode
         self.waiting_timeout_s = waiting_timeout_s
@@ -148,7 +151,7 @@ class PD:
         try:
             handoff = await fetch(self._session, boot.host, boot.port, boot.room,
                                   self.waiting_timeout_s, self.stats, self.max_handoff_bytes)
-            pd_engine.check(self.engine, handoff, prompt, boot.room)
+            self.engine.check_handoff(handoff, prompt, boot.room)
         except TransferError as exc:
             raise ApiError(exc.status, str(exc), "server_error") from None
         return handoff

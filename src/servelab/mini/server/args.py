@@ -26,7 +26,7 @@ from pydantic import (
 )
 
 from servelab.errors import UserError
-from servelab.mini.config import CONFIGS
+from servelab.mini.model.config import CONFIGS
 
 # --speculative-algorithm spellings SGLang accepts for an MTP (NextN) head -> the one we run
 SPEC_ALGORITHMS = {"EAGLE": "EAGLE", "NEXTN": "EAGLE", "MTP": "EAGLE"}

@@ -25,28 +25,23 @@ from collections.abc import Callable
 import torch
 
 from servelab.errors import UserError
-from servelab.mini import pd_engine
-from servelab.mini import tokenizer as tk
-from servelab.mini.attention import get_backend
-from servelab.mini.capacity import check_kv_fits
-from servelab.mini.checkpoint import load_model
-from servelab.mini.engine_args import EngineArgs
-from servelab.mini.model import KVCache, make_batch
-from servelab.mini.profiler import StepProfiler
-from servelab.mini.request import (  # noqa: F401 - Event, Stats: part of the engine's API
-    FINISH_REASONS,
-    Event,
-    Request,
-    Stats,
-    deliver,
-)
-from servelab.mini.sampling import (
+from servelab.mini.engine import kv_handoff
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.graphs import GraphRunner
+from servelab.mini.engine.kv_budget import check_kv_fits
+from servelab.mini.engine.profiler import StepProfiler, step_name
+from servelab.mini.engine.request import FINISH_REASONS, Event, Request, Stats, deliver, generator
+from servelab.mini.engine.sampling import (
     SamplingParams,
     accept_drafts,
     mask_logits,
     sample_row,
     target_probs,
 )
+from servelab.mini.model import tokenizer as tk
+from servelab.mini.model.attention import get_backend
+from servelab.mini.model.checkpoint import load_model
+from servelab.mini.model.model import KVCache, make_batch
 
 UNHEALTHY_AFTER = 3  # consecutive failed steps before /health reports the engine failed
 
@@ -55,15 +50,7 @@ class Engine:
     """Owns the model, the KV cache and the scheduler thread."""
 
     def __init__(self, args: EngineArgs) -> None:
-        if args.speculative_algorithm and args.speculative_eagle_topk != 1:
-            raise UserError("only --speculative-eagle-topk 1 is supported (a chain of drafts)")
-        if args.device.startswith("cuda") and not torch.cuda.is_available():
-            raise UserError("--device cuda but torch sees no CUDA device; use --device cpu")
-        if args.config == "flash" and not args.device.startswith("cuda"):
-            raise UserError("--config flash (1.5 B random bf16 parameters) is for --device cuda; "
-                            "use --config tiny on the CPU")
-        if args.cuda_graph and not args.device.startswith("cuda"):
-            raise UserError("--cuda-graph needs --device cuda")
+        args.check(cuda_available=torch.cuda.is_available())
         if args.device == "cpu" and args.num_threads:
             torch.set_num_threads(args.num_threads)
         self.args = args
@@ -79,13 +66,12 @@ class Engine:
         dtype = self.model.head.weight.dtype
         check_kv_fits(self.cfg, args, self.ctx, dtype)
         self.cache = KVCache(self.cfg, args.max_running_requests, self.ctx, args.device, dtype)
+        self.fingerprint = kv_handoff.fingerprint(self.cfg, self.weights_meta, dtype)
         self.device = torch.device(args.device)
         self.stats = Stats(spec_accepted_per_pos=[0] * self.k)
         self.profiler = StepProfiler()
-        self.graphs = None
+        self.graphs: GraphRunner | None = None
         if args.cuda_graph:
-            from servelab.mini.graphs import GraphRunner
-
             self.graphs = GraphRunner(self, max_tokens=args.max_running_requests * (self.k + 1))
         self._cond = threading.Condition()
         self._waiting: deque[Request] = deque()
@@ -102,8 +88,8 @@ class Engine:
     # ---- public API --------------------------------------------------------------------------
     def submit(self, prompt: list[int], params: SamplingParams,
                callback: Callable[[Event], None], *, room: int = -1,
-               export: Callable[[pd_engine.KVHandoff], None] | None = None,
-               handoff: pd_engine.KVHandoff | None = None) -> int:
+               export: Callable[[kv_handoff.KVHandoff], None] | None = None,
+               handoff: kv_handoff.KVHandoff | None = None) -> int:
         """Queue a request; `callback` gets an Event per step (from the engine thread).
 
         Disaggregation: with `export` (a prefill server) the request is prefilled, its KV
@@ -114,14 +100,7 @@ class Engine:
                             f"exceeds the context length {self.args.context_length}")
         if not prompt:
             raise UserError("empty prompt")
-        gen = None
-        if not params.greedy:
-            gen = torch.Generator()
-            try:
-                gen.manual_seed(params.seed if params.seed is not None else
-                                int(torch.randint(0, 2**62, ()).item()))
-            except (RuntimeError, OverflowError, ValueError) as exc:
-                raise UserError(f"seed {params.seed} is not usable: {exc}") from None
+        gen = generator(params)
         with self._cond:
             rid = self._next_id
             self._next_id += 1
@@ -133,6 +112,12 @@ class Engine:
                                          export=export, handoff=handoff))
             self._cond.notify()
         return rid
+
+    def check_handoff(self, h: kv_handoff.KVHandoff, prompt: list[int],
+                      room: int | None = None) -> None:
+        """Refuse (kv_handoff.TransferError) a received handoff this engine cannot continue."""
+        kv_handoff.check(h, prompt, room, cfg=self.cfg, k=self.k, dtype=self.cache.kv[0].dtype,
+                         model_fingerprint=self.fingerprint)
 
     def abort(self, rid: int) -> None:
         """Drop a request (client went away); its slot is freed at the next step."""
@@ -239,7 +224,8 @@ class Engine:
         if not self._running:
             return False
         ok = True
-        with torch.inference_mode(), self.profiler.step(self._step_name(new)):
+        with torch.inference_mode(), self.profiler.step(
+                step_name(len(new), len(self._running), bool(self.k))):
             handed = [r for r in new if r.handoff is not None]
             new = [r for r in new if r.handoff is None]
             if handed:
@@ -260,7 +246,7 @@ class Engine:
     def _install(self, reqs: list[Request]) -> None:
         """Decode server: put the received KV in place and emit the prefill's first token."""
         for r in reqs:
-            pd_engine.install(self, r)
+            kv_handoff.install(self.cache, r, kv_handoff.layers_sent(self.cfg, self.k), self.k)
             self._append(r, [r.last])
 
     def _guarded(self, fn: Callable[[list[Request]], None], reqs: list[Request]) -> bool:
@@ -276,12 +262,6 @@ class Engine:
                 if r.finish is None:
                     self._fail(r, self.last_failure)
             return False
-
-    def _step_name(self, new: list[Request]) -> str:
-        if new:
-            return f"step[EXTEND bs={len(new)}]"
-        kind = "TARGET_VERIFY" if self.k else "DECODE"
-        return f"step[{kind} bs={len(self._running)}]"
 
     def _ids(self, xs: list[int]) -> torch.Tensor:
         """Token ids, slots or positions as a long tensor on the engine's device."""
@@ -339,7 +319,8 @@ class Engine:
     def _export(self, r: Request) -> None:
         """Prefill server: hand the request's KV on, then end it after its first token."""
         try:
-            r.export(pd_engine.export(self, r))
+            layers = kv_handoff.layers_sent(self.cfg, self.k)
+            r.export(kv_handoff.export(self.cache, r, layers, self.fingerprint))
         except Exception as exc:  # noqa: BLE001 - this request only
             self._fail(r, f"KV export failed: {type(exc).__name__}: {str(exc)[:200]}")
             return
@@ -412,12 +393,7 @@ class Engine:
                 self._fail(r, f"sampling failed: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
             a = len(got) - 1
-            st = self.stats
-            st.spec_num_drafts += 1
-            st.spec_num_draft_tokens += k
-            st.spec_num_accepted_tokens += a
-            for j in range(a):
-                st.spec_accepted_per_pos[j] += 1
+            self.stats.verified(k, a)
             r.spec_verify_ct += 1
             p = r.pos
             r.last, r.pos = got[-1], p + len(got)

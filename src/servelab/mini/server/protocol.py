@@ -24,8 +24,8 @@ from pydantic import (
     ValidationError,
 )
 
-from servelab.mini import tokenizer as tk
-from servelab.mini.sampling import SamplingParams
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
 
 MAX_BODY_BYTES = 8 << 20  # a prompt longer than any context this engine serves, with room
 MAX_STOPS = 8

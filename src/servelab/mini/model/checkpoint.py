@@ -1,7 +1,7 @@
 """Load and save model checkpoints: one torch file holding the config, bf16 weights and metadata.
 
-The shipped `tiny` checkpoint lives in weights/tiny.pt (trained by train.py); `flash` has no
-checkpoint and is always random (seeded).
+The shipped `tiny` checkpoint lives in mini/weights/tiny.pt (trained by mini/train.py); `flash`
+has no checkpoint and is always random (seeded).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import torch
 
 from servelab import atomic
 from servelab.errors import UserError
-from servelab.mini.config import ModelConfig, get_config
-from servelab.mini.model import MiniModel
+from servelab.mini.model.config import ModelConfig, get_config
+from servelab.mini.model.model import MiniModel
 
-WEIGHTS_DIR = Path(__file__).parent / "weights"
+WEIGHTS_DIR = Path(__file__).parent.parent / "weights"  # mini/weights/
 
 
 def shipped_weights(config_name: str) -> Path | None:

@@ -19,8 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.mini.attention import AttentionFn, torch_sparse_mla
-from servelab.mini.config import ModelConfig
+from servelab.mini.model.attention import AttentionFn, torch_sparse_mla
+from servelab.mini.model.config import ModelConfig
 
 
 @dataclass(slots=True)
@@ -356,3 +356,24 @@ class KVCache:
     @property
     def scratch_slot(self) -> int:
         return self.slots
+
+    def _rows(self, slot: int, n: int) -> torch.Tensor:
+        """Row indices of positions 0..n-1 of `slot` (row s * ctx + p, as make_batch writes)."""
+        start = slot * self.ctx
+        return torch.arange(start, start + n, device=self.kv[0].device)
+
+    def read_rows(self, slot: int, n: int, layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of the rows of positions 0..n-1 of `slot` in the first `layers` layers:
+        (kv [layers, n, kv_dim], ik [layers, n, index_dim]) on the cache's device."""
+        rows = self._rows(slot, n)
+        kv = torch.stack([self.kv[i].index_select(0, rows) for i in range(layers)])
+        ik = torch.stack([self.ik[i].index_select(0, rows) for i in range(layers)])
+        return kv, ik
+
+    def write_rows(self, slot: int, kv: torch.Tensor, ik: torch.Tensor) -> None:
+        """Write kv [L, n, kv_dim] and ik [L, n, index_dim] as positions 0..n-1 of `slot` in
+        the first L layers (the inverse of read_rows, from any device)."""
+        rows = self._rows(slot, int(kv.shape[1]))
+        for i in range(int(kv.shape[0])):
+            self.kv[i].index_copy_(0, rows, kv[i].to(self.kv[i].device))
+            self.ik[i].index_copy_(0, rows, ik[i].to(self.ik[i].device))

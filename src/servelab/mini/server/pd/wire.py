@@ -1,4 +1,5 @@
-"""What a prefill server hands a decode server (prefill/decode disaggregation), on the wire.
+"""What a prefill server hands a decode server (prefill/decode disaggregation), on the wire; and
+the counters of those transfers.
 
 After prefilling a prompt, the prefill server holds everything the decode server needs to go on
 as if it had prefilled the prompt itself: the latent KV rows of every layer for the prompt's
@@ -22,37 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
+
 MAGIC = b"SLKV"
 VERSION = 1
 ROOM_MAX = 2**64 - 1  # SGLang's router draws rooms in [0, 2^63 - 1]; any u64 is accepted
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class TransferError(Exception):
-    """A handoff that cannot be used (malformed, for another model or prompt, or never came);
-    `status` is the HTTP status the decode server answers the request with."""
-
-    def __init__(self, message: str, status: int = 502) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True, slots=True)
-class KVHandoff:
-    """One prefilled request, ready for a decode server."""
-
-    room: int
-    prompt: list[int]
-    first_token: int
-    drafts: list[int]  # MTP drafts for the first verify step (empty without speculation)
-    kv: torch.Tensor  # [L, S, kv_dim]: L = n_layers (+1 with the MTP layer), S = len(prompt)
-    ik: torch.Tensor  # [L, S, index_dim]
-    fingerprint: str  # model config, weights and dtype: both sides must serve the same model
-    gen_state: bytes | None = None  # torch.Generator state after sampling the first token
-
-    @property
-    def layers(self) -> int:
-        return int(self.kv.shape[0])
 
 
 def encode(h: KVHandoff) -> bytes:
