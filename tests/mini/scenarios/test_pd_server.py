@@ -7,7 +7,7 @@ request whose KV never comes (or whose prefill is gone) fails alone and the deco
 serving. The same servers behind the real sglang_router (its PD mode) give the same output when
 SERVELAB_SGLANG_ROUTER_PYTHON names an interpreter with sglang-router installed, e.g.
   python3 -m venv /tmp/sgr && /tmp/sgr/bin/pip install sglang-router==0.3.2
-  SERVELAB_SGLANG_ROUTER_PYTHON=/tmp/sgr/bin/python python -m pytest tests/mini/test_mini_pd_server.py
+  SERVELAB_SGLANG_ROUTER_PYTHON=/tmp/sgr/bin/python python -m pytest tests/mini/scenarios/test_pd_server.py
 """
 
 from __future__ import annotations
