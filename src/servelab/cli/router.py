@@ -1,9 +1,9 @@
 """CLI verb `router`: a minimal prefill/decode router with sglang_router's flags
 (`python -m sglang_router.launch_router --pd-disaggregation --prefill URL [BOOTSTRAP_PORT]
 --decode URL ...`), so an experiment's PD layout renders the same for SGLang and the embedded
-engine. The library side is servelab/mini/router.py.
+engine. The library side is servelab/mini/router/.
 
-The verb takes its arguments raw: mini/router_args.py parses them (sglang_router's
+The verb takes its arguments raw: mini/router/args.py parses them (sglang_router's
 `--prefill URL [PORT]` is not a shape Typer can declare).
 """
 

@@ -52,7 +52,7 @@ def serve(
         "SGLANG_DISAGGREGATION_WAITING_TIMEOUT)."),
 ) -> None:
     """Serve the embedded engine: OpenAI + SGLang-style HTTP API, /metrics, profiling."""
-    # Bounds and choices live in one typed model (mini/serve_args.py), which `servelab run
+    # Bounds and choices live in one typed model (mini/server/args.py), which `servelab run
     # --check` also judges an experiment's flags with: both refuse a value with the same line.
     flags = {k: v for k, v in locals().items()}
     a = ServeArgs.from_flags(flags)

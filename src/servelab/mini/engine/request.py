@@ -8,16 +8,13 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from servelab.errors import UserError
 from servelab.mini.engine.sampling import SamplingParams
 from servelab.mini.model import tokenizer as tk
-
-if TYPE_CHECKING:
-    from servelab.mini.engine.kv_handoff import KVHandoff
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,8 +53,9 @@ class Request:
     # prefill/decode disaggregation (kv_handoff.py): the bootstrap room of the request; on a
     # prefill server, where its KV goes once prefilled; on a decode server, the KV it came with
     room: int = -1
-    export: Callable[[KVHandoff], None] | None = None
-    handoff: KVHandoff | None = None  # until installed into the request's slot
+    # (typed Any: kv_handoff.py, which reads and writes requests, is above this module)
+    export: Callable[[Any], None] | None = None  # takes a kv_handoff.KVHandoff
+    handoff: Any = None  # a kv_handoff.KVHandoff until installed into the request's slot
 
     def take(self, toks: list[int]) -> tuple[str, list[int]]:
         """Add sampled tokens to the output until one finishes the request (EOS, a stop string,

@@ -71,7 +71,7 @@ class _EngineCollector:
 
 def _transfer_series(t, lab: list[str], val: list[str]):
     """KV transfers of a prefill (direction "sent") or decode (direction "received") server:
-    pd_transfer.TransferStats. Present only on servers in a disaggregation mode."""
+    server/pd/wire.TransferStats. Present only on servers in a disaggregation mode."""
     lab, val = [*lab, "direction"], [*val, t.direction]
     b = CounterMetricFamily("servelab:kv_transfer_bytes", "KV handoff bytes moved.", labels=lab)
     b.add_metric(val, t.bytes)
