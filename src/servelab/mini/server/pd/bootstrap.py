@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import math
 import threading
 import time
@@ -286,8 +287,6 @@ async def _read_at_most(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes |
 
 def _reason(body: bytes, fallback: str | None) -> str:
     """The `error` of a bootstrap server's JSON answer (its text if it is not one)."""
-    import json
-
     try:
         data = json.loads(body)
     except ValueError:

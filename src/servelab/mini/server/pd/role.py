@@ -17,6 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
+
 from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
 from servelab.mini.server.args import DEFAULT_BOOTSTRAP_PORT
 from servelab.mini.server.pd.bootstrap import BootstrapServer, fetch
@@ -144,8 +146,6 @@ class PD:
         return {"room": boot.room, "handoff": handoff}
 
     async def _fetch(self, boot: Bootstrap, prompt: list[int]) -> KVHandoff:
-        import aiohttp
-
         if self._session is None:
             self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
         try:
