@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from servelab.mini.router.state import RouterState, error
+from servelab.redaction import redact_text
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 FORWARD_GET = ("/v1/models",)
@@ -55,7 +56,7 @@ async def _stream_decode(state: RouterState, request: web.Request, dresp: aiohtt
             counters.done(path, 502)
             if out.content_type != "text/event-stream":
                 raise  # drop the connection: a cut JSON body must not look complete
-            msg = f"decode server {d_url} broke off: {type(exc).__name__}: {exc}"
+            msg = redact_text(f"decode server {d_url} broke off: {type(exc).__name__}: {exc}")
             await out.write(b"data: " + json.dumps({"error": {  # as vLLM ends a failed
                 "message": msg, "type": "server_error", "param": None,  # stream
                 "code": 502}}).encode() + b"\n\ndata: [DONE]\n\n")

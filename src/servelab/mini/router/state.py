@@ -12,6 +12,7 @@ import aiohttp
 from aiohttp import web
 
 from servelab.mini.router.args import RouterConfig
+from servelab.redaction import redact_text
 
 
 @dataclass(slots=True)
@@ -70,6 +71,6 @@ class RouterState:
 
 
 def error(status: int, message: str, kind: str = "server_error") -> web.Response:
-    """An OpenAI-style JSON error answer."""
-    return web.json_response({"error": {"message": message, "type": kind,
+    """An OpenAI-style JSON error answer; worker URLs in it keep no credentials."""
+    return web.json_response({"error": {"message": redact_text(message), "type": kind,
                                         "param": None, "code": status}}, status=status)

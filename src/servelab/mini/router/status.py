@@ -16,6 +16,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
 from servelab.mini.router.state import Counters, RouterState, error
+from servelab.redaction import redact_url
 
 
 def _mode(got: tuple[int, bytes] | None) -> str | None:
@@ -60,7 +61,7 @@ class _RouterCollector:
             for fam in fams:
                 m = merged.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type))
                 for smp in fam.samples:
-                    m.add_sample(smp.name, {**smp.labels, "worker": url}, smp.value)
+                    m.add_sample(smp.name, {**smp.labels, "worker": redact_url(url)}, smp.value)
         yield from merged.values()
 
 
@@ -96,8 +97,8 @@ def add_routes(app: web.Application, state: RouterState) -> None:
                 info = {}
         info = info if isinstance(info, dict) else {"value": info}
         info["router"] = {"pd_disaggregation": True, "policy": cfg.policy,
-                          "prefill": [[p.url, p.bootstrap_port] for p in cfg.prefills],
-                          "decode": list(cfg.decodes)}
+                          "prefill": [[redact_url(p.url), p.bootstrap_port] for p in cfg.prefills],
+                          "decode": [redact_url(d) for d in cfg.decodes]}
         return web.json_response(info)
 
     async def metrics(_request: web.Request) -> web.Response:
