@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from servelab.experiment import sequential as seq
-from servelab.experiment.noise_notes import rule_name
-from servelab.experiment.stats import bootstrap_ratio, verdict
+from servelab.experiment.report.noise import rule_name
+from servelab.experiment.stats import sequential as seq
+from servelab.experiment.stats.bootstrap import bootstrap_ratio, verdict
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def main() -> None:
     ap.add_argument(
         "--record",
         default=None,
-        help="also write the A/A rates the report quotes (src/servelab/experiment/error_rates.json)",
+        help="also write the A/A rates the report quotes (src/servelab/experiment/report/error_rates.json)",
     )
     a = ap.parse_args()
     t0 = time.time()
