@@ -1,4 +1,6 @@
-"""Deployment hygiene: GPU memory back (a fake nvidia-smi) and ports free around launches."""
+"""Deployments (experiment/deploy/deployment.py): GPU memory back (a fake nvidia-smi), ports free
+around launches, each process its own engine ports, and a process group killed at the ready
+timeout."""
 
 from __future__ import annotations
 
@@ -8,10 +10,12 @@ import sys
 import threading
 import time
 
+import pytest
+
 from servelab import engines
 from servelab.engines.base import ProcessConfig
-from servelab.experiment import deploy
-from servelab.experiment.deploy import Deployment
+from servelab.experiment.deploy import deployment as deploy
+from servelab.experiment.deploy.deployment import Deployment
 
 
 def test_stop_waits_until_gpu_memory_is_back(tmp_path, monkeypatch):
@@ -67,7 +71,7 @@ def test_a_busy_fixed_port_blocks_the_launch(tmp_path, live_procs):
 
     import pytest
 
-    from servelab.experiment.deploy import DeployError
+    from servelab.experiment.deploy.base import DeployError
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -104,3 +108,26 @@ def test_each_process_gets_its_own_engine_ports_and_a_set_one_is_kept(tmp_path):
     assert len(set([*ports, boot, val(rtr, "--port")])) == 8
     assert "--disaggregation-bootstrap-port" not in dec
     assert rtr[rtr.index("--prefill") + 2] == str(boot)          # the router is told it
+
+
+def test_deployment_ready_timeout_kills_the_process_group(tmp_path, live_procs):
+    from servelab.engines import get
+    from servelab.engines.base import ProcessConfig
+    from servelab.experiment.deploy.base import DeployError
+    from servelab.experiment.deploy.deployment import Deployment
+
+    marker = f"hang-{os.getpid()}-{time.monotonic_ns()}"
+    script = (
+        f"import subprocess, sys, time; print('booting {marker}', flush=True); "
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}']); "
+        "time.sleep(60)"
+    )
+    cfg = ProcessConfig(
+        role="server", flags={}, extra={"command": [sys.executable, "-c", script, marker]}
+    )
+    dep = Deployment(get("command"), "", [cfg], tmp_path / "logs", ready_timeout_s=1.5, grace_s=2)
+    with pytest.raises(DeployError) as ei:
+        dep.start()
+    assert "not ready after 2 s" in str(ei.value) or "not ready after 1 s" in str(ei.value)
+    assert f"booting {marker}" in ei.value.log_tail
+    assert live_procs(marker) == []  # the child of the child too

@@ -1,5 +1,5 @@
-"""Engine ports come from below the kernel's ephemeral range (experiment/ports.py): a port from
-that range can be taken by any outgoing connection before the engine binds it."""
+"""Engine ports come from below the kernel's ephemeral range (experiment/deploy/ports.py): a port
+from that range can be taken by any outgoing connection before the engine binds it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from servelab.experiment import ports
+from servelab.experiment.deploy import ports
 
 
 def test_free_ports_lie_below_the_ephemeral_range_and_are_bindable():

@@ -10,7 +10,7 @@ from servelab.bench.run import run_load_point, save_load_point
 from servelab.bench.scripted_harness import serve_in_thread
 from servelab.bench.scripted_server import Script
 from servelab.errors import UserError
-from servelab.experiment.compare import compare
+from servelab.experiment.report.compare import compare
 from servelab.store import Store
 
 

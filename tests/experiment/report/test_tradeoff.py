@@ -1,5 +1,5 @@
-"""The trade-off data behind the report's charts (experiment/tradeoff.py): the Pareto front
-against a brute-force reading of its definition, and the SLO lines drawn."""
+"""The trade-off data behind the report's charts (experiment/report/tradeoff.py): the Pareto
+front against a brute-force reading of its definition, and the SLO lines drawn."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from servelab.experiment.tradeoff import Point, Tradeoff, slo_lines
+from servelab.experiment.report.tradeoff import Point, Tradeoff, slo_lines
 
 
 def _pt(arm: str, gpu: float, user: float) -> Point:
@@ -35,10 +35,10 @@ def test_pareto_front_is_the_non_dominated_points():
 
 
 def test_slo_lines_come_from_the_sweep_and_goodput():
-    spec = {"load": {"sweep": {"slo": "ttft_p99_ms=2000,tpot_p95_ms=50,tpot_ms=40"}}}
-    lines = slo_lines(spec, {"e2e_ms": 9000.0, "ttft_ms": 2000.0})
+    slo = "ttft_p99_ms=2000,tpot_p95_ms=50,tpot_ms=40"  # [load.sweep] slo
+    lines = slo_lines(slo, {"e2e_ms": 9000.0, "ttft_ms": 2000.0})
     # the goodput limit equal to a drawn SLO is not drawn twice
     assert lines["ttft_ms"] == [("SLO ttft_p99_ms <= 2000", 2000.0)]
     assert [ms for _, ms in lines["tpot_ms"]] == [50.0, 40.0]
     assert lines["e2e_ms"] == [("goodput e2e_ms <= 9000", 9000.0)]
-    assert slo_lines({"load": {}}) == {}
+    assert slo_lines(None) == {}

@@ -1,23 +1,21 @@
-"""Paired capacity sweeps ([load.sweep] paired, experiment/capacity.py measure_paired): the arms'
-searches alternate point by point against real scripted servers on loopback, each arm still
-finds its own bracket, one arm's failure leaves the other's sweep whole, and the runner pairs a
-block's sweeps only when every arm is up at once (restart = "block")."""
+"""Paired capacity sweeps ([load.sweep] paired, experiment/run/sweeps.py measure_paired): the
+arms' searches alternate point by point against real scripted servers on loopback, each arm
+still finds its own bracket, and one arm's failure leaves the other's sweep whole."""
 
 from __future__ import annotations
 
 import math
 import tomllib
 
-import pytest
 from capacity_files import scripted_capacity
 
 from servelab.bench.scripted_harness import serve_subprocess
 from servelab.bench.scripted_server import Script
 from servelab.bench.slo import parse_slo
 from servelab.bench.sweep import first_crossing
-from servelab.experiment import capacity
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.schedule import PlannedRun
+from servelab.experiment.plan.schedule import PlannedRun
+from servelab.experiment.run import sweeps
+from servelab.experiment.spec.parse import parse
 
 SLO = "ttft_p90_ms=40"
 SWEEP = f'slo = "{SLO}", precision = 0.5, rates = 1, max_points = 8'
@@ -44,7 +42,7 @@ def _rejudged(m) -> tuple[float | None, float | None]:
 
 
 def test_paired_sweeps_alternate_point_by_point_against_real_servers(tmp_path):
-    spec = spec_mod.parse(tomllib.loads(_file()))
+    spec = parse(tomllib.loads(_file()))
     slow = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp")
     fast = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp", tokens_per_chunk=2)
     seen: list[tuple[str, int, int]] = []  # (arm about to measure, requests served by each so far)
@@ -52,7 +50,7 @@ def test_paired_sweeps_alternate_point_by_point_against_real_servers(tmp_path):
         def on_point(run, role, key):
             seen.append((run.arm, len(hs.log()), len(hf.log())))
 
-        out = capacity.measure_paired([(hs.url, spec, _run("slow", 0)),
+        out = sweeps.measure_paired([(hs.url, spec, _run("slow", 0)),
                                        (hf.url, spec, _run("fast", 1))], on_point)
     ms, mf = out
     assert not isinstance(ms, BaseException) and not isinstance(mf, BaseException)
@@ -77,12 +75,12 @@ def test_paired_sweeps_alternate_point_by_point_against_real_servers(tmp_path):
 
 
 def test_a_failing_arm_leaves_the_other_sweep_whole(tmp_path):
-    spec = spec_mod.parse(tomllib.loads(_file()))
+    spec = parse(tomllib.loads(_file()))
     ok = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp")
     broken = Script(ttft_ms=5, gap_ms=4, max_running=1, model="capp", fail_rate=1.0)
     calls: list[str] = []
     with serve_subprocess(broken) as hb, serve_subprocess(ok) as ho:
-        out = capacity.measure_paired([(hb.url, spec, _run("broken", 0)),
+        out = sweeps.measure_paired([(hb.url, spec, _run("broken", 0)),
                                        (ho.url, spec, _run("ok", 1))],
                                       lambda run, role, key: calls.append(run.arm))
     assert isinstance(out[0], RuntimeError) and "completed no request" in str(out[0])
@@ -93,41 +91,3 @@ def test_a_failing_arm_leaves_the_other_sweep_whole(tmp_path):
     assert (m.summary["capacity"]["low_req_s"], m.summary["capacity"]["high_req_s"]) == _rejudged(m)
 
 
-@pytest.mark.parametrize(("restart", "paired", "expect_pairs"),
-                         [("block", "true", True), ("block", "false", False),
-                          ("arm", "true", False)])
-def test_the_runner_pairs_only_when_every_arm_is_up(tmp_path, restart, paired, expect_pairs):
-    """Through the Runner with real deployments (scripted servers launched by the `command`
-    engine): the measuring function sees both arms at once only with restart = "block" and
-    paired on; otherwise each sweep is measured alone."""
-    from servelab.experiment.runner import Runner
-    from servelab.store import Store
-
-    spec = spec_mod.parse(tomllib.loads(_file(restart, paired)))
-    groups: list[list[str]] = []
-
-    def paired_fn(items, on_point):
-        groups.append([run.arm for _, _, run in items])
-        return capacity.measure_paired(items, on_point)
-
-    def single(url, s, run):
-        groups.append([run.arm])
-        return capacity.measure(url, s, run)
-
-    from servelab.experiment.report import write
-
-    with Store(tmp_path / "r.db") as store:
-        res = Runner(spec, store, measure=single, measure_paired=paired_fn,
-                     say=lambda s: None, log_root=tmp_path / "logs").run()
-        runs = list(store.runs("capp"))
-        caps = [store.load_point(r.load_point_id).summary["capacity"] for r in runs]
-        md = write(store, "capp", tmp_path / "report")[0].read_text()
-    assert (res.ok, res.failed) == (2, 0)
-    if expect_pairs:
-        assert len(groups) == 1 and sorted(groups[0]) == ["fast", "slow"]
-        assert all(c.get("paired_with") for c in caps)
-        assert md.count("1 paired point by point)") == 2  # each arm's capacity says so
-    else:
-        assert sorted(map(tuple, groups)) == [("fast",), ("slow",)]
-        assert not any(c.get("paired_with") for c in caps)
-        assert "paired point by point" not in md

@@ -1,6 +1,7 @@
-"""SLO capacity as an experiment metric (experiment/capacity.py): the interval-arithmetic effect
-against hand-computed bounds, honest open brackets, the `[load.sweep]` schema, and a real
-experiment over the scripted server whose stored sweep points re-judge to the stored bracket."""
+"""SLO capacity in a real experiment over the scripted server (run/sweeps.py measures,
+stats/capacity.py compares, report/ states): every stored sweep point re-judges to the stored
+bracket, the report, its charts and `report --json` carry the effect, a failing server is a
+failed run."""
 
 from __future__ import annotations
 
@@ -10,104 +11,14 @@ import pytest
 from capacity_files import scripted_capacity
 
 from servelab.bench.slo import parse_slo
-from servelab.errors import UserError
-from servelab.experiment import capacity
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.stats import RunValue
-
-
-def _run(arm: str, block: int, status: str, lo: float | None, hi: float | None,
-         sync: float = 1.0) -> RunValue:
-    cap = {"status": status, "low_req_s": lo, "high_req_s": hi, "synchronous_req_s": sync,
-           "slo_text": "ttft_p99_ms <= 2000"}
-    return RunValue(arm, "capacity", block, block, {"capacity": cap})
-
-
-def test_closed_brackets_give_the_interval_arithmetic_bounds():
-    # identical blocks: every bootstrap resample is the same, so the CI is exactly the bounds
-    # a_low / b_high and a_high / b_low, and the point the ratio of the bracket midpoints
-    runs = [r for b in range(6) for r in (_run("base", b, "bracketed", 10.0, 11.0),
-                                          _run("mtp", b, "bracketed", 20.0, 22.0))]
-    e = capacity.compare(runs, "mtp", "base", 0.02, "capacity")
-    assert e.n == 6 and e.open_blocks == 0
-    assert e.ci_low == pytest.approx(20 / 11) and e.ci_high == pytest.approx(22 / 10)
-    assert e.ratio == pytest.approx(math.sqrt(20 * 22) / math.sqrt(10 * 11))
-    assert e.verdict == "better"
-    assert e.sentence() == ("mtp raises SLO capacity under ttft_p99_ms <= 2000 by +100% "
-                            "[+82%, +120%] (vs base)")
-
-
-def test_noise_between_blocks_widens_the_interval_beyond_the_brackets():
-    import numpy as np
-
-    rng = np.random.default_rng(1)
-    runs = []
-    for b in range(8):
-        s = float(rng.lognormal(0, 0.1))
-        runs += [_run("base", b, "bracketed", 10.0, 10.5), _run("x", b, "bracketed", 12 * s, 12.6 * s)]
-    e = capacity.compare(runs, "x", "base", 0.02, "capacity")
-    assert e.ci_low < 12 / 10.5 * 0.97 and e.ci_high > 12.6 / 10 * 1.03
-    assert e.ci_low < e.ratio < e.ci_high
-
-
-def test_open_brackets_are_bounds_not_numbers():
-    runs = [r for b in range(5) for r in (_run("base", b, "bracketed", 10.0, 11.0),
-                                          _run("fast", b, "above_saturation", 30.0, None),
-                                          _run("broken", b, "unmet_at_synchronous", 0.0, None, 2.0))]
-    up = capacity.compare(runs, "fast", "base", 0.02, "capacity")
-    assert math.isnan(up.ratio) and math.isinf(up.ci_high) and up.open_blocks == 5
-    assert up.ci_low == pytest.approx(30 / 11) and up.verdict == "better"
-    assert up.pct_text() == "[+173%, +inf]"
-    assert up.sentence().startswith("fast raises SLO capacity under ttft_p99_ms <= 2000 by at "
-                                    "least 173% (95% CI [+173%, +inf]; 5 of 5 blocks")
-    down = capacity.compare(runs, "broken", "base", 0.02, "capacity")
-    assert down.ci_low == 0.0 and down.ci_high == pytest.approx(2.0 / 10) and down.verdict == "worse"
-    assert capacity.bracket_of(runs[1].summary).text() == ">= 30"
-    assert capacity.bracket_of(runs[2].summary).text() == "< 2"
-    # an open upper end that may fall below the band: the effect is not decided
-    mixed = [r for b in range(5) for r in (_run("base", b, "bracketed", 10.0, 11.0),
-                                           _run("m", b, "unresolved", None, 12.0))]
-    assert capacity.compare(mixed, "m", "base", 0.02, "capacity").verdict == "inconclusive"
-
-
-def test_same_capacity_is_within_noise_and_one_block_too_few():
-    runs = [r for b in range(5) for r in (_run("a", b, "bracketed", 10.0, 10.05),
-                                          _run("b", b, "bracketed", 10.0, 10.05))]
-    assert capacity.compare(runs, "b", "a", 0.02, "capacity").verdict == "within noise"
-    one = [_run("a", 0, "bracketed", 10.0, 11.0), _run("b", 0, "bracketed", 20.0, 22.0)]
-    assert capacity.compare(one, "b", "a", 0.02, "capacity").verdict == "too few runs"
-
-
-def _spec(load: str) -> dict:
-    import tomllib
-
-    return tomllib.loads(f"""
-name = "x"
-engine = "external"
-url = "http://127.0.0.1:1"
-[arms.a]
-[arms.b]
-[load]
-{load}
-""")
-
-
-def test_sweep_spec_is_validated_in_one_line():
-    s = spec_mod.parse(_spec('sweep = { slo = "ttft_p99_ms=2000", precision = 0.05 }'))
-    assert s.load.keys() == [("capacity", None, None)] and s.load.sweep.precision == 0.05
-    with pytest.raises(UserError, match=r"^<experiment>: load\.sweep\.slo: .*not an SLO"):
-        spec_mod.parse(_spec('sweep = { slo = "latency=5" }'))
-    with pytest.raises(UserError, match=r"load\.sweep: .*max_points 4 leaves no room"):
-        spec_mod.parse(_spec('sweep = { slo = "ttft:500", rates = 3, max_points = 4 }'))
-    with pytest.raises(UserError, match="sweep = "):
-        spec_mod.parse(_spec("burstiness = 1.0"))
+from servelab.experiment.plan.preflight import load
 
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
     """A real experiment: the scripted server with one slot (a FIFO queue), two arms, two
     blocks of one capacity sweep each."""
-    from servelab.experiment.runner import Runner
+    from servelab.experiment.run.runner import Runner
     from servelab.store import Store
 
     tmp = tmp_path_factory.mktemp("cap")
@@ -119,7 +30,7 @@ restart = "arm"
     f = tmp / "capx.toml"
     f.write_text(text)
     store = Store(tmp / "r.db")
-    Runner(spec_mod.load(f), store, say=lambda s: None).run()
+    Runner(load(f), store, say=lambda s: None).run()
     return store, tmp
 
 
@@ -153,7 +64,7 @@ def test_every_sweep_point_is_stored_and_rejudges_to_the_bracket(swept):
 
 
 def test_report_states_the_capacity_effect(swept):
-    from servelab.experiment.report import write
+    from servelab.experiment.report.html import write
 
     store, tmp = swept
     md, page, _ = write(store, "capx", tmp / "out")
@@ -192,7 +103,7 @@ def test_trade_off_charts_render_and_toggle_in_chromium(swept):
     limit, and the checkboxes hide series on every chart."""
     import re
 
-    from servelab.experiment.report import write
+    from servelab.experiment.report.html import write
 
     store, tmp = swept
     _, page, _ = write(store, "capx", tmp / "out")
@@ -240,8 +151,8 @@ def test_report_json_carries_the_capacity_effect(swept, monkeypatch, capsys):
 def test_mtp_capacity_example_is_valid():
     from pathlib import Path
 
-    f = Path(__file__).resolve().parents[2] / "examples" / "mtp_capacity.toml"
-    s = spec_mod.load(f)  # validation and pre-flight (flags, the MTP recipe on 'embedded')
+    f = Path(__file__).resolve().parents[3] / "examples" / "mtp_capacity.toml"
+    s = load(f)  # validation and pre-flight (flags, the MTP recipe on 'embedded')
     assert s.load.keys() == [("capacity", None, None)] and set(s.arms) == {"baseline", "mtp"}
     assert parse_slo(s.load.sweep.slo).sample_note(s.workload.num_prompts) is None
 
@@ -249,7 +160,7 @@ def test_mtp_capacity_example_is_valid():
 def test_a_sweep_against_a_failing_server_is_a_failed_run_not_a_crash(tmp_path):
     import sys
 
-    from servelab.experiment.runner import Runner
+    from servelab.experiment.run.runner import Runner
     from servelab.store import Store
 
     f = tmp_path / "capf.toml"
@@ -276,7 +187,7 @@ ready_s = 30
 teardown_s = 5
 """)
     with Store(tmp_path / "r.db") as store:
-        res = Runner(spec_mod.load(f), store, say=lambda s: None).run()
+        res = Runner(load(f), store, say=lambda s: None).run()
         runs = {r.arm: r for r in store.runs("capf")}
     assert (res.ok, res.failed) == (1, 1)
     assert runs["broken"].status == "failed" and "completed no request" in runs["broken"].error

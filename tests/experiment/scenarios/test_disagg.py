@@ -6,9 +6,9 @@ import sys
 import uuid
 from pathlib import Path
 
-from servelab.experiment import processes
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.runner import Runner
+from servelab.experiment.plan import processes
+from servelab.experiment.plan.preflight import load
+from servelab.experiment.run.runner import Runner
 from servelab.store import Store
 
 ROUTER = Path(__file__).with_name("tiny_router.py")
@@ -61,7 +61,7 @@ teardown_s = 5
 """.replace("'", '"')
     f = tmp_path / "pd.toml"
     f.write_text(text)
-    spec = spec_mod.load(f)
+    spec = load(f)
     procs = processes.resolve(spec, "fast-decode")
     assert [p.role for p in procs] == ["prefill", "decode", "router"]
     assert procs[1].flags["tokens-per-chunk"] == 2 and "tokens-per-chunk" not in procs[0].flags

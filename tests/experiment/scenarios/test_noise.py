@@ -1,5 +1,5 @@
-"""Noise control end to end: the interference record, core pinning of the client and engines,
-blocks paused or repeated for interference (and said so), and adaptive repetitions stopping."""
+"""Noise control end to end: core pinning of the client and engines, blocks paused or repeated
+for interference (and said so), and adaptive repetitions stopping."""
 
 from __future__ import annotations
 
@@ -12,71 +12,27 @@ from pathlib import Path
 
 import pytest
 
-from servelab.experiment import interference, pinning
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.report import collect, markdown, stopping_lines
-from servelab.experiment.runner import Measurement, Runner, bench_measure
+from servelab.experiment.plan.preflight import load
+from servelab.experiment.report.data import collect
+from servelab.experiment.report.markdown import markdown
+from servelab.experiment.report.noise import stopping_lines
+from servelab.experiment.run import pinning
+from servelab.experiment.run.measure import bench_measure
+from servelab.experiment.run.measurement import Measurement
+from servelab.experiment.run.runner import Runner
+from servelab.experiment.spec.model import ExperimentSpec
 from servelab.store import Store
 
 BUSY = [sys.executable, "-c", "while True: pass"]
 
 
-def _ticks(pid: int) -> int:
-    """utime + stime of `pid` read here, independently of the module under test."""
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(f[11]) + int(f[12])
-
-
-def _busy_for(seconds: float, ours: bool) -> tuple[interference.Interference, float]:
-    """The record over `seconds` with one busy-loop process counted as ours or not, and the
-    cores that process really used (from its own counters)."""
-    p = subprocess.Popen(BUSY)
-    try:
-        time.sleep(0.3)
-        pids = [os.getpid()] + ([p.pid] if ours else [])
-        t0, before = _ticks(p.pid), interference.snapshot(pids)
-        time.sleep(seconds)
-        after, t1 = interference.snapshot(pids), _ticks(p.pid)
-        rec = interference.record(before, after, gpu=False)
-        return rec, (t1 - t0) / os.sysconf("SC_CLK_TCK") / rec.duration_s
-    finally:
-        p.kill()
-        p.wait()
-
-
-def test_interference_counts_foreign_cpu_time_as_other_and_ours_as_ours():
-    # on a shared machine the busy loop gets what the scheduler gives it: compare with that
-    foreign, used = _busy_for(1.5, ours=False)
-    assert used > 0.1, "the busy loop got no CPU at all"
-    assert foreign.other_cpu_cores is not None and foreign.other_cpu_cores >= 0.8 * used
-    assert foreign.our_cpu_cores is not None and foreign.our_cpu_cores < 0.5 * used
-    mine, used = _busy_for(1.5, ours=True)
-    assert mine.our_cpu_cores >= 0.8 * used  # the busy child is ours now: counted on our side
-    assert 0.0 <= mine.steal_frac <= 1.0 and mine.cpu_count == os.cpu_count()
-    assert mine.load1_start is not None and abs(mine.duration_s - 1.5) < 0.5
-    why = interference.crossed(foreign, max_other_cpu=0.05, max_steal=None)
-    assert why and "cores > 0.05" in why
-    assert interference.crossed(foreign, max_other_cpu=None, max_steal=None) is None
-    assert interference.gpu_state(set()) is None or isinstance(interference.gpu_state(set()), list)
-
-
-def test_pinning_plan_is_disjoint_or_says_why_not():
-    p = pinning.plan("auto", ["a", "b"], cores=[0, 1, 2, 3, 4, 5, 6])
-    assert p.client == (0,) and p.engines == {"a": (1, 2, 3), "b": (4, 5, 6)}
-    q = pinning.plan("auto", ["a", "b"], cores=[0, 1])
-    assert not q.active and "need 3 cores, 2 usable" in q.note
-    r = pinning.plan(True, ["a", "b"], cores=[0, 1])
-    assert r.client == (0,) and r.engines == {"a": (1,), "b": (1,)} and "share" in r.note
-    assert not pinning.plan(False, ["a"], cores=[0, 1, 2]).active
-
-
-def _spec(tmp_path: Path, scripted, name: str, extra: str, **kw) -> spec_mod.ExperimentSpec:
+def _spec(tmp_path: Path, scripted, name: str, extra: str, **kw) -> ExperimentSpec:
     text, _ = scripted(name, extra=extra, **kw)
     if "repetitions" in extra:  # the extra lines set it: drop the template's own
         text = re.sub(r"(?m)^repetitions = \d+\n", "", text)
     f = tmp_path / f"{name}.toml"
     f.write_text(text)
-    return spec_mod.load(f)
+    return load(f)
 
 
 @pytest.mark.skipif(len(pinning.available()) < 2, reason="pinning needs 2 usable cores")
@@ -226,40 +182,6 @@ def test_adaptive_budget_stops_and_names_the_undecided(tmp_path, scripted):
     assert {r.block for r in data.runs} == {0}  # the first block always runs
     assert any("time budget of 1 s spent" in x and "again at c=2" in x for x in lines)
     assert "left undecided" in "\n".join(stopping_lines(data))
-
-
-def test_gpu_state_reads_clocks_temperature_and_foreign_processes(tmp_path, monkeypatch):
-    # nvidia-smi's CSV as the H200 host prints it (noheader, nounits); pid 4242 is ours
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in\n'
-        "  --query-gpu=*) printf '0, GPU-aaa, 1980, 1980, 41, 97\\n1, GPU-bbb, 1410, 1980, 83, "
-        "[N/A]\\n' ;;\n"
-        "  --query-compute-apps=*) printf 'GPU-aaa, 4242, 1000\\nGPU-bbb, 777, 2000\\n' ;;\n"
-        "esac\n"
-    )
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    g = interference.gpu_state({4242})
-    assert g == [
-        {
-            "index": 0.0,
-            "sm_clock_mhz": 1980.0,
-            "sm_clock_max_mhz": 1980.0,
-            "temperature_c": 41.0,
-            "utilization_pct": 97.0,
-            "foreign_pids": [],
-        },
-        {
-            "index": 1.0,
-            "sm_clock_mhz": 1410.0,
-            "sm_clock_max_mhz": 1980.0,
-            "temperature_c": 83.0,
-            "utilization_pct": None,
-            "foreign_pids": [777],
-        },
-    ]
 
 
 def test_repeat_mode_runs_no_extra_block_when_nothing_was_disturbed(tmp_path, scripted):

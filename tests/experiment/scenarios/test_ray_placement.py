@@ -22,14 +22,15 @@ ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from servelab.errors import UserError  # noqa: E402
-from servelab.experiment import check  # noqa: E402
-from servelab.experiment import spec as spec_mod  # noqa: E402
-from servelab.experiment.report import collect  # noqa: E402
-from servelab.experiment.runner import Runner, bench_measure  # noqa: E402
+from servelab.experiment.plan import check  # noqa: E402
+from servelab.experiment.plan.preflight import load  # noqa: E402
+from servelab.experiment.report.data import collect  # noqa: E402
+from servelab.experiment.run.measure import bench_measure  # noqa: E402
+from servelab.experiment.run.runner import Runner  # noqa: E402
 from servelab.store import Store  # noqa: E402
 
 ROUTER = Path(__file__).with_name("tiny_router.py")
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+SRC = str(Path(__file__).resolve().parents[3] / "src")
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 75 * 1024 * 1024, "include_dashboard": False}
 # Ray names a node by the machine's outward address; its switch for single-machine clusters
 # keeps every node (and so every engine it places) on loopback
@@ -130,7 +131,7 @@ flags = { tokens-per-chunk = 2 }
 """
 
 
-EMBEDDED_PD = Path(__file__).resolve().parents[2] / "examples" / "disagg_embedded.toml"
+EMBEDDED_PD = Path(__file__).resolve().parents[3] / "examples" / "disagg_embedded.toml"
 
 
 def embedded_pd_toml(marker: str) -> str:
@@ -158,7 +159,7 @@ def test_embedded_pd_on_three_nodes_runs_interleaved_arms_to_a_verdict(
     marker = f"rayemb-{uuid.uuid4().hex[:8]}"
     f = tmp_path / "pd.toml"
     f.write_text(embedded_pd_toml(marker))
-    spec = spec_mod.load(f)
+    spec = load(f)
     store = Store(tmp_path / "r.db")
     res = Runner(spec, store, say=lambda s: None, log_root=tmp_path / "logs").run()
     assert (res.ok, res.failed) == (4, 0)
@@ -207,7 +208,7 @@ def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
         'node_labels = { tier = "decode" }', 'node_labels = { tier = "decode" }\nnum_gpus = 4'))
     with pytest.raises(UserError) as err:
-        check.collect(spec_mod.load(f), "pd.toml")
+        check.collect(load(f), "pd.toml")
     msg = str(err.value)
     assert msg.startswith("pd.toml: arms.base (decode): no node of the Ray cluster can hold the "
                           "decode process: it asks GPU=4, label tier=decode; the cluster has node ")
@@ -217,7 +218,7 @@ def test_check_shows_the_node_per_process_and_refuses_an_unplaceable_plan(
     f.write_text(pd_toml("raycheck", "m", arms=TWO_ARMS).replace(
         'restart = "run"', 'restart = "block"'))
     with pytest.raises(UserError, match=r"arms.fast-decode \(prefill\): no node has room for it"):
-        check.collect(spec_mod.load(f))
+        check.collect(load(f))
 
 
 def _ctrl_c_default() -> None:
@@ -297,7 +298,7 @@ num_prompts = 6
 ready_s = 30
 teardown_s = 5
 """.replace("'", '"'))
-    spec = spec_mod.load(f)
+    spec = load(f)
     lost_id = node_id_with("node:decode")
 
     seen_gpus = []

@@ -1,4 +1,5 @@
-"""Reports: markdown + one self-contained HTML rendered by a real headless Chromium."""
+"""Reports end to end: markdown + one self-contained HTML rendered by a real headless Chromium,
+the noise band override, damaged request files, `report --out`."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import subprocess
 import pytest
 
 from servelab.errors import UserError
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.report import write
-from servelab.experiment.runner import Runner
+from servelab.experiment.plan.preflight import load
+from servelab.experiment.report.html import write
+from servelab.experiment.run.runner import Runner
 from servelab.store import Store
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -23,7 +24,7 @@ def _finished(tmp_path, scripted, reps: int) -> Store:
     f = tmp_path / "rep.toml"
     f.write_text(text)
     store = Store(tmp_path / "r.db")
-    Runner(spec_mod.load(f), store, say=lambda s: None).run()
+    Runner(load(f), store, say=lambda s: None).run()
     return store
 
 
@@ -100,37 +101,6 @@ def test_html_renders_in_headless_chromium(finished, tmp_path):
     px = mpimg.imread(shot)
     assert px.shape[0] == 1400 and px.shape[1] == 1000
     assert px[..., :3].std() > 0.05  # not a blank page
-
-
-def test_aa_arm_is_reported_as_the_machines_noise():
-    import numpy as np
-
-    from servelab.experiment.report import aa_notes
-    from servelab.experiment.stats import RunValue, analyze
-
-    rng = np.random.default_rng(0)
-    runs = [
-        RunValue(arm, "c=1", b, b, {"output_throughput_tok_s": 100 * rng.lognormal(0, 0.01)})
-        for b in range(6)
-        for arm in ("a", "a2", "b")
-    ]
-    an = analyze(runs, baseline="a", arms=["a", "a2", "b"], load_keys=["c=1"])
-    spec = {"arms": {"a": {}, "a2": {"description": "same"}, "b": {"flags": {"x": 1}}}}
-    notes = aa_notes(spec, an, "a", "output_throughput_tok_s")
-    assert len(notes) == 1 and notes[0].startswith("A/A arm a2 (identical to a) at c=1")
-    e = an.effects[("a2", "c=1", "output_throughput_tok_s")]
-    half = max(abs(e.ci_low - 1), abs(e.ci_high - 1)) * 100
-    assert f"+-{half:.1f}%" in notes[0]
-
-
-def test_runs_from_different_machines_are_flagged():
-    from servelab.experiment.report import mixed_provenance
-
-    same = [{"host": "a", "gpus": None, "servelab_version": "0.1.0"}] * 3
-    assert mixed_provenance(same) == []
-    mixed = same + [{"host": "b", "gpus": [{"name": "H200"}], "servelab_version": "0.1.0"}]
-    w = mixed_provenance(mixed)
-    assert len(w) == 2 and "2 different hosts ('a', 'b')" in w[0] and "GPU sets" in w[1]
 
 
 def test_report_noise_band_overrides_the_files(finished3, tmp_path):

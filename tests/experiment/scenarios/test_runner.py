@@ -10,17 +10,17 @@ import time
 
 import pytest
 
-from servelab.experiment import processes
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.report import collect
-from servelab.experiment.runner import Runner
+from servelab.experiment.plan.preflight import load, preflight
+from servelab.experiment.report.data import collect
+from servelab.experiment.run.runner import Runner
+from servelab.experiment.spec.parse import parse
 from servelab.store import Store
 
 
 def _run(tmp_path, text, name="t"):
     f = tmp_path / f"{name}.toml"
     f.write_text(text)
-    spec = spec_mod.load(f)
+    spec = load(f)
     lines: list[str] = []
     store = Store(tmp_path / "r.db")
     res = Runner(spec, store, say=lines.append).run()
@@ -93,7 +93,7 @@ def test_engine_that_hangs_before_ready_is_recorded_with_its_log_and_the_rest_go
         " sys.argv[3], '--no-log', *sys.argv[4:]]\n"
         "runpy.run_module('servelab.bench.scripted_server', run_name='__main__')\n"
     )
-    spec = spec_mod.parse(
+    spec = parse(
         {
             "name": "hang",
             "engine": "command",
@@ -122,28 +122,6 @@ def test_engine_that_hangs_before_ready_is_recorded_with_its_log_and_the_rest_go
         assert "was not ready after 1 s" in r.error and r.load_point_id is None
         assert "loading weights forever" in r.log_tail
     assert live_procs(marker) == []
-
-
-def test_deployment_ready_timeout_kills_the_process_group(tmp_path, live_procs):
-    from servelab.engines import get
-    from servelab.engines.base import ProcessConfig
-    from servelab.experiment.deploy import DeployError, Deployment
-
-    marker = f"hang-{os.getpid()}-{time.monotonic_ns()}"
-    script = (
-        f"import subprocess, sys, time; print('booting {marker}', flush=True); "
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', '{marker}']); "
-        "time.sleep(60)"
-    )
-    cfg = ProcessConfig(
-        role="server", flags={}, extra={"command": [sys.executable, "-c", script, marker]}
-    )
-    dep = Deployment(get("command"), "", [cfg], tmp_path / "logs", ready_timeout_s=1.5, grace_s=2)
-    with pytest.raises(DeployError) as ei:
-        dep.start()
-    assert "not ready after 2 s" in str(ei.value) or "not ready after 1 s" in str(ei.value)
-    assert f"booting {marker}" in ei.value.log_tail
-    assert live_procs(marker) == []  # the child of the child too
 
 
 def _servelab(*args, env=None, **kw):
@@ -247,8 +225,8 @@ def test_detach_reports_progress_through_status(tmp_path, scripted, live_procs):
 def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(
     tmp_path, scripted, live_procs, monkeypatch
 ):
-    from servelab.experiment import deploy
-    from servelab.experiment.runner import bench_measure
+    from servelab.experiment.deploy import deployment as deploy
+    from servelab.experiment.run.measure import bench_measure
 
     # Teardown: the last launched stops first, and only the first launched (stopped last)
     # waits for GPU memory. Simulated nvidia-smi: 1000 MiB per live engine, +600 once a later
@@ -279,7 +257,7 @@ def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(
     text, marker = scripted("blk", reps=2, restart="block")
     f = tmp_path / "blk.toml"
     f.write_text(text.replace("[timeouts]\n", "[timeouts]\ngpu_free_s = 3\n"))
-    spec = spec_mod.load(f)
+    spec = load(f)
     alive_during: list[int] = []
 
     def measure(url, spec, run):
@@ -313,7 +291,7 @@ def test_external_engine_open_loop_shuffled(tmp_path):
     from servelab.bench.scripted_server import Script
 
     with serve_in_thread(Script(ttft_ms=5, gap_ms=2)) as srv:
-        spec = spec_mod.parse(
+        spec = parse(
             {
                 "name": "ext",
                 "engine": "external",
@@ -326,7 +304,7 @@ def test_external_engine_open_loop_shuffled(tmp_path):
                 "workload": {"input_len": 8, "output_len": 5, "num_prompts": 6},
             }
         )
-        processes.preflight(spec)
+        preflight(spec)
         store = Store(tmp_path / "r.db")
         res = Runner(spec, store, say=lambda s: None).run()
         n_server = len(srv.log())
@@ -336,8 +314,8 @@ def test_external_engine_open_loop_shuffled(tmp_path):
     assert sum(store.load_point(r.load_point_id).summary["completed"] for r in runs) == 24
     assert n_server >= 24  # every request reached the server
     with pytest.raises(Exception, match="cannot change flags"):
-        processes.preflight(
-            spec_mod.parse({**spec.to_json(), "arms": {"a": {}, "b": {"flags": {"x": 1}}}})
+        preflight(
+            parse({**spec.to_json(), "arms": {"a": {}, "b": {"flags": {"x": 1}}}})
         )
 
 
@@ -348,7 +326,7 @@ def test_engines_die_with_a_runner_killed_by_sigkill(tmp_path, live_procs):
         "import sys, time\n"
         "from servelab import engines\n"
         "from servelab.engines.base import ProcessConfig\n"
-        "from servelab.experiment.deploy import Deployment\n"
+        "from servelab.experiment.deploy.deployment import Deployment\n"
         "cmd = [sys.executable, '-m', 'servelab.bench.scripted_server', '--host', '{host}',"
         f" '--port', '{{port}}', '--model', sys.argv[1]]\n"
         "cfg = ProcessConfig(role='server', flags={}, extra={'command': cmd})\n"
@@ -377,7 +355,7 @@ def test_a_second_runner_of_the_same_experiment_is_refused(tmp_path, scripted):
     text, _ = scripted("twice", reps=1, loads="[1]")
     f = tmp_path / "twice.toml"
     f.write_text(text)
-    spec = spec_mod.load(f)
+    spec = load(f)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         job = Job("twice", "experiment", total=2)
@@ -422,7 +400,7 @@ def test_cli_run_twice_resumes_nothing_then_fresh_starts_over(tmp_path, scripted
 
 
 def test_runs_whose_requests_all_fail_are_stored_failed_with_the_reason(tmp_path, free_port):
-    spec = spec_mod.parse(
+    spec = parse(
         {
             "name": "down",
             "engine": "external",

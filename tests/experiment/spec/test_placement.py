@@ -8,9 +8,10 @@ import sys
 import pytest
 
 from servelab.errors import UserError
-from servelab.experiment import processes
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.runner import Runner
+from servelab.experiment.plan import processes
+from servelab.experiment.plan.preflight import load
+from servelab.experiment.run.runner import Runner
+from servelab.experiment.spec.parse import parse
 from servelab.store import Store
 
 
@@ -30,13 +31,13 @@ def _pd(**top: object) -> dict:
 
 
 def test_each_process_asks_ray_for_what_the_file_says():
-    spec = spec_mod.parse(_pd(ray_address="ray://head:10001"))
+    spec = parse(_pd(ray_address="ray://head:10001"))
     pre, dec, rtr = processes.resolve(spec, "a")
     assert pre.placement.ray and pre.placement.address == "ray://head:10001"
     assert pre.placement.asks() == {"node:prefill": 1.0}
     assert dec.placement.asks() == {"GPU": 2.0} and dec.placement.node_labels == (("tier", "decode"),)
     assert not rtr.placement.ray  # the process's own placement beats the experiment's
-    ip = spec_mod.parse(_pd(base={"processes": [
+    ip = parse(_pd(base={"processes": [
         {"role": "server", "command": ["x", "{port}"], "node_ip": "10.0.0.7", "num_cpus": 2}]}))
     assert processes.resolve(ip, "a")[0].placement.asks() == {"CPU": 2.0, "node:10.0.0.7": 0.001}
 
@@ -45,7 +46,7 @@ def test_an_arm_moves_the_processes_its_delta_applies_to():
     d = _pd(placement="local")
     d["arms"]["b"]["placement"] = "ray"
     d["arms"]["b"]["roles"] = ["decode"]
-    spec = spec_mod.parse(d)
+    spec = parse(d)
     assert [c.placement.kind for c in processes.resolve(spec, "a")] == ["local", "local", "local"]
     assert [c.placement.kind for c in processes.resolve(spec, "b")] == ["local", "ray", "local"]
 
@@ -67,7 +68,7 @@ def test_bad_placement_keys_are_one_line_errors(patch, message):
     d["base"]["processes"][0].update(patch.pop("proc", {}))
     d.update(patch)
     with pytest.raises(UserError) as err:
-        spec_mod.parse(d, "x.toml")
+        parse(d, "x.toml")
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith("x.toml: ")
 
@@ -77,12 +78,12 @@ def test_design_hash_ignores_unset_placement_and_the_address():
     for p in local["base"]["processes"]:
         for k in ("resources", "num_gpus", "node_labels", "placement"):
             p.pop(k, None)
-    plain = spec_mod.parse(local)
-    explicit = spec_mod.parse({**local, "placement": "local"})
+    plain = parse(local)
+    explicit = parse({**local, "placement": "local"})
     assert plain.design_hash() == explicit.design_hash()  # files from before placement resume
-    on_ray = spec_mod.parse({**local, "placement": "ray"})
+    on_ray = parse({**local, "placement": "ray"})
     assert on_ray.design_hash() != plain.design_hash()  # where engines run is the design
-    moved = spec_mod.parse({**local, "placement": "ray", "ray_address": "10.0.0.1:6379"})
+    moved = parse({**local, "placement": "ray", "ray_address": "10.0.0.1:6379"})
     assert moved.design_hash() == on_ray.design_hash()  # a restarted head keeps the design
 
 
@@ -92,12 +93,12 @@ def test_without_ray_local_runs_unchanged_and_ray_placement_says_how_to_install(
     text, marker = scripted("noray", reps=1, loads="[1]", prompts=3)
     f = tmp_path / "noray.toml"
     f.write_text(text)
-    res = Runner(spec_mod.load(f), Store(tmp_path / "r.db"), say=lambda s: None).run()
+    res = Runner(load(f), Store(tmp_path / "r.db"), say=lambda s: None).run()
     assert (res.ok, res.failed) == (2, 0)
     assert live_procs(marker) == []
     f.write_text(text.replace('restart = "arm"', 'restart = "arm"\nplacement = "ray"'))
     with pytest.raises(UserError) as err:
-        spec_mod.load(f)
+        load(f)
     assert str(err.value) == (
         f"{f}: placement = \"ray\" needs Ray, which is not installed: pip install 'servelab[ray]'")
 
@@ -105,8 +106,8 @@ def test_without_ray_local_runs_unchanged_and_ray_placement_says_how_to_install(
 def test_the_ray_example_passes_preflight_and_each_process_asks_for_its_node():
     from pathlib import Path
 
-    ex = Path(__file__).resolve().parents[2] / "examples" / "disagg_ray.toml"
-    spec = spec_mod.load(ex)
+    ex = Path(__file__).resolve().parents[3] / "examples" / "disagg_ray.toml"
+    spec = load(ex)
     for arm in spec.arms:
         asks = [c.placement.asks() for c in processes.resolve(spec, arm)]
         assert asks == [{"node:prefill": 1.0, "GPU": 8.0}, {"node:decode": 1.0, "GPU": 8.0},

@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from servelab.experiment import sequential as seq
-from servelab.experiment.stats import RunValue, analyze
+from servelab.experiment.stats import sequential as seq
+from servelab.experiment.stats.analysis import analyze
+from servelab.experiment.stats.runs import RunValue
 
 
 def _streams(rng, n_streams, n, log_effect, sd, df=None):
@@ -153,7 +154,7 @@ def test_the_pocock_shape_keeps_its_constant_level():
 
 
 def test_secondary_load_points_are_not_waited_for_and_keep_their_own_alpha():
-    from servelab.experiment.stats import headline, undecided
+    from servelab.experiment.stats.analysis import headline, undecided
 
     runs = []
     rng = np.random.default_rng(5)
