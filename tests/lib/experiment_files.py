@@ -1,5 +1,5 @@
 """A small experiment file and its one-line errors, shared by the tests of parsing
-(tests/experiment/spec/test_parse.py) and pre-flight (tests/experiment/plan/test_preflight.py)."""
+(tests/experiment/design/test_parse.py) and pre-flight (tests/experiment/plan/test_preflight.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from servelab.errors import UserError
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan.preflight import load
-from servelab.experiment.spec.model import ExperimentSpec
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 

@@ -9,12 +9,12 @@ from typing import Any
 
 from servelab import jobs, jsonout
 from servelab.errors import UserError
+from servelab.experiment.design.model import ExperimentSpec
+from servelab.experiment.design.parse import from_store
 from servelab.experiment.plan.preflight import load
 from servelab.experiment.plan.schedule import plan
 from servelab.experiment.present import attribution, run_file
 from servelab.experiment.report.html import write
-from servelab.experiment.spec.model import ExperimentSpec
-from servelab.experiment.spec.parse import from_store
 from servelab.store import Store
 
 ROOT = Path(__file__).resolve().parents[3]

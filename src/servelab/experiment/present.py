@@ -11,11 +11,11 @@ from typing import Any
 
 from servelab import jobs
 from servelab.console import literal
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.report.noise import stopping_lines
 from servelab.experiment.report.sections import sections
 from servelab.experiment.report.tables import attribution_rows
 from servelab.experiment.run.runner import Runner
-from servelab.experiment.spec.model import ExperimentSpec
 from servelab.experiment.stats import sequential as seq
 from servelab.experiment.stats.analysis import headline
 from servelab.experiment.stats.evidence import Evidence, design_of

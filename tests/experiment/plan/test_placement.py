@@ -8,8 +8,8 @@ import pytest
 
 from servelab.errors import UserError
 from servelab.experiment.deploy.ray_nodes import Node
+from servelab.experiment.design.parse import parse
 from servelab.experiment.plan import placement
-from servelab.experiment.spec.parse import parse
 
 
 def _spec(restart: str = "run", gpus: float = 1):

@@ -4,8 +4,8 @@ groups."""
 
 from __future__ import annotations
 
+from servelab.experiment.design.parse import parse
 from servelab.experiment.plan.schedule import plan
-from servelab.experiment.spec.parse import parse
 
 
 def _spec(order, reps=3, restart="run", seed=0):

@@ -7,8 +7,8 @@ from __future__ import annotations
 def test_aa_arm_is_reported_as_the_machines_noise():
     import numpy as np
 
+    from servelab.experiment.design.model import ArmSpec
     from servelab.experiment.report.data import aa_notes
-    from servelab.experiment.spec.model import ArmSpec
     from servelab.experiment.stats.analysis import analyze
     from servelab.experiment.stats.runs import RunValue
 

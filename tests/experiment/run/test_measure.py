@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from servelab.bench.scripted_harness import serve_in_thread
 from servelab.bench.scripted_server import Script
+from servelab.experiment.design.parse import parse
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run import measure
 from servelab.experiment.run.measurement import Measurement, served_model
-from servelab.experiment.spec.parse import parse
 
 
 def _spec(engine: str = "external", **extra: object):

@@ -13,9 +13,9 @@ from servelab.bench.scripted_harness import serve_subprocess
 from servelab.bench.scripted_server import Script
 from servelab.bench.slo import parse_slo
 from servelab.bench.sweep import first_crossing
+from servelab.experiment.design.parse import parse
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run import sweeps
-from servelab.experiment.spec.parse import parse
 
 SLO = "ttft_p90_ms=40"
 SWEEP = f'slo = "{SLO}", precision = 0.5, rates = 1, max_points = 8'

@@ -8,8 +8,8 @@ import tomllib
 import pytest
 from capacity_files import scripted_capacity
 
+from servelab.experiment.design.parse import parse
 from servelab.experiment.run import sweeps
-from servelab.experiment.spec.parse import parse
 
 SLO = "ttft_p90_ms=40"
 SWEEP = f'slo = "{SLO}", precision = 0.5, rates = 1, max_points = 8'

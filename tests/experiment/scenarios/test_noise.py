@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan.preflight import load
 from servelab.experiment.report.data import collect
 from servelab.experiment.report.markdown import markdown
@@ -20,7 +21,6 @@ from servelab.experiment.run import pinning
 from servelab.experiment.run.measure import bench_measure
 from servelab.experiment.run.measurement import Measurement
 from servelab.experiment.run.runner import Runner
-from servelab.experiment.spec.model import ExperimentSpec
 from servelab.store import Store
 
 BUSY = [sys.executable, "-c", "while True: pass"]

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from servelab.experiment.design.parse import parse
 from servelab.experiment.plan.preflight import load, preflight
 from servelab.experiment.report.data import collect
 from servelab.experiment.run.runner import Runner
-from servelab.experiment.spec.parse import parse
 from servelab.store import Store
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import copy
 
+from servelab.experiment.design.parse import from_store, parse
 from servelab.experiment.report.data import collect
 from servelab.experiment.report.markdown import markdown
-from servelab.experiment.spec.parse import from_store, parse
 from servelab.experiment.stats import evidence
 from servelab.store import Store
 

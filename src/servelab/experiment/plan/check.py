@@ -13,9 +13,9 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan import placement, processes
 from servelab.experiment.plan.schedule import plan
-from servelab.experiment.spec.model import ExperimentSpec
 
 
 def collect(spec: ExperimentSpec, source: str | None = None) -> dict[str, Any]:

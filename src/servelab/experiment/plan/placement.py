@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from servelab.errors import UserError
 from servelab.experiment.deploy.ray_nodes import cluster_text, connect, nodes, unplaceable
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan import processes
-from servelab.experiment.spec.model import ExperimentSpec
 
 
 def predict(spec: ExperimentSpec, source: str | None = None) -> dict[str, list[dict | None]]:

@@ -1,5 +1,5 @@
 """Every check of an experiment that can fail without launching anything, and `load`: an
-experiment file read, validated (spec/parse.py) and pre-flighted, as the CLI and the demo take
+experiment file read, validated (design/parse.py) and pre-flighted, as the CLI and the demo take
 it. The engine's own parser (or its generated flag table) judges every planned command
 (processes.py `planned`); Ray placement needs Ray installed."""
 
@@ -12,9 +12,9 @@ from servelab import engines
 from servelab.engines import recipe as recipes
 from servelab.errors import UserError
 from servelab.experiment.deploy.ray_nodes import require_ray
+from servelab.experiment.design.model import ExperimentSpec
+from servelab.experiment.design.parse import read
 from servelab.experiment.plan.processes import layout_of, planned, resolve, resolve_raw_base
-from servelab.experiment.spec.model import ExperimentSpec
-from servelab.experiment.spec.parse import read
 
 
 def load(path: str | Path, transform: Callable[[dict], dict] | None = None) -> ExperimentSpec:

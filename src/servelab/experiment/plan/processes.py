@@ -1,6 +1,6 @@
 """An experiment's arms resolved into the processes they launch, and each planned command as the
 deployment would render it, judged by the engine's own parser in the engine's interpreter (or
-its generated flag table). The file format itself is spec/model.py; the checks that refuse a
+its generated flag table). The file format itself is design/model.py; the checks that refuse a
 file before anything launches are preflight.py."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from servelab.engines.launcher import Placement
 from servelab.errors import UserError
 from servelab.experiment.deploy.deployment import Deployment
 from servelab.experiment.deploy.local import Site
-from servelab.experiment.spec.model import ExperimentSpec, ProcessSpec
+from servelab.experiment.design.model import ExperimentSpec, ProcessSpec
 
 if TYPE_CHECKING:
     from servelab.engines.flagcheck import Verdict

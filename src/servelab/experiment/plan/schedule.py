@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from servelab.experiment.spec.model import ExperimentSpec
+from servelab.experiment.design.model import ExperimentSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import orjson
 
 from servelab.bench.importers import protocol_of
 from servelab.errors import UserError
-from servelab.experiment.spec.metrics import path_value
+from servelab.experiment.design.metrics import path_value
 from servelab.experiment.stats.bootstrap import bootstrap_ratio
 from servelab.experiment.stats.bootstrap import verdict as ci_verdict
 from servelab.store import Store

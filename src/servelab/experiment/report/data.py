@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from servelab.errors import UserError
-from servelab.experiment.spec.model import ArmSpec
+from servelab.experiment.design.model import ArmSpec
 from servelab.experiment.stats import evidence
 from servelab.experiment.stats.analysis import Analysis
 from servelab.experiment.stats.evidence import Evidence

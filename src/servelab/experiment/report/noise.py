@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from servelab.experiment.spec.model import ExperimentSpec
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.stats import sequential as seq
 from servelab.experiment.stats.analysis import undecided
 from servelab.experiment.stats.evidence import Evidence, design_of

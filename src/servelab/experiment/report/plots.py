@@ -7,7 +7,7 @@ import io
 import math
 from collections.abc import Mapping, Sequence
 
-from servelab.experiment.spec.metrics import METRICS
+from servelab.experiment.design.metrics import METRICS
 from servelab.experiment.stats.analysis import Analysis
 
 CLIP_PCT = 1000.0  # the forest plot's right edge at most (+1000% = 11x): beyond it, arrows

@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from servelab.experiment.spec.metrics import METRICS
+from servelab.experiment.design.metrics import METRICS
 from servelab.experiment.stats.analysis import Analysis
 from servelab.experiment.stats.capacity import ArmCapacity, CapacityEffect
 from servelab.experiment.stats.evidence import Evidence

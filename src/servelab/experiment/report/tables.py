@@ -7,8 +7,8 @@ import math
 import time
 from typing import Any
 
+from servelab.experiment.design.metrics import METRICS
 from servelab.experiment.report.noise import interference_cells
-from servelab.experiment.spec.metrics import METRICS
 from servelab.experiment.stats.analysis import headline
 from servelab.experiment.stats.evidence import Evidence
 

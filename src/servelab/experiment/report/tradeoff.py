@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from servelab.bench.slo import parse_slo
-from servelab.experiment.spec.model import ExperimentSpec
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.stats.capacity import bracket_of
 from servelab.store import LoadPointRow, Store
 

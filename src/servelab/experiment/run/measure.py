@@ -8,11 +8,11 @@ from dataclasses import asdict
 
 from servelab.bench.config import LoadPoint
 from servelab.bench.run import run_load_point
+from servelab.experiment.design.model import ExperimentSpec
+from servelab.experiment.design.sweep import SWEEP_KEY
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run import sweeps
 from servelab.experiment.run.measurement import Measurement, served_model
-from servelab.experiment.spec.model import ExperimentSpec
-from servelab.experiment.spec.sweep import SWEEP_KEY
 
 
 def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measurement:

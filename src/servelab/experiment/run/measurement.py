@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan.schedule import PlannedRun
-from servelab.experiment.spec.model import ExperimentSpec
 
 
 @dataclass(frozen=True, slots=True)

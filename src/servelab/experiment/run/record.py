@@ -13,10 +13,10 @@ from typing import Any
 from servelab import provenance
 from servelab.engines.base import Engine
 from servelab.experiment.deploy.deployment import Deployment
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run import interference, pinning
 from servelab.experiment.run.measurement import Measurement
-from servelab.experiment.spec.model import ExperimentSpec
 from servelab.store import Store
 
 

@@ -22,14 +22,14 @@ from servelab.engines.base import Engine
 from servelab.errors import UserError
 from servelab.experiment.deploy.base import DeployError, on_main_thread
 from servelab.experiment.deploy.deployment import Deployment
+from servelab.experiment.design.model import ExperimentSpec
+from servelab.experiment.design.sweep import SWEEP_KEY
 from servelab.experiment.plan import processes
 from servelab.experiment.plan.schedule import PlannedRun, plan
 from servelab.experiment.run import interference, pinning, sweeps
 from servelab.experiment.run.measure import bench_measure
 from servelab.experiment.run.measurement import MeasureFn, Measurement, PairedFn
 from servelab.experiment.run.record import Recorder
-from servelab.experiment.spec.model import ExperimentSpec
-from servelab.experiment.spec.sweep import SWEEP_KEY
 from servelab.experiment.stats import evidence
 from servelab.experiment.stats.analysis import undecided
 from servelab.jobs import Job

@@ -21,9 +21,9 @@ from servelab.bench.run import run_load_point
 from servelab.bench.slo import parse_slo
 from servelab.bench.sweep import SweepConfig, search
 from servelab.errors import UserError
+from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run.measurement import Measurement, served_model
-from servelab.experiment.spec.model import ExperimentSpec
 
 
 class ArmSweep:

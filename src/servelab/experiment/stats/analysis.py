@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from servelab.experiment.spec.metrics import METRICS, metric_value
-from servelab.experiment.spec.sweep import SWEEP_KEY
+from servelab.experiment.design.metrics import METRICS, metric_value
+from servelab.experiment.design.sweep import SWEEP_KEY
 from servelab.experiment.stats import sequential as seq
 from servelab.experiment.stats.bootstrap import (
     MIN_REPS_TO_DECIDE,

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.experiment.spec.model import ExperimentSpec, NoiseSpec
-from servelab.experiment.spec.parse import from_store
+from servelab.experiment.design.model import ExperimentSpec, NoiseSpec
+from servelab.experiment.design.parse import from_store
 from servelab.experiment.stats import sequential as seq
 from servelab.experiment.stats.analysis import Analysis, analyze
 from servelab.experiment.stats.runs import RunValue

@@ -2,8 +2,8 @@
 the Ray node it runs on (docs/EXPERIMENTS.md, "Placement on a Ray cluster").
 
 `placement` ("local" | "ray") is set for the experiment, an arm (for the processes its delta
-applies to) or a process; the asks are the process's (`RayAsks`, the base of spec/model.py's
-ProcessSpec). Errors are ValueErrors that spec/parse.py turns into one line naming the key.
+applies to) or a process; the asks are the process's (`RayAsks`, the base of design/model.py's
+ProcessSpec). Errors are ValueErrors that design/parse.py turns into one line naming the key.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from servelab.experiment.spec.base import Strict
+from servelab.experiment.design.base import Strict
 
 if TYPE_CHECKING:
-    from servelab.experiment.spec.model import ExperimentSpec
+    from servelab.experiment.design.model import ExperimentSpec
 
 Where = Literal["local", "ray"]
 _RAY_ADDRESS = re.compile(r"^(auto|ray://[^\s/:]+:\d{1,5}|[^\s/:]+:\d{1,5})$")

@@ -1,5 +1,5 @@
 """Settings that change verdicts are validated before anything runs (one line, exit 2, no row
-stored) (experiment/spec/model.py)."""
+stored) (experiment/design/model.py)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def test_the_spec_accepts_exactly_the_boundaries_the_rule_knows():
     one list must not grow without the other."""
     import typing
 
-    from servelab.experiment.spec.model import AdaptiveSpec
+    from servelab.experiment.design.model import AdaptiveSpec
     from servelab.experiment.stats import sequential
 
     accepted = typing.get_args(AdaptiveSpec.model_fields["boundary"].annotation)

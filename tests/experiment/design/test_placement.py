@@ -8,10 +8,10 @@ import sys
 import pytest
 
 from servelab.errors import UserError
+from servelab.experiment.design.parse import parse
 from servelab.experiment.plan import processes
 from servelab.experiment.plan.preflight import load
 from servelab.experiment.run.runner import Runner
-from servelab.experiment.spec.parse import parse
 from servelab.store import Store
 
 

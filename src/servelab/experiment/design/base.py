@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationInfo, model_validator
 
-# the validation context of a spec read back from a store (spec/parse.py from_store)
+# the validation context of a spec read back from a store (design/parse.py from_store)
 STORED: dict[str, Any] = {"stored": True}
 
 

@@ -1,11 +1,11 @@
-"""`[load.sweep]` of an experiment file (experiment/spec/sweep.py): validated in one line."""
+"""`[load.sweep]` of an experiment file (experiment/design/sweep.py): validated in one line."""
 
 from __future__ import annotations
 
 import pytest
 
 from servelab.errors import UserError
-from servelab.experiment.spec.parse import parse
+from servelab.experiment.design.parse import parse
 
 
 def _spec(load: str) -> dict:

@@ -1,4 +1,4 @@
-"""Experiment files (experiment/spec/parse.py, plan/preflight.py): one-line errors naming the
+"""Experiment files (experiment/design/parse.py, plan/preflight.py): one-line errors naming the
 key, pre-flight checks before any launch, recipes per engine, the examples and the documented
 example valid."""
 

@@ -1,9 +1,9 @@
-"""An experiment file or a stored spec into the typed model (spec/model.py).
+"""An experiment file or a stored spec into the typed model (design/model.py).
 
 A bad file gives ONE line naming the key and the problem (`parse`, `read`); the checks that
 judge the commands it would launch are the plan's (experiment/plan/preflight.py). A spec read
 back from a results store (`from_store`) goes through the same model, so its defaults live in
-one place, with the tolerance an older store needs (spec/base.py).
+one place, with the tolerance an older store needs (design/base.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from servelab.errors import UserError
-from servelab.experiment.spec.base import STORED
-from servelab.experiment.spec.model import MAX_REPETITIONS, ExperimentSpec
+from servelab.experiment.design.base import STORED
+from servelab.experiment.design.model import MAX_REPETITIONS, ExperimentSpec
 
 # pydantic names the member of a union that failed as one more location part ('str', 'int',
 # 'list[union[str,int,float]]'); a flag value is wrong as a whole, so the location stops there

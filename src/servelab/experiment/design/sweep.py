@@ -7,7 +7,7 @@ from pydantic import Field, field_validator, model_validator
 
 from servelab.bench.slo import parse_slo
 from servelab.errors import UserError
-from servelab.experiment.spec.base import Strict
+from servelab.experiment.design.base import Strict
 
 SWEEP_KEY = "capacity"  # the load key of a capacity sweep's runs
 
