@@ -96,15 +96,15 @@ def bracket_text(status: str, low: float | None, high: float | None, *, digits: 
     sweep's line here; each run's bracket in the experiment's report): `low - high`, `>= low`
     above saturation or with `high` open (None, inf), `< high` when nothing met (`low` 0 or
     None), `0` when nothing met and no rate bounds it."""
-    def num(x: float) -> str:
-        return f"{x:.{digits}g}"
+    def num(x: float | None) -> str:
+        return f"{x or 0.0:.{digits}g}"
 
     open_high = high is None or not math.isfinite(high)
     if status == "above_saturation":
-        return f">= {num(low or 0.0)}"
+        return f">= {num(low)}"
     if not low:
-        return "0" if open_high else f"< {num(high)}"  # type: ignore[arg-type]
-    return f">= {num(low)}" if open_high else f"{num(low)}{sep}{num(high)}"  # type: ignore[arg-type]
+        return "0" if open_high else f"< {num(high)}"
+    return f">= {num(low)}" if open_high else f"{num(low)}{sep}{num(high)}"
 
 
 @dataclass(frozen=True, slots=True)
