@@ -40,7 +40,7 @@ def verdicts(repo: Path, home: Path, name: str) -> dict:
     code = (
         "import json,sys\n"
         "from servelab.store import Store\n"
-        "from servelab.experiment.report import collect\n"
+        "from servelab.experiment.report.data import collect\n"
         f"st=Store({str(home / 'results.db')!r}); d=collect(st,{name!r})\n"
         "an=d.analysis; out={'blocks_used': d.blocks_used, 'flagged': len(d.flagged), 'effects': {}}\n"
         "for (arm,lk,m),e in an.effects.items():\n"

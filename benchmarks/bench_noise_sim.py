@@ -14,7 +14,7 @@ For each rule it reports the A/A false-positive rate (a verdict of better or wor
 identical arms), the power against a true +20% effect (verdict better), the cost (blocks
 run until the decision), and how often the rule's interval missed the true ratio at any look
 (band 0: the error rate the rule promises to keep at alpha, peeking included). Rules: fixed repetitions (3, 5, 10 blocks) with servelab's bootstrap CI
-and noise band, and adaptive repetitions (sequential.py) with the same band.
+and noise band, and adaptive repetitions (experiment/stats/sequential.py) with the same band.
 
     python benchmarks/bench_noise_sim.py --experiments 1000 --out /tmp/noise_sim.json
 """
@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from servelab.experiment import sequential as seq
-from servelab.experiment.noise_notes import rule_name
-from servelab.experiment.stats import bootstrap_ratio, verdict
+from servelab.experiment.report.noise import rule_name
+from servelab.experiment.stats import sequential as seq
+from servelab.experiment.stats.bootstrap import bootstrap_ratio, verdict
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ def blocks(rng: np.random.Generator, noise: Noise, n: int, log_effect: float) ->
 
 
 def rule_key(d: seq.Design) -> str:
-    """How the report finds a design's measured rates (noise_notes.measured_rate_line)."""
+    """How the report finds a design's measured rates (experiment/report/noise.py
+    measured_rate_line)."""
     return rule_name(d)
 
 
@@ -179,7 +180,8 @@ def main() -> None:
     ap.add_argument(
         "--record",
         default=None,
-        help="also write the A/A rates the report quotes (src/servelab/experiment/error_rates.json)",
+        help="also write the A/A rates the report quotes "
+        "(src/servelab/experiment/report/error_rates.json)",
     )
     a = ap.parse_args()
     t0 = time.time()

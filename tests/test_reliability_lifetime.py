@@ -54,7 +54,7 @@ def _cleanup(marker: str) -> None:
             pass
 
 
-# A child in its own session (as deploy.py starts engines) that starts one grandchild in its
+# A child in its own session (as experiment/deploy/local.py starts engines) that starts one grandchild in its
 # group and one that escapes it with setsid, as multi-process engines' workers may.
 TREE = textwrap.dedent("""
     import os, subprocess, sys, time

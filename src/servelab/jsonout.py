@@ -120,8 +120,9 @@ def compare(res: Any, noise_band: float) -> dict[str, Any]:
 def experiment(data: Any, report: Mapping[str, str] | None = None) -> dict[str, Any]:
     """`servelab run` / `servelab report`: the statistics behind the attribution table, the
     SLO capacity effects, the warnings and (report) the files written."""
-    from servelab.experiment import capacity, report_html
-    from servelab.experiment.stats import headline
+    from servelab.experiment.report import sections as report_html
+    from servelab.experiment.stats import capacity
+    from servelab.experiment.stats.analysis import headline
 
     an = data.analysis
     per, cap_effects, suggested = report_html.sections(data)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from servelab.bench.importers import import_file
 from servelab.errors import UserError
-from servelab.experiment.compare import compare
+from servelab.experiment.report.compare import compare
 from servelab.store import Store
 
 LINE = {

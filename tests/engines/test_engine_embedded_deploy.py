@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from servelab import engines
 from servelab.engines.base import ProcessConfig
-from servelab.experiment.deploy import Deployment
-from servelab.experiment.ports import port_free
+from servelab.experiment.deploy.deployment import Deployment
+from servelab.experiment.deploy.ports import port_free
 
 
 def test_embedded_engine_deploys_reports_its_flags_and_goes_away(tmp_path):

@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from servelab import engines
 from servelab.engines import flagcheck, recipe
 from servelab.engines.base import render_flags
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
-from servelab.experiment import processes
-from servelab.experiment import spec as spec_mod
+from servelab.experiment.plan import processes
+from servelab.experiment.plan.preflight import load
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -45,7 +46,7 @@ def _real(engine: str) -> Launcher:
 
 @pytest.mark.parametrize("name", ENGINE_EXAMPLES)
 def test_every_planned_command_of_every_example_is_accepted(name):
-    spec = spec_mod.load(EXAMPLES / f"{name}.toml")
+    spec = load(EXAMPLES / f"{name}.toml")
     for arm in spec.arms:
         for cmd in processes.planned(spec, arm):
             assert cmd.verdict is not None and cmd.verdict.ok, (arm, cmd.role, cmd.verdict)
@@ -54,9 +55,9 @@ def test_every_planned_command_of_every_example_is_accepted(name):
 
 @pytest.mark.parametrize("name", ENGINE_EXAMPLES)
 def test_the_real_parsers_accept_every_example_command(name):
-    spec = spec_mod.load(EXAMPLES / f"{name}.toml")
+    spec = load(EXAMPLES / f"{name}.toml")
     launcher = _real(spec.engine)
-    eng = spec_mod.engines.get(spec.engine)
+    eng = engines.get(spec.engine)
     for arm in spec.arms:
         for cfg, cmd in zip(processes.resolve(spec, arm), processes.planned(spec, arm),
                             strict=True):
@@ -137,7 +138,7 @@ def test_unknown_version_names_what_exists():
 
 
 def test_pd_processes_get_their_own_ports_and_the_router_the_bootstrap_port():
-    spec = spec_mod.load(EXAMPLES / "disagg.toml")
+    spec = load(EXAMPLES / "disagg.toml")
     cmds = {c.role: c.argv for c in processes.planned(spec, "baseline")}
 
     def val(argv, flag):
@@ -172,4 +173,4 @@ def test_a_refused_flag_is_one_line_naming_the_judge(tmp_path):
                  'flags = { swap-space = 4 }\n[load]\nconcurrency = [1]\n')
     with pytest.raises(UserError, match=r"arms.b \(server\): unrecognized arguments: "
                        r"--swap-space 4.*judged by generated table vllm-server-0.33.0.json"):
-        spec_mod.load(f)
+        load(f)

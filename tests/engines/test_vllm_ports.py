@@ -19,9 +19,9 @@ from servelab.engines import flagcheck
 from servelab.engines.base import ProcessConfig
 from servelab.engines.launcher import Launcher
 from servelab.engines.vllm import VLLM
-from servelab.experiment import processes
-from servelab.experiment import spec as spec_mod
-from servelab.experiment.deploy import Deployment
+from servelab.experiment.deploy.deployment import Deployment
+from servelab.experiment.plan import processes
+from servelab.experiment.plan.preflight import load
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXED_DEFAULTS = {"--data-parallel-rpc-port": 29550, "--master-port": 29501,
@@ -58,7 +58,7 @@ def test_a_port_the_file_sets_is_kept_and_not_given_to_another(tmp_path):
 
 
 def test_both_arms_of_the_vllm_example_plan_accepted_commands_with_own_ports():
-    spec = spec_mod.load(ROOT / "examples" / "vllm_mtp.toml")
+    spec = load(ROOT / "examples" / "vllm_mtp.toml")
     seen = []
     for arm in spec.arms:
         (cmd,) = processes.planned(spec, arm)

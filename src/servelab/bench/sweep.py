@@ -90,6 +90,23 @@ class SweepPoint:
         return self.summary.get("request_throughput_req_s")
 
 
+def bracket_text(status: str, low: float | None, high: float | None, *, digits: int = 4,
+                 sep: str = " - ") -> str:
+    """A capacity bracket [low, high) req/s as text, the one renderer of its statuses (the
+    sweep's line here; each run's bracket in the experiment's report): `low - high`, `>= low`
+    above saturation or with `high` open (None, inf), `< high` when nothing met (`low` 0 or
+    None), `0` when nothing met and no rate bounds it."""
+    def num(x: float | None) -> str:
+        return f"{x or 0.0:.{digits}g}"
+
+    open_high = high is None or not math.isfinite(high)
+    if status == "above_saturation":
+        return f">= {num(low)}"
+    if not low:
+        return "0" if open_high else f"< {num(high)}"
+    return f">= {num(low)}" if open_high else f"{num(low)}{sep}{num(high)}"
+
+
 @dataclass(frozen=True, slots=True)
 class Capacity:
     """The SLO capacity in requests/s: `low` met every SLO, `high` (the smallest measured rate
@@ -111,20 +128,20 @@ class Capacity:
         return (self.high_req_s - self.low_req_s) / self.low_req_s
 
     def describe(self) -> str:
-        """One line for people."""
+        """One line for people: the bracket (`bracket_text`) and what its status means."""
         lo, hi = self.low_req_s, self.high_req_s
-        if self.status == "bracketed":
-            return f"{lo:.4g} - {hi:.4g} req/s (bracket width {self.width:.1%} <= {self.precision:.1%})"
-        if self.status == "unresolved":
+        if self.status == "unresolved":  # an end may be unknown yet: '?'
             w = self.width
             return (f"{'?' if lo is None else f'{lo:.4g}'} - {'?' if hi is None else f'{hi:.4g}'}"
                     f" req/s (unresolved: bracket width {'open' if w is None else f'{w:.1%}'}, "
                     f"asked {self.precision:.1%})")
-        if self.status == "above_saturation":
-            return f">= {lo:.4g} req/s (every rate met the SLOs, up to the saturated rate)"
-        if self.status == "unmet_at_synchronous":
-            return "0 req/s (the SLOs fail even with one request at a time)"
-        return f"< {hi:.4g} req/s (no measured rate met the SLOs)"
+        why = {
+            "bracketed": f"bracket width {self.width:.1%} <= {self.precision:.1%}"
+            if self.width is not None else "",
+            "above_saturation": "every rate met the SLOs, up to the saturated rate",
+            "unmet_at_synchronous": "the SLOs fail even with one request at a time",
+        }.get(self.status, "no measured rate met the SLOs")
+        return f"{bracket_text(self.status, lo, hi)} req/s ({why})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"status": self.status, "low_req_s": self.low_req_s, "high_req_s": self.high_req_s,
@@ -178,7 +195,7 @@ def search(cfg: SweepConfig, on_point: Callable[[SweepPoint], None] | None = Non
     """The capacity search as a generator: it yields `(role, LoadPoint)`, is sent the measured
     summary, and returns the SweepResult. Who measures, and when, is the caller's: `sweep` runs
     one search to its end; an experiment alternates the searches of two arms point by point
-    (experiment/capacity.py), so that both meet the same minutes of a drifting machine."""
+    (experiment/run/sweeps.py), so that both meet the same minutes of a drifting machine."""
     points: list[SweepPoint] = []
 
     def run(role: str, load: LoadPoint) -> Generator[Step, Mapping[str, Any], SweepPoint]:

@@ -72,7 +72,7 @@ class Launcher:
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where one process runs: on this host (`local`), or on a node of a Ray cluster chosen by
-    what the process asks for (experiment/ray_hosts.py starts one small actor there that
+    what the process asks for (experiment/deploy/ray_hosts.py starts one small actor there that
     launches it). The asks are Ray's own: CPUs and GPUs, custom resources (`node:prefill`),
     a node IP (Ray's `node:<ip>` resource) and node labels (Ray's label selector)."""
 

@@ -7,8 +7,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from servelab import jobs, jsonout
 from servelab.errors import UserError
-from servelab.experiment import spec as spec_mod
+from servelab.experiment.design.model import ExperimentSpec
+from servelab.experiment.design.parse import from_store
+from servelab.experiment.plan.preflight import load
+from servelab.experiment.plan.schedule import plan
+from servelab.experiment.present import attribution, run_file
+from servelab.experiment.report.html import write
+from servelab.store import Store
 
 ROOT = Path(__file__).resolve().parents[3]
 DEMO_FILE = ROOT / "examples" / "demo.toml"
@@ -28,13 +35,13 @@ def quick_variant(data: dict[str, Any]) -> dict[str, Any]:
     return q
 
 
-def load_demo(file: Path | None, quick: bool) -> spec_mod.ExperimentSpec:
+def load_demo(file: Path | None, quick: bool) -> ExperimentSpec:
     path = Path(file) if file else DEMO_FILE
     if not path.is_file():
         raise UserError(
             f"demo file {path} not found; pass --file examples/demo.toml from a checkout"
         )
-    return spec_mod.load(path, quick_variant if quick else None)
+    return load(path, quick_variant if quick else None)
 
 
 def run_demo(
@@ -43,22 +50,13 @@ def run_demo(
 ) -> Path:
     """Run the demo (fresh unless an interrupted one can be resumed); returns the HTML path.
     `as_json`: the report's `experiment` document on stdout (`console` then writes to stderr)."""
-    from servelab import jobs
-    from servelab.experiment.present import attribution, run_file
-    from servelab.experiment.report import write
-    from servelab.experiment.schedule import plan
-    from servelab.store import Store
-
     spec = load_demo(file, quick)
     t0 = time.monotonic()
     with Store(store_path) as st:
         if spec.name in st.experiment_names():
             ok = sum(r.status == "ok" for r in st.runs(spec.name))
             try:
-                same = (
-                    spec_mod.ExperimentSpec.model_validate(st.experiment(spec.name)).design_hash()
-                    == spec.design_hash()
-                )
+                same = from_store(st.experiment(spec.name)).design_hash() == spec.design_hash()
             except ValueError:
                 same = False
             states = [j.state for j in jobs.read_all(spec.name)]
@@ -72,8 +70,6 @@ def run_demo(
         md, page, data = write(st, spec.name)
     took = f"demo finished in {time.monotonic() - t0:.0f} s"
     if as_json:  # stdout holds the document only; the console writes to stderr
-        from servelab import jsonout
-
         console.print(took, highlight=False)
         jsonout.emit("experiment", jsonout.experiment(data, {"html": str(page), "markdown": str(md)}))
     else:

@@ -9,8 +9,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from servelab.experiment.report import ExperimentData
-from servelab.experiment.spec import ExperimentSpec
+from servelab import jobs
+from servelab.console import literal
+from servelab.experiment.design.model import ExperimentSpec
+from servelab.experiment.report.noise import stopping_lines
+from servelab.experiment.report.sections import sections
+from servelab.experiment.report.tables import attribution_rows
+from servelab.experiment.run.runner import Runner
+from servelab.experiment.stats import sequential as seq
+from servelab.experiment.stats.analysis import headline
+from servelab.experiment.stats.evidence import Evidence, design_of
+from servelab.store import Store
 
 
 def verdict_table(title: str, rows: list[list[str]], verdict: Callable[[list[str]], str]) -> Any:
@@ -28,17 +37,12 @@ def verdict_table(title: str, rows: list[list[str]], verdict: Callable[[list[str
     return table
 
 
-def attribution(console: Any, data: ExperimentData) -> None:
+def attribution(console: Any, data: Evidence) -> None:
     """Print the attribution table, the headline, the stopping rule's outcome and warnings."""
     from rich.text import Text
 
-    from servelab.experiment.report import attribution_rows, stopping_lines
-    from servelab.experiment.stats import headline
-
     title = f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
     console.print(verdict_table(title, attribution_rows(data), lambda r: r[5]))
-    from servelab.experiment.report_html import sections
-
     for line in headline(data.analysis, data.primary) + stopping_lines(data):
         console.print(Text(line))
     for e in sections(data)[1]:  # SLO capacity ([load.sweep]): the sentence a reader wants
@@ -56,9 +60,6 @@ def run_file(spec: ExperimentSpec, store_path: Path | None, console: Any, quiet:
         TimeElapsedColumn,
         TimeRemainingColumn,
     )
-
-    from servelab.experiment.runner import Runner
-    from servelab.store import Store
 
     with Store(store_path) as store:
         with Progress(
@@ -94,8 +95,6 @@ def printer(console: Any) -> Callable[[str], None]:
     first word."""
     from rich.text import Text
 
-    from servelab.console import literal
-
     def say(line: str) -> None:
         style = next((st for head, st in _STYLES if line.startswith(head)), "")
         console.print(Text(literal(line, keep_newlines=True), style=style))
@@ -105,8 +104,6 @@ def printer(console: Any) -> Callable[[str], None]:
 
 def detached_log(name: str) -> str | None:
     """The job log when stdout is it (a `--detach`ed run), so `servelab status` can show it."""
-    from servelab import jobs
-
     log = jobs.log_path(name)
     try:
         out, st = os.fstat(1), log.stat()
@@ -117,14 +114,10 @@ def detached_log(name: str) -> str | None:
 
 def plan_lines(spec: ExperimentSpec) -> list[str]:
     """What `run --check` adds below the schedule: the stopping rule and the noise control."""
-    from servelab.experiment import sequential as seq
-
     out = []
     if spec.adaptive_on:
-        from servelab.experiment.evidence import design_of
-
         a = spec.adaptive
-        design = design_of(spec.to_json())
+        design = design_of(spec)
         assert design is not None
         secondary = design.secondary_keys([k for k, _, _ in spec.load.keys()])
         out.append(

@@ -1,0 +1,90 @@
+"""`[load]` and `[workload]` of an experiment file: the load points each arm is measured at (fixed
+concurrencies, open-loop request rates, or a capacity sweep under SLOs: sweep.py), and the
+requests of every run, as `servelab bench` takes them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from servelab.bench.config import BenchConfig, WorkloadConfig
+from servelab.experiment.design.base import Strict
+from servelab.experiment.design.sweep import SWEEP_KEY, SweepSpec
+
+
+class LoadSpec(Strict):
+    concurrency: list[int] = []
+    request_rate: list[float] = []
+    burstiness: float = Field(1.0, gt=0)
+    sweep: SweepSpec | None = None
+
+    @field_validator("concurrency")
+    @classmethod
+    def _pos_c(cls, v: list[int]) -> list[int]:
+        if any(c < 1 for c in v):
+            raise ValueError("concurrency values must be >= 1")
+        return v
+
+    @field_validator("request_rate")
+    @classmethod
+    def _pos_r(cls, v: list[float]) -> list[float]:
+        if any(r <= 0 for r in v):
+            raise ValueError("request rates must be > 0 (requests per second)")
+        return v
+
+    @model_validator(mode="after")
+    def _some(self) -> LoadSpec:
+        if not self.concurrency and not self.request_rate and self.sweep is None:
+            raise ValueError(
+                "give at least one load point: concurrency = [...], request_rate = [...] "
+                'or sweep = { slo = "ttft_p99_ms=2000" }'
+            )
+        return self
+
+    def keys(self) -> list[tuple[str, int | None, float | None]]:
+        """(load key, concurrency, rate) in file order; keys match bench's LoadPoint.key."""
+        out: list[tuple[str, int | None, float | None]] = [
+            (f"c={c}", c, None) for c in self.concurrency
+        ]
+        out += [(f"rate={r:g}", None, r) for r in self.request_rate]
+        if self.sweep is not None:  # one capacity search per run, after the fixed load points
+            out.append((SWEEP_KEY, None, None))
+        return out
+
+
+class WorkloadSpec(Strict):
+    """As `servelab bench`: request lengths, prompts per run, dataset, seed."""
+
+    input_len: int = Field(256, ge=1)
+    output_len: int = Field(256, ge=1)
+    num_prompts: int = Field(100, ge=1)
+    dataset: str | None = None
+    seed: int = 0
+    tokenizer: str | None = None
+    api: Literal["completions", "chat", "sglang"] = "completions"
+    warmup: int = Field(0, ge=0)
+    max_duration_s: float | None = Field(None, gt=0)
+    request_timeout_s: float = Field(600.0, gt=0)
+    goodput: dict[str, float] = {}
+
+    def bench_config(self, base_url: str, model: str | None = None) -> BenchConfig:
+        """This workload as the servelab.bench configuration that measures it at `base_url`
+        (BenchConfig runs the bench's own checks: dataset and tokenizer files, goodput keys)."""
+        return BenchConfig(
+            base_url=base_url,
+            workload=WorkloadConfig(
+                input_len=self.input_len,
+                output_len=self.output_len,
+                num_prompts=self.num_prompts,
+                dataset=self.dataset,
+                seed=self.seed,
+                tokenizer=self.tokenizer,
+            ),
+            model=model,
+            api=self.api,
+            warmup=self.warmup,
+            max_duration_s=self.max_duration_s,
+            request_timeout_s=self.request_timeout_s,
+            goodput=dict(self.goodput),
+        )

@@ -1,0 +1,60 @@
+"""The metrics an experiment measures and decides on: where each lives in a load point's summary,
+its unit, and which direction is better. Part of the file's vocabulary (`primary_metric` is
+checked against it), so the statistics and the report read the same table."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    key: str
+    label: str
+    unit: str
+    higher_is_better: bool | None  # None: descriptive only (no verdict)
+    path: tuple[str, ...]
+
+
+METRICS: dict[str, Metric] = {
+    m.key: m
+    for m in (
+        Metric(
+            "output_throughput_tok_s",
+            "output throughput",
+            "tok/s",
+            True,
+            ("output_throughput_tok_s",),
+        ),
+        Metric(
+            "request_throughput_req_s",
+            "request throughput",
+            "req/s",
+            True,
+            ("request_throughput_req_s",),
+        ),
+        Metric("ttft_ms", "TTFT median", "ms", False, ("ttft_ms", "median")),
+        Metric("tpot_ms", "TPOT median", "ms", False, ("tpot_ms", "median")),
+        Metric("e2e_ms", "E2E median", "ms", False, ("e2e_ms", "median")),
+        Metric("accept_length", "acceptance length", "tokens/step", None, ("accept_length",)),
+    )
+}
+
+
+def metric_value(summary: dict[str, Any], metric: str) -> float:
+    """The metric from a load-point summary; NaN when missing (never 0)."""
+    return path_value(summary, METRICS[metric].path)
+
+
+def path_value(summary: dict[str, Any], path: Sequence[str]) -> float:
+    """The number at `path` (e.g. ("ttft_ms", "p99")) in a load-point summary; NaN when missing
+    or not a number (never 0)."""
+    node: Any = summary
+    for part in path:
+        if not isinstance(node, dict):
+            return math.nan
+        node = node.get(part)
+    return float(node) if isinstance(node, int | float) and not isinstance(node, bool) else math.nan
