@@ -1,7 +1,7 @@
 """Split-KV sparse MLA decode with the next tile's gather issued before this tile's dots.
 
-Same grid, online softmax, partials and merge as triton_split.py (16-bit KV only). The difference
-is where a tile's gather sits in the loop. In triton_split.py, Triton's software pipeliner puts the
+Same grid, online softmax, partials and merge as triton_kernels/split.py (16-bit KV only). The difference
+is where a tile's gather sits in the loop. In triton_kernels/split.py, Triton's software pipeliner puts the
 cp.async gather of tile t+1 at the end of iteration t (after both dots are issued) and waits
 for it at the top of iteration t+1 (`async_wait num = 0` in the TTGIR, Triton 3.6): with one
 program per SM, each tile's gather latency is exposed, and only the asynchronous P V dot runs
@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from .merge import gdc_launch_dependents
+from ..splitkv.merge import gdc_launch_dependents
 
 if TYPE_CHECKING:
-    from .lab import Lab
-    from .plan import LaunchPlan
+    from ..splitkv.lab import Lab
+    from ..splitkv.plan import LaunchPlan
 
 
 @triton.jit

@@ -37,8 +37,8 @@ def test_replayed_inside_a_cuda_graph(shape, mode):
     before each replay, and the captured launch must be the one run before capture."""
     import dataclasses
 
-    from servelab.kernels.sparse_mla.defaults import default_config
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     b, h, d_qk, d_v, topk = shape
     dtype = torch.bfloat16
@@ -79,9 +79,10 @@ def test_named_variant_that_fails_to_compile_raises(device, monkeypatch):
     recorded under the key serves() asks about although the launch clears HB_FAST for one
     head block (gluon_common.grid_order). Simulated with a kernel whose launch raises as a
     failed compile does."""
-    from servelab.kernels.sparse_mla import gluon_common, gluon_ws
-    from servelab.kernels.sparse_mla.defaults import geometry
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import ws as gluon_ws
 
     broken = BrokenKernel()
     monkeypatch.setattr(gluon_ws, "_sparse_mla_split_gluon_ws_kernel", broken, raising=False)
@@ -106,9 +107,10 @@ def test_default_that_fails_to_compile_falls_to_the_next_rule(device, monkeypatc
     matching rule of the defaults file runs (for H = 32 at B = 32 the Triton geometry with
     16-head tiles, not the Gluon tile on a Triton kernel), the numbers are right, and the
     record names what ran, the rule, and what was skipped and why."""
-    from servelab.kernels.sparse_mla import gluon_common, gluon_ws
-    from servelab.kernels.sparse_mla.defaults import load
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.defaults import load
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import ws as gluon_ws
 
     broken = BrokenKernel()
     monkeypatch.setattr(gluon_ws, "_sparse_mla_split_gluon_ws_kernel", broken, raising=False)
@@ -156,9 +158,9 @@ def test_geometry_that_does_not_fit(device, monkeypatch):
     OutOfResources) is skipped like a failed compile: at H = 16, B = 1 the register-prefetch
     rule, then the TP-slice rule runs. A named geometry that does not fit is a one-line error
     naming it. Simulated (no interpreter runs out of memory)."""
-    from servelab.kernels.sparse_mla import triton_rp
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode, splitkv_launch
-    from servelab.kernels.sparse_mla.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode, splitkv_launch
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.triton_kernels import rp as triton_rp
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 1, 12, 192, 128, 70
@@ -181,8 +183,8 @@ def test_geometry_that_does_not_fit(device, monkeypatch):
 def test_named_variant_for_the_other_cache_raises():
     """A config naming a kernel that does not read this cache (gluon_ws with an FP8 cache, the
     FP8 per-chunk kernel with a 16-bit one) raises naming it; it is not run as another."""
-    from servelab.kernels.sparse_mla.defaults import geometry
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
     q, kv, idx = make("cpu", torch.float16, 2, 4, 48, 30, seed=1)
@@ -211,7 +213,7 @@ DECISIONS_16BIT = [
 def test_default_decisions_with_a_16_bit_cache():
     """The first rule at each cell above, its partials (16-bit for gluon_ws), and without
     Gluon (another GPU) a Triton rule; one rule always matches last."""
-    from servelab.kernels.sparse_mla.defaults import default_config, load
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config, load
 
     for b, h, d_qk, want in DECISIONS_16BIT:
         cfg = default_config(b, h, d_qk)
@@ -238,10 +240,10 @@ def test_defaults_file_rests_on_measurements():
     import re
     from pathlib import Path
 
-    from servelab.kernels.sparse_mla.defaults import HERE, parse
-    from servelab.kernels.sparse_mla.variants import VARIANTS
+    from servelab.kernels.sparse_mla.dispatch.defaults import HERE, parse
+    from servelab.kernels.sparse_mla.dispatch.variants import VARIANTS
 
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[4]
     files = sorted(HERE.glob("*.toml"))
     assert files
     for f in files:
@@ -264,7 +266,7 @@ def test_gluon_can_be_switched_off_for_an_ab(monkeypatch):
     """SERVELAB_SPARSE_MLA_GLUON=0 makes a Hopper machine refuse the Gluon variants (the
     dispatch then takes the Triton rules), so the engine's splitkv backend can be A/B-ed
     with and without them."""
-    from servelab.kernels.sparse_mla import gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
 
     monkeypatch.setattr(gluon_common, "AVAILABLE", True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

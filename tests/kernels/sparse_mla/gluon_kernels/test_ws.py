@@ -41,14 +41,14 @@ def _refs(q, kv, idx, d_v, dtype):
 
 
 def _gluon_ws():
-    from servelab.kernels.sparse_mla.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
 
     return geometry("gluon_ws")
 
 
 def _check(q, kv, idx, d_v, splits, tag, cfg, refs, workspace=None, lab=None):
     """One launch against refs[whether it kept 16-bit partials] (_refs())."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     b, h, d_qk = q.shape
     scale = d_qk**-0.5
@@ -107,7 +107,7 @@ def test_real_shapes(shape):
 @pytest.mark.gpu
 @needs_hopper
 def test_replayed_inside_a_cuda_graph():
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
     dtype = torch.bfloat16
@@ -130,10 +130,10 @@ def test_grid_order_leaves_results_identical(monkeypatch):
     equal those of the (B, head blocks, splits) grid bit for bit, and the exact reference;
     the phase trace still gets one row per (request, head block, split). With one wave of
     programs the grid keeps B first."""
-    from servelab.kernels.sparse_mla import gluon_common
-    from servelab.kernels.sparse_mla import gluon_ws as ws
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import ws
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     GLUON_WS = _gluon_ws()
     grids = []
@@ -173,9 +173,9 @@ def test_phase_trace():
     program's stamps are on one clock in the kernel's order: entry <= first indices / q <= each
     tile's k_ready seen <= its scores <= its P V, tiles in order, the end after the last tile,
     the stores after the end; SM ids in range; tiles past TRACE_TILES not stamped."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
-    from servelab.kernels.sparse_mla.gluon_ws import TRACE_COLS, TRACE_LAYOUT, TRACE_TILES
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode
+    from servelab.kernels.sparse_mla.gluon_kernels.ws import TRACE_COLS, TRACE_LAYOUT, TRACE_TILES
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     GLUON_WS = _gluon_ws()
     L = TRACE_LAYOUT
@@ -221,10 +221,10 @@ def test_split_trace_summary_on_absolute_timestamps():
     globaltimer's real magnitude (~1.8e18 ns, 32 ns steps): the phases come out to the
     nanosecond (a float64 of the absolute time would round them to 256 ns), unstamped (-1)
     entries are skipped, and a program with fewer tiles counts only its own."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[4] / "benchmarks"))
     import sparse_mla_traces as probes
 
-    from servelab.kernels.sparse_mla.gluon_ws import TRACE_COLS, TRACE_LAYOUT
+    from servelab.kernels.sparse_mla.gluon_kernels.ws import TRACE_COLS, TRACE_LAYOUT
 
     L = TRACE_LAYOUT
     base = 1_764_000_000_000_000_032
@@ -261,11 +261,11 @@ _COMPILE = """
 import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
-from servelab.kernels.sparse_mla import gluon_common
+from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
 if not gluon_common.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
-from servelab.kernels.sparse_mla import gluon_ws as m
+from servelab.kernels.sparse_mla.gluon_kernels import ws as m
 d_tail, bn, nk, trace = map(int, sys.argv[1:5])
 k = m._sparse_mla_split_gluon_ws_kernel
 ce = dict(D_V=512, D_TAIL=d_tail, BLOCK_H=64, BLOCK_N=bn, BLOCK_T=max(d_tail, 16), NK=nk,

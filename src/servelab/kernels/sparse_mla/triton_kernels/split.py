@@ -8,10 +8,10 @@ online softmax in base 2. All heads of a head block share one gather, so a row i
 ceil(H / BLOCK_H) times per request instead of H times (and those reads mostly hit L2).
 
 With num_splits > 1 each program writes a normalised partial (O_s [BLOCK_H, d_v], fp32 or
-q's dtype per ``SplitConfig.partial_dtype``; lse_s [BLOCK_H] fp32) and merge.py merges them;
+q's dtype per ``SplitConfig.partial_dtype``; lse_s [BLOCK_H] fp32) and splitkv/merge.py merges them;
 with one split the kernel writes the final output itself. An FP8 cache (fp8.py) is read with
 ``FP8=True``: each gathered tile is dequantised to q's dtype in registers through a reshape
-to [rows, tiles, tile] (triton_fp8.py is the per-chunk-scale alternative). All-padding rows:
+to [rows, tiles, tile] (triton_kernels/fp8_chunked.py is the per-chunk-scale alternative). All-padding rows:
 out = 0, lse = -inf (a split that sees only padding writes O_s = 0, lse_s = -inf, which the
 merge weighs with exp(-inf) = 0). Runs on any CUDA GPU and in the CPU interpreter.
 """
@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from .merge import gdc_launch_dependents
+from ..splitkv.merge import gdc_launch_dependents
 
 if TYPE_CHECKING:
-    from .lab import Lab
-    from .plan import LaunchPlan
+    from ..splitkv.lab import Lab
+    from ..splitkv.plan import LaunchPlan
 
 DROPS = ("", "qk", "pv")  # the lab diagnostics this kernel implements
 

@@ -3,7 +3,7 @@
 A call is checked once (plan.Problem), and each variant tried gets one frozen LaunchPlan
 (normally one: the first rule serves). With ``config`` a call names its variant (config.kernel):
 that variant runs or the call raises. Without, the rules of the GPU's defaults file
-(defaults.py) that match the call are tried in order: a variant that cannot serve the launch
+(dispatch/defaults.py) that match the call are tried in order: a variant that cannot serve the launch
 (another GPU, a layout, a compile failure, shared memory) is skipped and the next rule runs.
 The returned `SplitRun` carries a `Ran` record: which variant ran, its tile, splits, merge and
 partials, the rule it came from and the rules skipped on the way.
@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING
 import torch
 from triton.runtime.errors import OutOfResources
 
+from ..gluon_kernels.common import CompileFailed
+from ..splitkv import merge as merge_mod
+from ..splitkv.geometry import SplitConfig
+from ..splitkv.lab import SHIPPED, Lab
+from ..splitkv.plan import LaunchPlan, make_plan, make_problem
 from . import defaults as defaults_mod
-from . import merge as merge_mod
-from .geometry import SplitConfig
-from .gluon_common import CompileFailed
-from .lab import SHIPPED, Lab
-from .plan import LaunchPlan, make_plan, make_problem
 from .variants import VARIANTS
 
 if TYPE_CHECKING:
-    from .fp8 import Fp8KVCache
+    from ..fp8 import Fp8KVCache
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def splitkv_launch(
     out: torch.Tensor | None = None,  # [B, H, d_v]
     lse: torch.Tensor | None = None,  # [B, H] fp32
     workspace: tuple[torch.Tensor, torch.Tensor] | None = None,  # partials, with num_splits
-    lab: Lab | None = None,  # benchmarks only (lab.py)
+    lab: Lab | None = None,  # benchmarks only (splitkv/lab.py)
 ) -> SplitRun:
     """Run the split kernel (the named config's, or the first default rule that serves) and
     the merge when there are several splits; returns out, lse and the `Ran` record."""

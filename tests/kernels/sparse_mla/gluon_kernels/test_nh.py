@@ -32,7 +32,7 @@ assert interpreted_kernels  # the module-scoped autouse fixture, imported to tak
 
 def _cfg(h: int, nbuf: int, fp8: bool = False):
     """The defaults' few-heads geometry for h heads (one 16- or 32-head block), ring nbuf."""
-    from servelab.kernels.sparse_mla.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
 
     name = ("nh16" if h <= 16 else "nh32") + ("_fp8" if fp8 else "")
     return dataclasses.replace(geometry(name), num_stages=nbuf)
@@ -40,8 +40,8 @@ def _cfg(h: int, nbuf: int, fp8: bool = False):
 
 def _serves(cfg, q, kv, d_v, tiles_per_split, drop=""):
     """gluon_nh's serves() for the 16-bit or the FP8 kernel (by the cache) on cfg's geometry."""
-    from servelab.kernels.sparse_mla import gluon_nh
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.gluon_kernels import nh as gluon_nh
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     fp8 = not isinstance(kv, torch.Tensor)
     cfg = dataclasses.replace(cfg, kernel="gluon_nh_fp8" if fp8 else "gluon_nh")
@@ -67,7 +67,7 @@ def _ref(q, kv, idx, d_v):
 
 def _check(q, kv, idx, d_v, splits, tag, cfg, ref):
     """One launch against `ref`, outputs NaN-poisoned first; the nh kernel must have run."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     b, h, d_qk = q.shape
     out_ex, lse_ex, out_tol, lse_tol = ref
@@ -167,7 +167,7 @@ def test_real_shapes(shape):
 def test_replayed_inside_a_cuda_graph(fp8):
     """Captured once, replayed with new queries and indices (one request all padding), the
     outputs poisoned before each replay, as the engine's decode graphs do."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
 
     b, h, d_qk, d_v, topk = 16, 32, 512, 512, 640
@@ -190,11 +190,11 @@ _COMPILE = r"""
 import json, re, sys
 import triton
 from triton.backends.compiler import GPUTarget
-from servelab.kernels.sparse_mla import gluon_common
+from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
 if not gluon_common.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
-from servelab.kernels.sparse_mla import gluon_nh as m
+from servelab.kernels.sparse_mla.gluon_kernels import nh as m
 kind, bh, nbuf = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 v4 = kind.endswith("v4")
 d_qk = 512 if v4 else 576
@@ -253,8 +253,8 @@ def test_serves_few_heads_only(monkeypatch):
     """serves(): all heads in one 16- or 32-head block, 64-token tiles over 4 warps, a ring
     that fits 227 KB (16-bit: 3 tiles only at H16 with V4's widths), d_v a power of two
     >= 128, the FP8 layouts of the FP8 Gluon kernel, 16-byte rows."""
-    from servelab.kernels.sparse_mla import gluon_common
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
 
     monkeypatch.setattr(gluon_common, "gluon_device", lambda device=None: True)
     monkeypatch.setattr(gluon_common, "FAILED", {})
@@ -288,9 +288,12 @@ def test_compile_failure(device, fp8, first, monkeypatch):
     config naming it raises; a default call (nh is the first rule at B = 8, H = 12) runs the
     next rule that serves: the Triton kernel on its own 16 x 32 tiles (the 64-head Gluon
     rules made unavailable here), with the right numbers, whichever call failed first."""
-    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8, gluon_nh, gluon_ws
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode, splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode, splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import fp8 as gluon_fp8
+    from servelab.kernels.sparse_mla.gluon_kernels import nh as gluon_nh
+    from servelab.kernels.sparse_mla.gluon_kernels import ws as gluon_ws
 
     name = "_sparse_mla_split_nh_fp8_kernel" if fp8 else "_sparse_mla_split_nh_kernel"
     broken = BrokenKernel()

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
+from ..reference import check_inputs
 from .geometry import MAX_SPLITS, MergePolicy, SplitConfig, choose_num_splits, resolve_merge
-from .reference import check_inputs
 
 if TYPE_CHECKING:
-    from .fp8 import Fp8KVCache
+    from ..fp8 import Fp8KVCache
 
 LOG2E = 1.4426950408889634
 

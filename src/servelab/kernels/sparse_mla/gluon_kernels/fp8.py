@@ -12,7 +12,7 @@ dequantised once, by all threads, into one fp16 staging tile that both wgmma dot
   into it;
 - so NBUF tiles are in flight while a tile's dots run (the bf16 ring: NBUF - 1), twice the
   rows in about 60-75% of the bytes at NBUF = 2;
-- the scores, the online softmax, the P V dot and the partials use gluon_common.py's helpers.
+- the scores, the online softmax, the P V dot and the partials use gluon_kernels/common.py's helpers.
 
 Values: the dots run in fp16 (q, the staging tile and P; fp8.py says what range that needs):
 e4m3 -> fp16 is one cvt per two values and the scale one paired fp16 multiply, a third of the
@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING
 import torch
 import triton
 
-from . import gluon_common
-from .gluon_common import AVAILABLE
-from .lab import GLUON_DROP
+from ..splitkv.lab import GLUON_DROP
+from . import common as gluon_common
+from .common import AVAILABLE
 
 if TYPE_CHECKING:
-    from .fp8 import Fp8KVCache
-    from .lab import Lab
-    from .plan import LaunchPlan
+    from ..fp8 import Fp8KVCache
+    from ..splitkv.lab import Lab
+    from ..splitkv.plan import LaunchPlan
 
 if AVAILABLE:
     from triton.experimental import gluon
@@ -51,7 +51,7 @@ if AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .gluon_common import (
+    from .common import (
         _cp_load,
         _cta_barrier,
         _load_q,
@@ -81,7 +81,7 @@ if AVAILABLE:
         """The e4m3 ring's shared layout for _fp8_regs: with 4 threads a row, the two rows of an
         8-thread phase would hit the same banks of 128-byte rows; swapping odd rows' 64-byte
         halves puts them side by side (chunks wider than 64 columns; 64 columns stay
-        unswizzled). tests/kernels/test_sparse_mla_fp8_gluon.py models both layouts' banks."""
+        unswizzled). tests/kernels/sparse_mla/gluon_kernels/test_fp8.py models both layouts' banks."""
         if cw > 64:
             return gl.SwizzledSharedLayout(64, 1, cw // 64, [1, 0])
         return gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
@@ -282,7 +282,7 @@ if AVAILABLE:
                                             _fp8_ring_layout(CW))  # fmt: skip
         rope_ring = gl.allocate_shared_memory(dtype, [NBUF, BLOCK_N, D_ROPE], sh_r)
         sc_ring = gl.allocate_shared_memory(gl.float32, [NBUF, BLOCK_N, NSC], flat)
-        if D_TAIL > 0:  # the q tail (the rope columns) in registers, as in gluon_common.py
+        if D_TAIL > 0:  # the q tail (the rope columns) in registers, as in gluon_kernels/common.py
             offs_h_lr = hb * BLOCK_H + gl.arange(0, BLOCK_H, layout=gl.SliceLayout(1, lr))
             offs_r_lr = gl.arange(0, D_ROPE, layout=gl.SliceLayout(0, lr))
             qt = gl.load(q_row + offs_h_lr[:, None] * (stride_qh8 * 8) + D_V

@@ -4,7 +4,7 @@ jit helpers that stamp it."""
 
 from __future__ import annotations
 
-from .gluon_common import AVAILABLE
+from .common import AVAILABLE
 
 # Per program one row of TRACE_COLS int64, column -> what. Globaltimer stamps (ns) but "sm"; the
 # per-tile columns hold the first TRACE_TILES tiles (later tiles are not stamped); unstamped

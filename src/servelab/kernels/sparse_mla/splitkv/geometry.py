@@ -2,7 +2,7 @@
 
 A config names the variant that runs it (``kernel``, a key of variants.VARIANTS) and its tile
 geometry. The geometries the defaults use are data (defaults/<gpu>.toml, `[geometry.*]`), read
-by defaults.py; nothing here is a measured choice except what the data file passes in.
+by dispatch/defaults.py; nothing here is a measured choice except what the data file passes in.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import triton
 
 MAX_SPLITS = 256  # the merge kernel loads all partials of a column slice at once
 MERGES = ("auto", "kernel", "pdl")
-# The variants' names (variants.py holds what each serves and how it launches).
+# The variants' names (dispatch/variants.py holds what each serves and how it launches).
 KERNELS = ("triton", "triton_rp", "triton_fp8_chunked", "gluon_ws", "gluon_fp8", "gluon_nh",
            "gluon_nh_fp8")  # fmt: skip
 

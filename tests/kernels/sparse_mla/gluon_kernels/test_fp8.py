@@ -33,7 +33,7 @@ assert interpreted_kernels  # the module-scoped autouse fixture, imported to tak
 
 
 def _gluon(nbuf: int = 2):
-    from servelab.kernels.sparse_mla.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig
 
     return SplitConfig(64, 64, 8, nbuf, 1, prefetch_idx=False, kernel="gluon_fp8")
 
@@ -48,7 +48,7 @@ def _ref(q, cache, idx, d_v, partial_rounded=False):
 
 
 def _check(q, cache, idx, d_v, splits, tag, ref, cfg=None):
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     b, h, d_qk = q.shape
     scale = d_qk**-0.5
@@ -105,8 +105,8 @@ def test_small_scales_within_the_fp16_bound(kernel):
     the fp16 staging sees subnormal scales and some subnormal products) on the 64-head and
     the few-heads FP8 kernel: within mla_check's bound, whose absolute terms stay under a
     quarter of the output (~0.1 here), so a kernel that flushed the values to zero fails."""
-    from servelab.kernels.sparse_mla.defaults import geometry
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
     h = 64 if kernel == "gluon_fp8" else 16
@@ -133,8 +133,8 @@ def test_real_shapes(shape):
     tiles + 64 rope) at real head counts (H < 64 masked in the 64-head tile), with the default
     split count and with 3 splits; and a default call runs the first rule of the defaults
     file (this kernel, the few-heads one, or a Triton one), skipping none on the H200."""
-    from servelab.kernels.sparse_mla.defaults import default_config
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
 
     b, h, d_qk, d_v, topk = shape
@@ -154,7 +154,7 @@ def test_real_shapes(shape):
 def test_replayed_inside_a_cuda_graph():
     """Captured once, replayed with new queries and indices (one request all padding), the
     outputs poisoned before each replay, as the engine's decode graphs do."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
 
     b, h, d_qk, d_v, topk = 16, 64, 512, 512, 640
@@ -175,11 +175,11 @@ _COMPILE = """
 import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
-from servelab.kernels.sparse_mla import gluon_common
+from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
 if not gluon_common.AVAILABLE:
     print(json.dumps({"skip": "this Triton has no Gluon"})); sys.exit(0)
 from triton.experimental.gluon._runtime import GluonASTSource
-from servelab.kernels.sparse_mla import gluon_fp8 as m
+from servelab.kernels.sparse_mla.gluon_kernels import fp8 as m
 v4 = sys.argv[1] == "v4"
 k = m._sparse_mla_split_gluon_fp8_kernel
 ce = dict(D_V=512, D_FP8=448 if v4 else 512, CW=64 if v4 else 128, NCH=7 if v4 else 4,
@@ -263,8 +263,8 @@ def test_dequantisation_shared_accesses_are_free_of_bank_conflicts(cw, num_warps
     stores reaches a bank group twice (Nsight Compute counted 2.15 M such conflicts on the
     staging stores with 128-column chunks before the layout changed). The model itself flags
     that old layout (8 threads along a 128-column row, an unswizzled ring)."""
-    from servelab.kernels.sparse_mla import gluon_common
-    from servelab.kernels.sparse_mla import gluon_fp8 as m
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import fp8 as m
 
     if not gluon_common.AVAILABLE:
         pytest.skip("needs triton.experimental.gluon")
@@ -282,7 +282,7 @@ def test_dequantisation_shared_accesses_are_free_of_bank_conflicts(cw, num_warps
 def _reachable(monkeypatch):
     """Make the Gluon launches reachable where Gluon cannot run (the CPU, other GPUs):
     serves() as written but for the device check."""
-    from servelab.kernels.sparse_mla import gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
 
     if not gluon_here():
         monkeypatch.setattr(gluon_common, "gluon_device", lambda device=None: True)
@@ -292,9 +292,10 @@ def _reachable(monkeypatch):
 def test_named_kernel_that_fails_to_compile_raises(device, monkeypatch):
     """If the installed Triton rejects the kernel, a config naming it raises (with a one-time
     warning giving the compiler's error) and the compile is not retried."""
-    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode
     from servelab.kernels.sparse_mla.fp8 import quantize_kv
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import fp8 as gluon_fp8
 
     broken = BrokenKernel()
     monkeypatch.setattr(gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", broken,
@@ -315,9 +316,10 @@ def test_default_that_fails_to_compile_runs_the_next_fp8_rule(monkeypatch):
     """With no config (the FP8 default is this kernel at B = 4 with 32 heads), a failed compile
     runs the next matching rule: the Triton per-chunk kernel on its 16-head tiles, with the
     right numbers, and the record says what was skipped."""
-    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import fp8 as gluon_fp8
 
     monkeypatch.setattr(gluon_fp8, "_sparse_mla_split_gluon_fp8_kernel", BrokenKernel(),
                         raising=False)  # fmt: skip
@@ -339,8 +341,9 @@ def test_default_that_fails_to_compile_runs_the_next_fp8_rule(monkeypatch):
 def test_serves_only_the_layouts_it_was_written_for(monkeypatch):
     """serves(): 64- or 128-column scale tiles, a 32-256-column rope, the V3.2 or V4 layout,
     16-byte rows, the 64 x 64 tile over 8 warps, shared memory within 227 KB."""
-    from servelab.kernels.sparse_mla import gluon_common, gluon_fp8
     from servelab.kernels.sparse_mla.fp8 import Fp8KVCache, quantize_kv
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import fp8 as gluon_fp8
 
     monkeypatch.setattr(gluon_common, "gluon_device", lambda device=None: True)
     monkeypatch.setattr(gluon_common, "FAILED", {})
@@ -349,7 +352,7 @@ def test_serves_only_the_layouts_it_was_written_for(monkeypatch):
     kv = torch.randn(100, 576).to(torch.bfloat16)
     v32 = quantize_kv(kv, 512, 128)
     v4 = quantize_kv(kv[:, :512].contiguous(), 448, 64)
-    from servelab.kernels.sparse_mla.lab import SHIPPED
+    from servelab.kernels.sparse_mla.splitkv.lab import SHIPPED
 
     def ok(cfg, q, cache, d_v, tiles_per_split):
         return gluon_fp8.serves(plan_for(cfg, q, cache, d_v, tiles_per_split), SHIPPED)
@@ -374,7 +377,7 @@ def test_default_decisions_with_an_fp8_cache():
     from B = 1 with 128 heads and B = 2 with 32-64, with 16-bit partials from B = 8; the
     few-heads kernel from B = 8 at 32 heads and B = 2 at 16 or fewer; Triton rules for other
     scale tiles, at B = 1 below 128 heads, and where Gluon cannot run."""
-    from servelab.kernels.sparse_mla.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
 
     for b, h, want in [(8, 64, "gluon_fp8"), (128, 128, "gluon_fp8"), (1, 128, "gluon_fp8"),
                        (2, 64, "gluon_fp8"), (2, 32, "gluon_fp8"), (4, 32, "gluon_fp8"),

@@ -19,7 +19,9 @@ import importlib
 from dataclasses import dataclass
 from types import ModuleType
 
-from .geometry import KERNELS
+from ..splitkv.geometry import KERNELS
+
+_KERNELS_PKG = __package__.rpartition(".")[0]  # servelab.kernels.sparse_mla
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,7 +30,7 @@ class Variant:
 
     name: str
     caches: tuple[str, ...]  # "16bit", "fp8"
-    module: str  # under servelab.kernels.sparse_mla
+    module: str  # under servelab.kernels.sparse_mla, e.g. "gluon_kernels.ws"
     serves_fn: str = "serves"
     launch_fn: str = "launch"
     pdl_trigger: bool = False  # triggers the PDL merge's early launch (else "pdl" -> "kernel")
@@ -36,7 +38,7 @@ class Variant:
     summary: str = ""
 
     def impl(self) -> ModuleType:
-        return importlib.import_module(f"{__package__}.{self.module}")
+        return importlib.import_module(f"{_KERNELS_PKG}.{self.module}")
 
     def serves(self, plan, lab) -> bool:
         return plan.p.cache in self.caches and getattr(self.impl(), self.serves_fn)(plan, lab)
@@ -46,19 +48,19 @@ class Variant:
 
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("triton", ("16bit", "fp8"), "triton_split", pdl_trigger=True,
+    Variant("triton", ("16bit", "fp8"), "triton_kernels.split", pdl_trigger=True,
             summary="Triton, any GPU: heads on MMA M; FP8 dequantised through a reshape"),
-    Variant("triton_rp", ("16bit",), "triton_rp", pdl_trigger=True,
+    Variant("triton_rp", ("16bit",), "triton_kernels.rp", pdl_trigger=True,
             summary="Triton, the next tile's gather issued into registers before the dots"),
-    Variant("triton_fp8_chunked", ("fp8",), "triton_fp8", pdl_trigger=True,
+    Variant("triton_fp8_chunked", ("fp8",), "triton_kernels.fp8_chunked", pdl_trigger=True,
             summary="Triton, FP8 scales folded into the products per column chunk"),
-    Variant("gluon_ws", ("16bit",), "gluon_ws", gluon=True,
+    Variant("gluon_ws", ("16bit",), "gluon_kernels.ws", gluon=True,
             summary="Gluon (Hopper), warp-specialised: loader / scorer / second half"),
-    Variant("gluon_fp8", ("fp8",), "gluon_fp8", gluon=True,
+    Variant("gluon_fp8", ("fp8",), "gluon_kernels.fp8", gluon=True,
             summary="Gluon (Hopper), FP8 ring dequantised once per tile into fp16"),
-    Variant("gluon_nh", ("16bit",), "gluon_nh", gluon=True,
+    Variant("gluon_nh", ("16bit",), "gluon_kernels.nh", gluon=True,
             summary="Gluon (Hopper), <= 32 heads on the wgmma N dimension"),
-    Variant("gluon_nh_fp8", ("fp8",), "gluon_nh", "serves_fp8", "launch_fp8", gluon=True,
+    Variant("gluon_nh_fp8", ("fp8",), "gluon_kernels.nh", "serves_fp8", "launch_fp8", gluon=True,
             summary="Gluon (Hopper), <= 32 heads on wgmma N, FP8 cache"),
 )}  # fmt: skip
 assert tuple(VARIANTS) == KERNELS, "geometry.KERNELS names the registry's variants"

@@ -2,7 +2,7 @@
 
 The data file lists rules in order (a match on cache format, heads, batch, row width ...),
 each naming a geometry and the measurement it rests on. `candidates` returns the rules a call
-matches, first one first: dispatch.py runs the first whose variant can serve the launch and
+matches, first one first: dispatch/launch.py runs the first whose variant can serve the launch and
 falls to the next when one cannot (another GPU, a layout, a compile failure). The H200 file
 is the only one measured; on another GPU it still applies (its Gluon rules are skipped there).
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .geometry import MergePolicy, SplitConfig
+from ..splitkv.geometry import MergePolicy, SplitConfig
 
 HERE = Path(__file__).parent / "defaults"
 GPU_FILES = {"NVIDIA H200": "h200.toml"}  # device name (prefix) -> data file

@@ -12,8 +12,8 @@ d_v fill M and the heads are the N dimension (8..256 in steps of 8):
 
 One warpgroup (4 warps) computes; q takes BLOCK_H x D_qk x 2 bytes of shared memory (32 KB
 at 32 heads instead of 64 KB), so the ring holds more tiles in flight. Gathers, the split's
-index rows, the ring's commit groups and the partials use gluon_common.py's helpers; the FP8 kernel takes the FP8 ring and the per-tile dequantisation into one
-fp16 staging tile from gluon_fp8.py (same values; q and P^T in fp16 too).
+index rows, the ring's commit groups and the partials use gluon_kernels/common.py's helpers; the FP8 kernel takes the FP8 ring and the per-tile dequantisation into one
+fp16 staging tile from gluon_kernels/fp8.py (same values; q and P^T in fp16 too).
 """
 
 from __future__ import annotations
@@ -22,13 +22,14 @@ from typing import TYPE_CHECKING
 
 import triton
 
-from . import gluon_common, gluon_fp8
-from .gluon_common import AVAILABLE
-from .lab import GLUON_DROP
+from ..splitkv.lab import GLUON_DROP
+from . import common as gluon_common
+from . import fp8 as gluon_fp8
+from .common import AVAILABLE
 
 if TYPE_CHECKING:
-    from .lab import Lab
-    from .plan import LaunchPlan
+    from ..splitkv.lab import Lab
+    from ..splitkv.plan import LaunchPlan
 
 if AVAILABLE:
     from triton.experimental import gluon
@@ -41,7 +42,7 @@ if AVAILABLE:
         warpgroup_mma_wait,
     )
 
-    from .gluon_common import (
+    from .common import (
         _cp_load,
         _cta_barrier,
         _issue_gather,
@@ -50,7 +51,7 @@ if AVAILABLE:
         _split_tiles,
         _store_lse,
     )
-    from .gluon_fp8 import (
+    from .fp8 import (
         _fp8_refill,
         _fp8_regs,
         _fp8_ring_layout,
@@ -234,7 +235,7 @@ if AVAILABLE:
         H,
         topk,
         tiles_per_split,
-        stride_qb8,  # as in gluon_fp8.py
+        stride_qb8,  # as in gluon_kernels/fp8.py
         stride_qh8,
         stride_d16,
         stride_r8,

@@ -1,8 +1,8 @@
 """What the Gluon split kernels share (Hopper only): device check, device functions, the grid
 order, and the compile-failure record.
 
-Gluon is Triton's explicit-layout dialect. The kernels built on these helpers (gluon_ws.py,
-gluon_fp8.py, gluon_nh.py) write out what Triton's automatic passes did not give the Triton
+Gluon is Triton's explicit-layout dialect. The kernels built on these helpers (gluon_kernels/ws.py,
+gluon_kernels/fp8.py, gluon_kernels/nh.py) write out what Triton's automatic passes did not give the Triton
 kernel: gathers issued ahead of the dots into a shared-memory ring by cp.async, the split's
 indices loaded once, and the score dot not duplicated across warpgroups. Gluon does not run in
 Triton's CPU interpreter: tests run the kernels on the GPU; on the CPU they compile them for
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:
-    from .plan import LaunchPlan
+    from ..splitkv.plan import LaunchPlan
 
 try:  # Gluon is experimental; a Triton without it (or with another API) disables this path
     from triton.experimental import gluon
@@ -228,13 +228,13 @@ def key(kconsts: dict, q: torch.Tensor) -> tuple:
 
 
 class CompileFailed(RuntimeError):
-    """A Gluon kernel that did not compile here (recorded in FAILED; dispatch.py decides)."""
+    """A Gluon kernel that did not compile here (recorded in FAILED; dispatch/launch.py decides)."""
 
 
 def compile_failed(e: Exception, kc: dict, q: torch.Tensor, name: str) -> CompileFailed:
     """A Gluon launch that raised: re-raise inside CUDA graph capture (the compile happens on
     the first, uncaptured call; a capture error must not be hidden), else record the key in
-    FAILED, warn once and return CompileFailed for the launcher to raise (dispatch.py: the
+    FAILED, warn once and return CompileFailed for the launcher to raise (dispatch/launch.py: the
     next default rule runs, or a call that named this variant raises)."""
     if q.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         raise e

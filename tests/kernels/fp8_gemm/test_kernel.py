@@ -15,7 +15,7 @@ from interpreter import interpreter_or_skip
 
 # The kernels run in Triton's CPU interpreter (tests/lib/interpreter.py says why a GPU machine
 # skips these unless the process was started with TRITON_INTERPRET=1).
-interpreter_or_skip("tests/kernels/test_fp8_gemm.py")
+interpreter_or_skip("tests/kernels/fp8_gemm/test_kernel.py")
 
 import torch  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Split-K block-FP8 GEMM (the opt-in SPLIT_K launch key) vs the fp64 reference, in Triton's
 CPU interpreter.
 
-Tolerance, derived as in test_fp8_gemm.py: fp8 x fp8 products are exact in fp32, so every error
+Tolerance, derived as in test_kernel.py: fp8 x fp8 products are exact in fp32, so every error
 is an fp32 rounding. A term of an output passes through at most BK - 1 additions inside its
 step's dot, 2 scale multiplies, one accumulation per later step of its split, and at most
 SPLIT_K additions when the partials are summed (workspace order or atomic order alike; the
@@ -19,7 +19,7 @@ from interpreter import interpreter_or_skip
 
 # The kernels run in Triton's CPU interpreter (tests/lib/interpreter.py says why a GPU machine
 # skips these unless the process was started with TRITON_INTERPRET=1).
-interpreter_or_skip("tests/kernels/test_fp8_gemm_splitk.py")
+interpreter_or_skip("tests/kernels/fp8_gemm/test_kernel_split_k.py")
 
 import torch  # noqa: E402
 

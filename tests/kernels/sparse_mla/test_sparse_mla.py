@@ -2,7 +2,7 @@
 of tests/lib/mla_check.py. Without CUDA the Triton kernels run in the interpreter with
 fp16/fp32 inputs (bf16 tl.dot is wrong there); with CUDA everything runs compiled, bf16 and
 the real-model shapes included. Kernel choice, fallbacks and graph replay:
-test_sparse_mla_launch.py."""
+dispatch/test_launch.py."""
 
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def _run_and_check(variant, q, kv, idx, d_v, num_splits=None):
     out, lse = poisoned(b, h, d_v, dtype, q.device)
     p16 = False
     if variant == "splitkv":  # the public call's default, through the call that records it
-        from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+        from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
         run = splitkv_launch(q, kv, idx, sm_scale, d_v, num_splits=num_splits, out=out, lse=lse)
         got_o, got_l, p16 = run.out, run.lse, partials_rounded(run.ran)
@@ -101,8 +101,8 @@ def test_duplicates_and_all_padding_rows(device, variant):
 def test_split_counts_agree(device):
     """Any split count, including more splits than tiles (empty splits), gives the exact
     result within tolerance; partial buffers are NaN-poisoned so an unwritten one shows."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
-    from servelab.kernels.sparse_mla.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100  # 4 tiles of 32 (7 of 16)
@@ -131,9 +131,9 @@ def test_16_bit_partials(device):
     """partial_dtype="input": partials rounded to q's dtype (half the bytes the merge moves),
     with both FP8 Triton kernels; the bound adds u_in M for that rounding. Also: a partial
     buffer of the wrong dtype is refused."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode, splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode, splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 5, 48, 32, 100
@@ -165,8 +165,8 @@ def test_16_bit_partials(device):
 def test_many_splits_combine_in_column_slices(device):
     """200 splits over 4 tiles (196 empty): the combine then works in 32-column slices of
     d_v = 64, so both slices and the empty-split weighting are exercised."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
-    from servelab.kernels.sparse_mla.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 2, 3, 80, 64, 100
@@ -190,7 +190,7 @@ def test_merge_kernel_against_a_float64_merge(device):
     the maximum first), against lse = log sum_s exp(lse_s), O = sum_s exp(lse_s - lse) O_s in
     float64. Tolerance: the fp32 weights and sum (2 S ulp of the largest |O_s|), then the
     output's fp16 rounding."""
-    from servelab.kernels.sparse_mla.merge import launch_merge
+    from servelab.kernels.sparse_mla.splitkv.merge import launch_merge
 
     gen = torch.Generator(device="cpu").manual_seed(1)
     b, h = 3, 20
@@ -226,7 +226,7 @@ def test_merge_kernel_against_a_float64_merge(device):
 def test_merge_geometry_overrides_are_checked():
     """launch_merge's overrides are powers of two in range; a bad one is a one-line error
     naming it (not a crash inside the grid arithmetic or the compiler)."""
-    from servelab.kernels.sparse_mla.merge import launch_merge
+    from servelab.kernels.sparse_mla.splitkv.merge import launch_merge
 
     po, plse = torch.randn(1, 3, 2, 32), torch.randn(1, 3, 2)
     out, lse = torch.empty(1, 2, 32), torch.empty(1, 2)
@@ -242,7 +242,7 @@ def test_merge_geometry_overrides_are_checked():
 def test_merge_trace_records_every_program():
     """launch_merge(trace=...): every program writes its SM id (below the SM count) and three
     globaltimer stamps in order (entry <= after the wait <= end); the output is unchanged."""
-    from servelab.kernels.sparse_mla.merge import launch_merge, merge_grid
+    from servelab.kernels.sparse_mla.splitkv.merge import launch_merge, merge_grid
 
     b, s, h, d_v = 2, 5, 6, 64
     po = torch.randn(b, s, h, d_v, device="cuda")
@@ -270,8 +270,8 @@ def test_pdl_merge_matches(device):
     interpreter): several split counts (6 > 4 tiles: empty splits), two head blocks,
     padding, an all-padding request and a request whose first splits see only padding;
     every call repeated on the same poisoned buffers, each against the exact result."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
-    from servelab.kernels.sparse_mla.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig
 
     dtype = torch.float16
     b, h, d_qk, d_v, topk = 3, 20, 48, 32, 100  # 4 tiles of 32; H 20 = two 16-head blocks
@@ -317,9 +317,9 @@ MEASURED_MERGE = {
 def test_default_merge_picks_the_measured_faster():
     """The defaults file's `[merge]` rule, applied to the Triton defaults the timings were
     taken with, picks PDL or the plain merge kernel as measured (or within 0.5%)."""
-    from servelab.kernels.sparse_mla.defaults import default_config, load
-    from servelab.kernels.sparse_mla.geometry import choose_num_splits as choose
-    from servelab.kernels.sparse_mla.geometry import resolve_merge
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config, load
+    from servelab.kernels.sparse_mla.splitkv.geometry import choose_num_splits as choose
+    from servelab.kernels.sparse_mla.splitkv.geometry import resolve_merge
 
     policy = load().merge
     for (h, topk, b), (k_us, p_us) in MEASURED_MERGE.items():
@@ -347,7 +347,7 @@ MEASURED_FP8 = {
 
 
 def test_default_fp8_kernel_is_the_measured_faster():
-    from servelab.kernels.sparse_mla.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
 
     for (h, tile, b), (old_us, new_us) in MEASURED_FP8.items():
         d_qk = 576 if tile == 128 else 512
@@ -357,7 +357,7 @@ def test_default_fp8_kernel_is_the_measured_faster():
 
 
 def test_choose_num_splits_fills_the_machine():
-    from servelab.kernels.sparse_mla.geometry import SplitConfig, choose_num_splits
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig, choose_num_splits
 
     cfg = SplitConfig(block_h=64, block_n=32, ctas_per_sm=1)
     # V4-Flash at B=1: 1 head block, 20 tiles, 132 SMs -> every tile its own program.
@@ -419,9 +419,9 @@ def test_fp8_cache_matches_its_dequantized_values(device, case):
     result on the dequantised cache. The chunked kernel never rounds a KV value (raw e4m3 is
     exact in 16 bits; scales multiply fp32 products), and rounds P x scale once like P, so the
     kv_rounded bound (which also allows rounding each value) covers both paths."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.geometry import SplitConfig
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig
 
     d_qk, d_v, d_fp8, tile = FP8_CASES[case]
     dtypes = [torch.float16] if device == "cpu" else [torch.float16, torch.bfloat16]
@@ -473,7 +473,7 @@ def test_fp8_quantizer_error_and_layout_bytes():
 def _check_config(cfg, want_split, tag, q, kv, idx, d_v, ref):
     """One launch config against the exact result `ref` (from `bounds`), with the split kernel
     it must have run; outputs poisoned first."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     out_ex, lse_ex, out_tol, lse_tol = ref
     b, h, d_qk = q.shape
@@ -498,10 +498,10 @@ def _check_config(cfg, want_split, tag, q, kv, idx, d_v, ref):
 def test_real_shapes_on_gpu(shape, variant):
     import dataclasses
 
-    from servelab.kernels.sparse_mla.defaults import default_config
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.variants import VARIANTS
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv, quantize_kv
-    from servelab.kernels.sparse_mla.variants import VARIANTS
 
     b, h, d_qk, d_v, topk = shape
     for dtype in (torch.bfloat16, torch.float16):
@@ -553,17 +553,15 @@ def test_real_shapes_on_gpu(shape, variant):
 def test_kernel_names_read_as_attention_in_a_profile():
     """`servelab profile` must put our own kernels in the attention category, not 'other' or
     'communication' (a name like `_combine_kernel` matches the all-to-all combine rule)."""
-    from servelab.kernels.sparse_mla import (
-        gluon_common,
-        gluon_fp8,
-        gluon_nh,
-        gluon_ws,
-        merge,
-        naive,
-        triton_fp8,
-        triton_rp,
-        triton_split,
-    )
+    from servelab.kernels.sparse_mla import naive
+    from servelab.kernels.sparse_mla.gluon_kernels import common as gluon_common
+    from servelab.kernels.sparse_mla.gluon_kernels import fp8 as gluon_fp8
+    from servelab.kernels.sparse_mla.gluon_kernels import nh as gluon_nh
+    from servelab.kernels.sparse_mla.gluon_kernels import ws as gluon_ws
+    from servelab.kernels.sparse_mla.splitkv import merge
+    from servelab.kernels.sparse_mla.triton_kernels import fp8_chunked as triton_fp8
+    from servelab.kernels.sparse_mla.triton_kernels import rp as triton_rp
+    from servelab.kernels.sparse_mla.triton_kernels import split as triton_split
     from servelab.profile.breakdown import load_rules
 
     rules = load_rules()

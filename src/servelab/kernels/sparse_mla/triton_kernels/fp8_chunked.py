@@ -1,6 +1,6 @@
 """Split-KV sparse MLA decode over the FP8 cache of fp8.py, scales applied per column chunk.
 
-Same grid, online softmax, partials and merge as triton_split.py. The difference is how a gathered
+Same grid, online softmax, partials and merge as triton_kernels/split.py. The difference is how a gathered
 tile meets its per-tile scales. The first FP8 kernel dequantised each [rows x d_fp8] tile
 through a reshape to [rows, tiles, tile]; Triton lowered that with a shared-memory layout
 conversion (H200: shared memory 83 -> 182 KB per program, 255 registers, occupancy halved),
@@ -16,7 +16,7 @@ so each chunk is one load + one cast feeding both tensor-core dots, as the bf16 
 P * scale_c is scaled by 2^8 before rounding to 16 bits (and the result by 2^-8, exact) so
 that fp16 does not underflow for small-range tiles (scale = amax / 448).
 
-Layouts served (others: the reshape path of triton_split.py):
+Layouts served (others: the reshape path of triton_kernels/split.py):
 V3.2-like, d_fp8 == d_v (the 16-bit part is the score-only tail); V4-like, d_fp8 < d_v == D_qk
 (the 16-bit part is the last value columns). At most 8 chunks.
 """
@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import triton
 import triton.language as tl
 
-from .merge import gdc_launch_dependents
+from ..splitkv.merge import gdc_launch_dependents
 
 if TYPE_CHECKING:
-    from .lab import Lab
-    from .plan import LaunchPlan
+    from ..splitkv.lab import Lab
+    from ..splitkv.plan import LaunchPlan
 
 MAX_CHUNKS = 8
 PV_SCALE = 256.0  # 2^8: keeps P * scale in fp16's normal range; removed exactly at the end
