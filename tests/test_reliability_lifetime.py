@@ -105,7 +105,7 @@ def _experiment(tmp_path: Path, marker: str) -> Path:
     boot = ("import os, subprocess, sys; subprocess.Popen([sys.executable, '-c', "
             f"'import time; time.sleep(300)', '{marker}'], "
             "start_new_session=True); os.execv(sys.executable, [sys.executable, '-m', "
-            "'servelab.bench.scripted_server', *sys.argv[1:]])")
+            "'servelab.bench.scripted', *sys.argv[1:]])")
     f = tmp_path / "exp.toml"
     f.write_text(textwrap.dedent(f"""
         name = "kill9"
@@ -231,8 +231,8 @@ def test_kill_9_of_tune_ends_its_workers_at_once(tmp_path):
 def test_kill_9_of_bench_leaves_a_consistent_store(tmp_path):
     """`servelab bench` killed at random moments: the store passes its integrity check, every
     stored load point's request file is there, and a new bench appends to it."""
-    from servelab.bench.scripted_harness import serve_in_thread
-    from servelab.bench.scripted_script import Script
+    from servelab.bench.scripted.harness import serve_in_thread
+    from servelab.bench.scripted.script import Script
     from servelab.store import Store
 
     db = tmp_path / "r.db"

@@ -14,8 +14,8 @@ import pytest
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import serve_subprocess
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_subprocess
+from servelab.bench.scripted.script import Script
 
 TTFT_MS, GAP_MS = 40.0, 8.0
 

@@ -11,8 +11,8 @@ import pytest
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 
 EXPECTED = {"http500": "http_500", "http429": "http_429", "http404": "http_404",
             "malformed": "malformed_sse", "cut": "connection_lost", "no_done": "no_end_marker",

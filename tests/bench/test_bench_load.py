@@ -10,8 +10,8 @@ from scipy import stats
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.load import arrival_offsets_s
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 
 
 @pytest.mark.parametrize("burstiness", [1.0, 0.5, 4.0])

@@ -12,8 +12,8 @@ from cli_inproc import cli
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point, save_load_point
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 from servelab.store import Store
 
 CONTRACT = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms", "output_throughput_tok_s",

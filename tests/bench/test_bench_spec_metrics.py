@@ -7,8 +7,8 @@ import pytest
 from servelab.bench import spec_metrics
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 
 K = 3
 OUT = 1 + 4 * K  # every verify chunk full: true tau == K

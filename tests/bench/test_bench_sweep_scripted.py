@@ -1,4 +1,4 @@
-"""The scripted server's latency-vs-load law (bench/scripted_script.py), and `servelab bench
+"""The scripted server's latency-vs-load law (bench/scripted/script.py), and `servelab bench
 --sweep` against it: the true SLO capacity comes from an independent discrete-event simulation
 of the documented law on the same arrival times, and the sweep's bracket must hold it."""
 
@@ -17,8 +17,8 @@ import pytest
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.load import arrival_offsets_s
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import serve_subprocess
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_subprocess
+from servelab.bench.scripted.script import Script
 from servelab.store import Store
 
 

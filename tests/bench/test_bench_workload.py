@@ -12,8 +12,8 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 from servelab.bench.workload import VOCAB, build_workload, fit_prompt, local_counter
 from servelab.errors import UserError
 

@@ -13,8 +13,8 @@ import pytest
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import script_argv, serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import script_argv, serve_in_thread
+from servelab.bench.scripted.script import Script
 
 
 def post(url: str, body: dict) -> tuple[int, bytes]:
@@ -44,7 +44,7 @@ def test_command_line_ready_line_and_sigterm():
 
 
 def test_bad_command_line_is_rejected():
-    r = subprocess.run([sys.executable, "-m", "servelab.bench.scripted_server", "--fail-modes",
+    r = subprocess.run([sys.executable, "-m", "servelab.bench.scripted", "--fail-modes",
                         "explode"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "unknown failure mode" in r.stderr
 

@@ -1,4 +1,4 @@
-"""What a scripted server (servelab.bench.scripted_server) does with each request: the `Script`
+"""What a scripted server (servelab.bench.scripted.server) does with each request: the `Script`
 (timings, failure modes, API flavour), its tokenizer, and the server-side record of a request.
 
 Timing: the first content chunk (1 token, "prefill") is sent `ttft_ms` after the request

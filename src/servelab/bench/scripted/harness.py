@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from servelab.bench.scripted_server import Script, start_server
+from servelab.bench.scripted.script import Script
+from servelab.bench.scripted.server import start_server
 
 
 @dataclass
@@ -73,7 +74,7 @@ def serve_in_thread(script: Script, host: str = "127.0.0.1", port: int = 0) -> I
 
 def script_argv(script: Script, host: str = "127.0.0.1", port: int = 0) -> list[str]:
     """The command line that runs `script` in a separate process."""
-    a = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", host, "--port", str(port),
+    a = [sys.executable, "-m", "servelab.bench.scripted", "--host", host, "--port", str(port),
          "--ttft-ms", str(script.ttft_ms), "--gap-ms", str(script.gap_ms),
          "--tokens-per-chunk", str(script.tokens_per_chunk),
          "--default-max-tokens", str(script.default_max_tokens),
