@@ -38,6 +38,13 @@ def register(app: typer.Typer) -> None:
     tune = typer.Typer(help="Tune kernels for the GPU at hand and write engine config files.",
                        no_args_is_help=True)
     app.add_typer(tune, name="tune")
+    _add_fp8_gemm(tune)
+    _add_verify(tune)
+    _add_install(tune)
+
+
+def _add_fp8_gemm(tune: typer.Typer) -> None:
+    """`servelab tune fp8-gemm`: tune, resumable, one worker per GPU or Ray."""
 
     @tune.command("fp8-gemm")
     def fp8_gemm(
@@ -105,6 +112,10 @@ def register(app: typer.Typer) -> None:
         if rep.failed:
             raise typer.Exit(1)
 
+
+def _add_verify(tune: typer.Typer) -> None:
+    """`servelab tune verify DIR`: tuned vs shipped vs default."""
+
     @tune.command("verify")
     def verify_cmd(
         directory: Path = typer.Argument(..., help="Folder with tuned config files."),
@@ -162,6 +173,10 @@ def register(app: typer.Typer) -> None:
             con.print(f"FAILED: {len(failed)} tuned config(s) did not launch, first N={first.n},"
                       f"K={first.k},M={first.m} {first.tuned}: {first.error}")
             raise typer.Exit(1)
+
+
+def _add_install(tune: typer.Typer) -> None:
+    """`servelab tune install DIR --engine ...` (and `--restore`)."""
 
     @tune.command("install")
     def install_cmd(
