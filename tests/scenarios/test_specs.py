@@ -16,7 +16,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-DEMO = tomllib.loads((Path(__file__).parents[1] / "examples" / "demo.toml").read_text())
+DEMO = tomllib.loads((Path(__file__).parents[2] / "examples" / "demo.toml").read_text())
 
 scalars = st.one_of(
     st.integers(-(2**63), 2**63), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),

@@ -1,13 +1,15 @@
-"""Engine config files (names, contents, merges) and the JSONL checkpoint."""
+"""Engine config files: names, contents and merges, and every key the engines ship read and
+written back."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+from fp8_engines import BASE, H200, need_engine_dir
 
 from servelab.kernels.fp8_gemm import formats as F
-from servelab.tune import checkpoint as CK
+from servelab.tune.space import Config
 
 E = {"BLOCK_SIZE_M": 64, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "GROUP_SIZE_M": 32,
      "num_warps": 4, "num_stages": 3}
@@ -50,22 +52,43 @@ def test_malformed_file_is_an_error_not_overwritten(tmp_path):
         F.read_config_file(p)
 
 
-def test_checkpoint_keeps_highest_reps_filters_context_and_survives_a_torn_line(tmp_path):
-    ck = CK.Checkpoint(tmp_path / CK.FILE_NAME)
-    rec = {"t": "m", "ctx": "a", "n": 1, "k": 2, "m": 3, "cfg_key": "x", "cfg": E, "us": 5.0, "reps": 3}
-    ck.append(rec)
-    ck.append(dict(rec, us=4.0, reps=7))
-    ck.append(dict(rec, ctx="b", us=1.0, reps=9))                   # another device/method
-    ck.append({"t": "unit", "ctx": "a", "search": "fast", "n": 1, "k": 2, "m": 3, "best": E})
-    ck.close()
-    with open(ck.path, "ab") as f:
-        f.write(b'{"t": "m", "ctx": "a", "n": 1, "k"')                # killed mid-write
-    ck2 = CK.Checkpoint(ck.path)
-    ck2.append({"t": "unit", "ctx": "a", "search": "fast", "n": 1, "k": 2, "m": 4, "best": E})
-    ck2.close()
-    st = CK.Checkpoint(ck.path).load("a", "fast")
-    assert st.torn_lines == 1
-    assert st.measurements[(1, 2, 3)]["x"]["us"] == 4.0
-    assert set(st.units) == {(1, 2, 3), (1, 2, 4)}
-    assert CK.Checkpoint(ck.path).load("a", "exhaustive").units == {}
-    assert CK.context_id(a=1, b=2) == CK.context_id(b=2, a=1) != CK.context_id(a=1, b=3)
+# entries as the engines ship them (SGLang's sm90 keys, vLLM's ROCm entries without
+# num_stages); servelab's reader rejected all of these before
+SHIPPED_STYLE = {
+    "1": {**BASE, "num_stages": 4, "SPLIT_K": 4, "SWAP_AB": True},
+    "8": {**BASE, "num_stages": 2, "waves_per_eu": 0},
+    "64": {**BASE, "kpack": 1, "matrix_instr_nonkdim": 16},
+}
+
+
+def test_every_key_the_engines_ship_is_read_and_written_back(tmp_path):
+    p = tmp_path / F.config_file_name("sglang", 7168, 18432, H200)
+    p.write_text(json.dumps(SHIPPED_STYLE))
+    entries = F.read_config_file(p)
+    assert entries[1]["SPLIT_K"] == 4 and entries[1]["SWAP_AB"] is True
+    assert "num_stages" not in entries[64] and entries[64]["kpack"] == 1
+    assert F.read_config_file(p) == {int(k): v for k, v in SHIPPED_STYLE.items()}
+    for m, e in entries.items():                 # through the tuner's Config and back
+        assert Config.from_engine(e).as_engine() == e, m
+    assert Config.from_engine(entries[64]).stages == 3    # Triton's default where none
+    out = tmp_path / "merged.json"
+    F.merge_write_config(out, entries)
+    assert json.loads(out.read_text()) == SHIPPED_STYLE
+    with pytest.raises(ValueError, match="unknown keys \\['BLOCK_M'\\].*known: BLOCK_SIZE_M"):
+        F.validate_entry({**BASE, "BLOCK_M": 16}, "x")
+    with pytest.raises(ValueError, match="SWAP_AB=1 is not true/false"):
+        F.validate_entry({**BASE, "SWAP_AB": 1}, "x")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_every_shipped_block_fp8_file_is_read(engine):
+    folder = need_engine_dir(engine)
+    files = [p for p in folder.iterdir() if (n := F.parse_file_name(p.name)) and n.fmt == engine]
+    assert len(files) > 100                        # 137 (SGLang 0.5.23), 244 (vLLM 0.33.0)
+    bad = []
+    for p in files:
+        try:
+            F.read_config_file(p)
+        except ValueError as exc:
+            bad.append(str(exc))
+    assert not bad, f"{len(bad)} of {len(files)} unreadable, first: {bad[:1]}"

@@ -108,7 +108,7 @@ def test_ray_backend_runs_units_as_tasks(tmp_path):
 def test_verify_times_tuned_against_default_and_checks_files(tmp_path, monkeypatch):
     # verify(device="cpu") / Problem(..., "cpu") interpret the fp8 GEMM kernel module, which
     # then stays interpreted for the process (tests/lib/interpreter.py).
-    interpreter_or_skip("tests/tune/test_tune_job.py", module_level=False)
+    interpreter_or_skip("tests/tune/test_job.py", module_level=False)
     # verify(device="cpu") sets TRITON_INTERPRET for the process (the CLI's way); set it
     # through monkeypatch first so that the variable is restored after this test.
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -164,7 +164,7 @@ def test_a_worker_crash_costs_one_unit_retry_not_the_job(tmp_path, monkeypatch):
 def test_a_failing_config_is_noted_not_fatal(monkeypatch):
     # verify(device="cpu") / Problem(..., "cpu") interpret the fp8 GEMM kernel module, which
     # then stays interpreted for the process (tests/lib/interpreter.py).
-    interpreter_or_skip("tests/tune/test_tune_job.py", module_level=False)
+    interpreter_or_skip("tests/tune/test_job.py", module_level=False)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     from servelab.tune.space import Config
     from servelab.tune.timing import Problem

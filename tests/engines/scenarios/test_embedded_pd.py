@@ -19,7 +19,7 @@ from servelab.engines.base import ProcessConfig, ProcessPlan
 from servelab.errors import UserError
 from servelab.mini.serve_args import ServeArgs
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "disagg_embedded.toml"
 
 

@@ -1,10 +1,11 @@
-"""Every port `vllm serve` binds with a fixed default is given per process, so two vLLM
+"""The vLLM adapter (and, beside it, the embedded engine's command line): the commands it
+renders, and every port `vllm serve` binds with a fixed default is given per process, so two vLLM
 processes (or arms) fit one node, and vLLM's own parser accepts the commands.
 
 Before: only `--port` was allocated; every process kept vLLM 0.33.0's fixed
 `--data-parallel-rpc-port` 29550, `--master-port` 29501 and `--data-parallel-supervisor-port`
 9256 (engines/vllm.py says where each is bound). The real-parser test runs where vLLM
-imports, named by SERVELAB_VLLM_PYTHON (tests/engines/test_engine_parsers.py's docstring);
+imports, named by SERVELAB_VLLM_PYTHON (tests/engines/test_flagcheck.py's docstring);
 elsewhere the generated table judges.
 """
 
@@ -15,17 +16,23 @@ from pathlib import Path
 
 import pytest
 
+from servelab import engines
 from servelab.engines import flagcheck
 from servelab.engines.base import ProcessConfig
 from servelab.engines.launcher import Launcher
 from servelab.engines.vllm import VLLM
+from servelab.errors import UserError
 from servelab.experiment import processes
 from servelab.experiment import spec as spec_mod
 from servelab.experiment.deploy import Deployment
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
 FIXED_DEFAULTS = {"--data-parallel-rpc-port": 29550, "--master-port": 29501,
                   "--data-parallel-supervisor-port": 9256}
+
+
 PORT_FLAGS = ("--port", *FIXED_DEFAULTS)
 
 
@@ -84,3 +91,42 @@ def test_vllms_own_parser_accepts_the_planned_commands(tmp_path):
         assert "parser" in v.by and v.ok, (args, v)
         table = flagcheck.judge("vllm", "server", args, use_engine=False)
         assert table.ok and table.version == v.version
+
+
+def test_vllm_and_embedded_commands():
+    v = engines.get("vllm").command(
+        ProcessConfig(role="server", flags={"max-num-seqs": 8}, port=8000), "m", {}
+    )
+    venv = Launcher(python="/opt/vllm/bin/python")
+    v2 = engines.get("vllm").command(
+        ProcessConfig(role="server", flags={}, port=8000, launcher=venv), "m", {})
+    assert v2[:5] == ["/opt/vllm/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "m"]
+    assert v == [
+        "vllm",
+        "serve",
+        "m",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8000",
+        "--max-num-seqs",
+        "8",
+    ]
+    e = engines.get("embedded").command(
+        ProcessConfig(role="server", flags={"device": "cpu"}, port=9), "tiny", {}
+    )
+    assert e[1:] == [
+        "-m",
+        "servelab",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "9",
+        "--device",
+        "cpu",
+        "--config",
+        "tiny",
+    ]
+    with pytest.raises(UserError, match="unknown engine 'tgi'"):
+        engines.get("tgi")

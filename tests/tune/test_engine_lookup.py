@@ -7,7 +7,7 @@ Without an engine (CI) the files are checked against the tables generated from t
 (docs/TUNING.md, "Checking against the engines"):
   SERVELAB_VLLM_PYTHON=/path/to/vllm-venv/bin/python \\
   SERVELAB_SGLANG_PYTHON=/path/to/sglang-venv/bin/python \\
-  PYTHONPATH=src python -m pytest tests/tune/test_tune_engine_lookup.py tests/engines/test_vllm_ports.py
+  PYTHONPATH=src python -m pytest tests/tune/test_engine_lookup.py tests/engines/test_vllm_ports.py
 (an interpreter that can import the engine, or that has the engine's unpacked wheel on its
 path: where `vllm`/`sglang` do not import, their kernel files run with host helpers supplied).
 """
@@ -25,7 +25,7 @@ from interpreter import interpreter_or_skip
 from servelab.kernels.fp8_gemm import formats as F
 from servelab.tune import engine_lookup, install, job
 
-interpreter_or_skip("tests/tune/test_tune_engine_lookup.py")
+interpreter_or_skip("tests/tune/test_engine_lookup.py")
 
 LOOKUPS = Path(F.__file__).with_name("lookups")
 PYTHONS = {"sglang": os.environ.get("SERVELAB_SGLANG_PYTHON"),

@@ -26,7 +26,7 @@ from servelab.profile.html import profile_html
 from servelab.profile.steps import find_steps
 from servelab.profile.trace import read_trace
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 NAMES = ["engine_graph", "engine_eager"]
 META = json.loads((FIX / "engine_meta.json").read_text())
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")

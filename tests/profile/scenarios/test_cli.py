@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from servelab.cli import app
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 runner = CliRunner()
 
 

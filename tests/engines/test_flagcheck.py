@@ -7,7 +7,7 @@ servelab's venv has no engine. The tests that run the real parsers need an inter
 the engine imports, named by SERVELAB_SGLANG_PYTHON / SERVELAB_VLLM_PYTHON, e.g. (the wheel
 unpacked and the few packages its parser module imports, scripts/gen_engine_flags.py):
   printf '#!/bin/sh\\nPYTHONPATH=/tmp/eng:/tmp/eng-deps exec python3 "$@"\\n' > /tmp/pysgl
-  SERVELAB_SGLANG_PYTHON=/tmp/pysgl python -m pytest tests/engines/test_engine_parsers.py
+  SERVELAB_SGLANG_PYTHON=/tmp/pysgl python -m pytest tests/engines/test_flagcheck.py
 Without them the same commands are judged by the generated tables.
 """
 
