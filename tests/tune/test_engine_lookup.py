@@ -7,7 +7,7 @@ Without an engine (CI) the files are checked against the tables generated from t
 (docs/TUNING.md, "Checking against the engines"):
   SERVELAB_VLLM_PYTHON=/path/to/vllm-venv/bin/python \\
   SERVELAB_SGLANG_PYTHON=/path/to/sglang-venv/bin/python \\
-  PYTHONPATH=src python -m pytest tests/tune/test_engine_lookup.py tests/engines/test_vllm_ports.py
+  PYTHONPATH=src python -m pytest tests/tune/test_engine_lookup.py tests/engines/test_vllm.py
 (an interpreter that can import the engine, or that has the engine's unpacked wheel on its
 path: where `vllm`/`sglang` do not import, their kernel files run with host helpers supplied).
 """

@@ -20,7 +20,7 @@ S = ttft_ms + (n - 1) * gap_ms, and the server is a c-server FIFO queue with det
 service: it completes at most c / S requests/s, and the TTFT of a request is ttft_ms plus its
 wait for a slot, which, given the arrival times, follows from Kiefer-Wolfowitz's recursion
 (each request takes the slot that frees first). That is the known SLO capacity the sweep is
-tested against (tests/bench/test_bench_sweep_scripted.py). In closed loop at concurrency
+tested against (tests/bench/scenarios/test_sweep_scripted.py). In closed loop at concurrency
 b <= c, TPOT is exactly `gap_ms + k * (b - 1)` once every in-flight request is decoding. Speculative counters follow: per verify step of k tokens, 1 draft of k-1 tokens
 with k-1 accepted, so the true acceptance length is exactly `tokens_per_chunk` when
 `(max_tokens - 1) % tokens_per_chunk == 0`. With `gap_ms = 0` chunks follow each other with no
