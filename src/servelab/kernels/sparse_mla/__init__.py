@@ -19,15 +19,11 @@ counters work without it, and TRITON_INTERPRET=1 set before that first call take
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from .counts import bytes, flops  # noqa: A004 - the public name roofline code expects
+from .fp8 import Fp8KVCache, dequantize_kv
 from .reference import sparse_mla_decode_reference
-
-if TYPE_CHECKING:
-    from .fp8 import Fp8KVCache
 
 VARIANTS = ("reference", "naive", "splitkv", "fp8")
 
@@ -58,15 +54,11 @@ def sparse_mla_decode(
     (e.g. inside a CUDA graph); indices must lie in [-1, T).
     """
     if variant == "fp8" or not isinstance(kv_cache, torch.Tensor):
-        from .fp8 import Fp8KVCache
-
         if not isinstance(kv_cache, Fp8KVCache):
             raise ValueError("variant 'fp8' needs an Fp8KVCache (fp8.quantize_kv)")
         if variant not in ("fp8", "splitkv", "reference"):
             raise ValueError(f"variant {variant!r} does not read an FP8 cache; use 'fp8'")
         if variant == "reference":
-            from .fp8 import dequantize_kv
-
             kv_cache = dequantize_kv(kv_cache).to(q.dtype)
         else:
             variant = "splitkv"  # the split kernel reads the FP8 layout itself
