@@ -23,9 +23,10 @@ import traceback
 
 import torch
 
-from servelab.mini import tokenizer as tk
-from servelab.mini.engine import Engine, EngineArgs
-from servelab.mini.sampling import SamplingParams
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.engine import Engine
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
 
 
 def variant_args(name: str, a: argparse.Namespace, backend: str) -> EngineArgs:

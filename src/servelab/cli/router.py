@@ -1,9 +1,9 @@
 """CLI verb `router`: a minimal prefill/decode router with sglang_router's flags
 (`python -m sglang_router.launch_router --pd-disaggregation --prefill URL [BOOTSTRAP_PORT]
 --decode URL ...`), so an experiment's PD layout renders the same for SGLang and the embedded
-engine. The library side is servelab/mini/router.py.
+engine. The library side is servelab/mini/router/.
 
-The verb takes its arguments raw: mini/router_args.py parses them (sglang_router's
+The verb takes its arguments raw: mini/router/args.py parses them (sglang_router's
 `--prefill URL [PORT]` is not a shape Typer can declare).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import typer
 
-from servelab.mini.router_args import parse
+from servelab.mini.router.args import parse
 
 HELP = """Route requests over prefill and decode servers (SGLang's PD protocol).
 
@@ -25,7 +25,7 @@ def router(ctx: typer.Context) -> None:
     """Route requests over prefill and decode servers (SGLang's PD protocol); run
     `servelab router --help` for the flags."""
     cfg, host, port = parse(list(ctx.args))
-    from servelab.mini.router import run_router
+    from servelab.mini.router.app import run_router  # aiohttp: only when routing
 
     run_router(cfg, host, port)
 

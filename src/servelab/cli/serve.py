@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import typer
 
-from servelab.mini.serve_args import DEFAULT_BOOTSTRAP_PORT, DEFAULT_WAITING_TIMEOUT_S, ServeArgs
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.server.args import DEFAULT_BOOTSTRAP_PORT, DEFAULT_WAITING_TIMEOUT_S, ServeArgs
 
 
 def serve(
@@ -51,7 +52,7 @@ def serve(
         "SGLANG_DISAGGREGATION_WAITING_TIMEOUT)."),
 ) -> None:
     """Serve the embedded engine: OpenAI + SGLang-style HTTP API, /metrics, profiling."""
-    # Bounds and choices live in one typed model (mini/serve_args.py), which `servelab run
+    # Bounds and choices live in one typed model (mini/server/args.py), which `servelab run
     # --check` also judges an experiment's flags with: both refuse a value with the same line.
     flags = {k: v for k, v in locals().items()}
     a = ServeArgs.from_flags(flags)
@@ -62,8 +63,7 @@ def serve(
                     f" is num_steps + 1 = {want} (as SGLang adjusts it); got "
                     f"{a.speculative_num_draft_tokens}", err=True, fg=typer.colors.YELLOW)
 
-    from servelab.mini.engine import EngineArgs
-    from servelab.mini.server import run_server
+    from servelab.mini.server.app import run_server  # torch, FastAPI: only when serving
 
     args = EngineArgs(
         config=a.config, weights=a.weights, random_weights=a.random_weights, device=a.device,

@@ -6,8 +6,8 @@ Roles as SGLang's adapter: "server"; "prefill" and "decode" (`serve --disaggrega
 prefill|decode`, the prefill with its own `--disaggregation-bootstrap-port` per process, so
 several arms share a node); "router" (`servelab router --pd-disaggregation --prefill URL BOOT
 --decode URL`, sglang_router's flags). The pre-flight judges serve's flags with the same typed
-model `servelab serve` parses them with (mini/serve_args.py), a router's with the router's own
-parser (mini/router_args.py): `run --check` refuses what the process would, with the same
+model `servelab serve` parses them with (mini/server/args.py), a router's with the router's own
+parser (mini/router/args.py): `run --check` refuses what the process would, with the same
 message, and starts nothing.
 """
 
@@ -28,8 +28,8 @@ from servelab.engines.base import (
 )
 from servelab.engines.launcher import Entry
 from servelab.errors import UserError
-from servelab.mini import router_args
-from servelab.mini.serve_args import ServeArgs
+from servelab.mini.router import args as router_args
+from servelab.mini.server.args import ServeArgs
 
 # host, port and the disaggregation mode come from the process itself (its role), not flags
 _SET_BY_DEPLOYMENT = frozenset({"host", "port", "disaggregation-mode"})

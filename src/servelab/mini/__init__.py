@@ -1,8 +1,8 @@
 """servelab.mini: the embedded reference engine (a miniature DeepSeek-V4-style model with MTP,
 continuous batching, speculative decoding, and an SGLang/vLLM-shaped HTTP server).
 
-Files: config.py (shapes as data), tokenizer.py (bytes), model.py, attention.py (backends),
-sampling.py, engine.py, server.py + protocol.py + metrics.py (HTTP), profiler.py, graphs.py
-(CUDA graphs), checkpoint.py, train.py, weights/ (the trained `tiny` checkpoint).
-Nothing heavy is imported here.
+Folders, imports pointing down only: server/ (HTTP, its PD role) -> engine/ (scheduling,
+sampling, KV handoff) -> model/ (config, tokenizer, the model, checkpoints); router/ is its own
+process and imports nothing else of mini. train.py (`python -m servelab.mini.train`) trains the
+shipped checkpoint in weights/. Nothing heavy is imported here.
 """

@@ -34,10 +34,13 @@ import torch
 import torch.nn.functional as F
 
 from servelab import atomic
-from servelab.mini import tokenizer as tk
-from servelab.mini.checkpoint import WEIGHTS_DIR, save
-from servelab.mini.config import get_config
-from servelab.mini.model import MiniModel
+from servelab.mini.engine.args import EngineArgs
+from servelab.mini.engine.engine import Engine
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
+from servelab.mini.model.checkpoint import WEIGHTS_DIR, save
+from servelab.mini.model.config import get_config
+from servelab.mini.model.model import MiniModel
 
 EXCLUDE = ("test/", "tests/", "idlelib/", "site-packages/", "lib2to3/tests/")
 
@@ -127,9 +130,6 @@ def heldout_prompts(held: list[bytes], n: int, length: int, seed: int) -> list[l
 def eval_acceptance(weights: Path, device: str, prompts: list[list[int]], gen_len: int,
                     steps: int) -> dict:
     """Greedy decoding with MTP speculation through the engine; acceptance per draft position."""
-    from servelab.mini.engine import Engine, EngineArgs
-    from servelab.mini.sampling import SamplingParams
-
     eng = Engine(EngineArgs(config="tiny", weights=str(weights), device=device,
                             max_running_requests=len(prompts), context_length=1024,
                             speculative_algorithm="EAGLE", speculative_num_steps=steps,

@@ -17,7 +17,7 @@ import pytest
 from servelab import engines
 from servelab.engines.base import ProcessConfig, ProcessPlan
 from servelab.errors import UserError
-from servelab.mini.serve_args import ServeArgs
+from servelab.mini.server.args import ServeArgs
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "disagg_embedded.toml"

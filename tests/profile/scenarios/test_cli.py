@@ -163,7 +163,7 @@ def test_capture_reports_unreachable_server(tmp_path, free_port):
 def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
     """The real `servelab serve` (tiny model, CPU): capture gets its step[...] trace; with no GPU
     the analysis says the trace has no GPU events."""
-    pytest.importorskip("servelab.mini.server")
+    pytest.importorskip("servelab.mini.server.app")
     import time
     import urllib.request
 
