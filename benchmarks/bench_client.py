@@ -23,8 +23,8 @@ import time
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point
-from servelab.bench.scripted_harness import serve_subprocess
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_subprocess
+from servelab.bench.scripted.script import Script
 
 
 def one(mode: str, a: argparse.Namespace) -> dict:

@@ -43,7 +43,7 @@ from sparse_mla_common import (
 
 def sweep_configs(shape: Shape):
     """The split-kernel search space, as data: geometry x index prefetch."""
-    from servelab.kernels.sparse_mla.geometry import SplitConfig as C
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig as C
 
     if shape.heads >= 64:
         yield from (

@@ -27,7 +27,7 @@ def compare_jobs(shape: Shape, smoke: bool):
     slices and V4-Flash."""
     from dataclasses import replace
 
-    from servelab.kernels.sparse_mla.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
 
     def base(b, fp8_tile=None):
         # The Triton kernels' defaults: these cells compare merges and FP8 paths of those

@@ -33,7 +33,7 @@ MAX_REL_ERR = 1e-2
 
 def _nh(h: int, nbuf: int, fp8: bool = False):
     """The defaults' few-heads geometry for h <= 32 heads with an nbuf-deep ring."""
-    from servelab.kernels.sparse_mla.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
 
     name = ("nh16" if h <= 16 else "nh32") + ("_fp8" if fp8 else "")
     return replace(geometry(name), num_stages=nbuf)
@@ -42,10 +42,10 @@ def _nh(h: int, nbuf: int, fp8: bool = False):
 def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
     """label -> SplitConfig (None = the shipped default for this cell); `split_costs` adds the
     default with 16-bit partials, a PDL merge, and half or twice the splits at B >= 16."""
-    from servelab.kernels.sparse_mla import gluon_nh
-    from servelab.kernels.sparse_mla.defaults import default_config, geometry
-    from servelab.kernels.sparse_mla.geometry import SplitConfig as C
-    from servelab.kernels.sparse_mla.gluon_common import SMEM_LIMIT
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config, geometry
+    from servelab.kernels.sparse_mla.gluon_kernels import nh as gluon_nh
+    from servelab.kernels.sparse_mla.gluon_kernels.common import SMEM_LIMIT
+    from servelab.kernels.sparse_mla.splitkv.geometry import SplitConfig as C
 
     out = {"default": None}
     dflt = default_config(b, shape.heads, shape.d_qk)
@@ -77,7 +77,7 @@ def candidates(shape: bsm.Shape, b: int, split_costs: bool = False) -> dict:
 def fp8_candidates(shape: bsm.Shape, b: int) -> dict:
     """--fp8: label -> (variant, SplitConfig or None = that variant's default): the bf16
     default (the baseline of the FP8 goal), the FP8 default, and the FP8 kernels it is not."""
-    from servelab.kernels.sparse_mla.defaults import default_config, geometry
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config, geometry
 
     out = {"bf16": ("splitkv", None), "fp8": ("fp8", None)}
     tile = 128 if shape.d_qk == 576 else 64  # bsm.fp8_cache's layouts
@@ -130,11 +130,11 @@ def main(argv: list[str]) -> int:
         shapes = [by_name[n] for n in args.shapes.split(",")]
         batches = [int(x) for x in args.batches.split(",")]
         reps, pool = args.reps, 1 << 20
-    from servelab.kernels.sparse_mla.defaults import geometry
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.fp8 import dequantize_kv
-    from servelab.kernels.sparse_mla.lab import Lab
     from servelab.kernels.sparse_mla.reference import sparse_mla_decode_reference
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     dtype = torch.float16 if bsm.DEVICE == "cpu" else torch.bfloat16
     only = set(filter(None, args.only.split(",")))

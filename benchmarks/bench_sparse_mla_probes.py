@@ -48,8 +48,8 @@ from sparse_mla_traces import _cells, _check_reference, _fp8_reference, _graph_u
 
 
 def profile(args) -> None:
-    from servelab.kernels.sparse_mla.defaults import default_config
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     for name, shape, kv, scale, b, sets, _ in _cells(args, seed=1, reference=False):
         for waves in [None] + ([args.waves] if args.waves else []):
@@ -117,9 +117,9 @@ def gather(args) -> None:
 
 
 def stride(args) -> None:
-    from servelab.kernels.sparse_mla.defaults import geometry
-    from servelab.kernels.sparse_mla.dispatch import splitkv_decode
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.dispatch.defaults import geometry
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_decode
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     shape = {s.name: s for s in bsm.SHAPES}["v4-flash"]
     b, scale = 128, shape.d_qk**-0.5
@@ -154,7 +154,7 @@ def graph_shape(args) -> None:
 
 
 def once(args) -> None:
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
 
     for name, shape, kv, scale, b, sets, ref in _cells(args):
         q0, i0 = sets[0]

@@ -100,7 +100,7 @@ def _goals_table(path: Path) -> str:
 
 def _rules_table(path: Path) -> str:
     sys.path.insert(0, str(REPO / "src"))
-    from servelab.kernels.sparse_mla.defaults import parse
+    from servelab.kernels.sparse_mla.dispatch.defaults import parse
 
     d = parse(path)
     rows = ["| rule | cache | heads | batch | other | variant (geometry) | rests on (after / before us) |",

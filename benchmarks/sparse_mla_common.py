@@ -222,7 +222,7 @@ def compiled_info(name: str, compiled: dict) -> dict:
 def variant_calls(variant, shape, sets, kv, cfg=None, num_splits=None, lab=None, cache=None):
     """One call per input set of `variant` ("eager", "naive", "splitkv", "fp8"); the split
     calls return dispatch.SplitRun (what ran), the naive one its compiled kernel."""
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
     from servelab.kernels.sparse_mla.naive import naive_launch
 
     scale = shape.d_qk**-0.5
@@ -297,7 +297,7 @@ def run_cell(log, shape, b, kv, variant, reps, cap, cfg=None, drop="", num_split
     """Time one cell (shape, B, variant; cfg None: the defaults' choice) and log its record:
     the time, spread, hardware rates, % of the roofline floor, what ran and its compiler
     report. `drop` (or a whole `lab`): lab options (lab.py), wrong results, timing only."""
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     r = rotations(shape, b, cap if variant != "eager" else min(cap, 8))
     sets = make_inputs(shape, b, kv, r, seed=b)

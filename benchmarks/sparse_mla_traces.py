@@ -133,10 +133,10 @@ def _trace_summary(tr: torch.Tensor) -> str:
 
 
 def merge_trace(args) -> None:
-    from servelab.kernels.sparse_mla import merge as merge_mod
-    from servelab.kernels.sparse_mla.defaults import default_config
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.splitkv import merge as merge_mod
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     labels = args.variants.split(",")
     variants = {label: _merge_overrides(label) for label in labels}
@@ -190,8 +190,8 @@ def _split_trace_summary(tr: torch.Tensor, n_local: torch.Tensor) -> dict:
     for the per-tile steps (torch's median: the lower middle value); "span" and
     "entry_spread" from the first entry to the last store / the last entry.
     tr: [programs, TRACE_COLS] int64 (-1 where unstamped); n_local: tiles per program."""
-    from servelab.kernels.sparse_mla.gluon_ws import TRACE_LAYOUT as L
-    from servelab.kernels.sparse_mla.gluon_ws import TRACE_TILES
+    from servelab.kernels.sparse_mla.gluon_kernels.ws import TRACE_LAYOUT as L
+    from servelab.kernels.sparse_mla.gluon_kernels.ws import TRACE_TILES
 
     # Stamps are ~1.8e18 ns: relative to the first entry before leaving int64 (a float64 of
     # the absolute time rounds to 256 ns).
@@ -267,11 +267,11 @@ def _ws_variant(label: str) -> tuple[dict, dict]:
 
 
 def split_trace(args) -> None:
-    from servelab.kernels.sparse_mla import gluon_ws as ws
-    from servelab.kernels.sparse_mla.defaults import default_config, geometry
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
-    from servelab.kernels.sparse_mla.geometry import choose_num_splits
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.dispatch.defaults import default_config, geometry
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.gluon_kernels import ws
+    from servelab.kernels.sparse_mla.splitkv.geometry import choose_num_splits
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     drops = [""] + [d for d in args.drops.split(",") if d]
     labels = args.variants.split(",")
@@ -343,8 +343,8 @@ def split_trace(args) -> None:
 
 
 def grid_order(args) -> None:
-    from servelab.kernels.sparse_mla.dispatch import splitkv_launch
-    from servelab.kernels.sparse_mla.lab import Lab
+    from servelab.kernels.sparse_mla.dispatch.launch import splitkv_launch
+    from servelab.kernels.sparse_mla.splitkv.lab import Lab
 
     labels = ["bf16-bfirst", "bf16-hfirst"]
     times = collections.defaultdict(list)

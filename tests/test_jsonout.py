@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from cli_inproc import cli
 
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 from servelab.store import Store
 
 FIXTURES = Path(__file__).parent / "profile" / "fixtures"

@@ -92,7 +92,7 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-_alive = pid_alive  # the old private name, still used by tests/tune/test_tune_job.py
+_alive = pid_alive  # the old private name, still used by tests/tune/test_job.py
 
 
 def read_all(name: str | None = None) -> list[JobState]:

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from servelab.console import json_text
+
 VERSION = 1
 KINDS = ("bench", "load_points", "load_point", "import", "compare", "jobs", "experiment",
          "tune", "tune_verify", "tune_install", "profile", "ceiling", "experiment_check")
@@ -50,8 +52,6 @@ def document(kind: str, body: Mapping[str, Any]) -> dict[str, Any]:
 
 def dumps(doc: Any) -> str:
     """Indented JSON, safe for a terminal (DEL, C1 and bidi overrides escaped: same value)."""
-    from servelab.console import json_text
-
     return json_text(orjson.dumps(_clean(doc), option=orjson.OPT_INDENT_2, default=str).decode())
 
 

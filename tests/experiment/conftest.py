@@ -36,7 +36,7 @@ flags = { tokens-per-chunk = 2 }
 name = "{name}"
 hypothesis = "two tokens per chunk halve TPOT"
 engine = "command"
-command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
+command = ["{sys.executable}", "-m", "servelab.bench.scripted", "--host", "{{host}}",
            "--port", "{{port}}", "--model", "{marker}", "--no-log"]
 baseline = "slow"
 repetitions = {reps}

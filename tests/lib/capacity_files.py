@@ -1,5 +1,5 @@
 """Experiment files comparing two arms of the scripted server on SLO capacity: one slot (a FIFO
-queue, bench/scripted_script.py), `slow` one token per chunk, `fast` two, so `fast` sustains the
+queue, bench/scripted/script.py), `slow` one token per chunk, `fast` two, so `fast` sustains the
 higher rate; launched by the `command` engine as real subprocesses on loopback."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ def scripted_capacity(name: str, settings: str, sweep: str = SWEEP) -> str:
     return f"""
 name = "{name}"
 engine = "command"
-command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
+command = ["{sys.executable}", "-m", "servelab.bench.scripted", "--host", "{{host}}",
            "--port", "{{port}}", "--model", "{name}", "--no-log"]
 baseline = "slow"
 {settings.strip()}

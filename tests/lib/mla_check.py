@@ -45,7 +45,7 @@ def dtypes(device: str) -> list[torch.dtype]:
 
 def gluon_here() -> bool:
     """Whether this machine runs the Gluon kernel (a Hopper GPU and a Triton with Gluon)."""
-    from servelab.kernels.sparse_mla.gluon_common import gluon_device
+    from servelab.kernels.sparse_mla.gluon_kernels.common import gluon_device
 
     return gluon_device()
 
@@ -74,7 +74,11 @@ def interpreted_kernels():
         return
     from triton.runtime.interpreter import InterpretedFunction
 
-    from servelab.kernels.sparse_mla import merge, naive, triton_fp8, triton_rp, triton_split
+    from servelab.kernels.sparse_mla import naive
+    from servelab.kernels.sparse_mla.splitkv import merge
+    from servelab.kernels.sparse_mla.triton_kernels import fp8_chunked as triton_fp8
+    from servelab.kernels.sparse_mla.triton_kernels import rp as triton_rp
+    from servelab.kernels.sparse_mla.triton_kernels import split as triton_split
 
     kernels = ((merge, "_sparse_mla_merge_kernel"), (triton_fp8, "_sparse_mla_split_fp8_kernel"),
                (triton_rp, "_sparse_mla_split_rp_kernel"),
@@ -226,8 +230,8 @@ class BrokenKernel:
 def plan_for(cfg, q, kv, d_v, tiles_per_split, num_splits=1):
     """A launch plan of `cfg` for q and the cache kv (16-bit or FP8) whose splits hold
     `tiles_per_split` tiles each (topk = splits x tiles x block_n): what serves() reads."""
-    from servelab.kernels.sparse_mla.defaults import load
-    from servelab.kernels.sparse_mla.plan import make_plan, make_problem
+    from servelab.kernels.sparse_mla.dispatch.defaults import load
+    from servelab.kernels.sparse_mla.splitkv.plan import make_plan, make_problem
 
     topk = num_splits * tiles_per_split * cfg.block_n
     idx = torch.zeros(q.shape[0], topk, dtype=torch.int32, device=q.device)

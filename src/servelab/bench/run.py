@@ -256,8 +256,8 @@ def run_interruptible(coro: Any, grace_s: float = 5.0) -> Any:
     """`asyncio.run(coro)`, with Ctrl-C raised as KeyboardInterrupt at once and a bounded
     teardown. asyncio.run turns the first Ctrl-C into a cancellation of the main task and raises
     KeyboardInterrupt only if that task ends cancelled: when code under it absorbs the
-    cancellation, the Ctrl-C is lost and the load point runs on (tests/bench/
-    test_bench_interrupt.py shows it); and its teardown waits for every task however long it
+    cancellation, the Ctrl-C is lost and the load point runs on (tests/bench/test_run.py
+    shows it); and its teardown waits for every task however long it
     takes. Here the tasks get `grace_s` to end once cancelled, and are then abandoned."""
     import signal
     import threading

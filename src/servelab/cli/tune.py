@@ -8,9 +8,16 @@ from pathlib import Path
 
 import typer
 
+from servelab import jobs, jsonout
+from servelab.cli.console import make_console
+from servelab.errors import UserError
+from servelab.tune.space import DEFAULT_BATCH_SIZES
+
+# servelab.tune.job, .verify, .install and kernels.fp8_gemm load torch (~0.6 s): imported
+# inside the verbs, so that the CLI starts without it.
+
 
 def _parse_shapes(values: list[str]) -> tuple[tuple[int, int], ...]:
-    from servelab.errors import UserError
     out = []
     for v in values:
         parts = v.replace("x", ",").split(",")
@@ -21,7 +28,6 @@ def _parse_shapes(values: list[str]) -> tuple[tuple[int, int], ...]:
 
 
 def _parse_ints(v: str | None, what: str) -> tuple[int, ...] | None:
-    from servelab.errors import UserError
     if v is None:
         return None
     try:
@@ -38,6 +44,13 @@ def register(app: typer.Typer) -> None:
     tune = typer.Typer(help="Tune kernels for the GPU at hand and write engine config files.",
                        no_args_is_help=True)
     app.add_typer(tune, name="tune")
+    _add_fp8_gemm(tune)
+    _add_verify(tune)
+    _add_install(tune)
+
+
+def _add_fp8_gemm(tune: typer.Typer) -> None:
+    """`servelab tune fp8-gemm`: tune, resumable, one worker per GPU or Ray."""
 
     @tune.command("fp8-gemm")
     def fp8_gemm(
@@ -59,9 +72,8 @@ def register(app: typer.Typer) -> None:
         """Tune the block-FP8 GEMM per (N, K, M); resumable; writes SGLang/vLLM config files.
         The engine's shipped config for each point is always a finalist and is kept unless
         beaten by more than 1.5%."""
-        from servelab.errors import UserError
         from servelab.tune import job
-        from servelab.tune.space import DEFAULT_BATCH_SIZES
+
         shapes = _parse_shapes(shape)
         bs = _parse_ints(batch_sizes, "--batch-sizes") or DEFAULT_BATCH_SIZES
         if fmt not in ("sglang", "vllm", "both"):
@@ -88,14 +100,12 @@ def register(app: typer.Typer) -> None:
             if as_json:
                 raise UserError("--json prints the result when the job ends: leave out --detach, "
                                 "or follow the detached job with `servelab status --json`")
-            from servelab import jobs
             pid, log = jobs.detach(sys.argv[1:], job_name)
             typer.echo(f"started job '{job_name}' (pid {pid}); log {log}; follow with: servelab status {job_name}")
             return
         say = _stderr if as_json else typer.echo
         rep = _run_with_progress(job, spec, say, bar=not as_json)
         if as_json:
-            from servelab import jsonout
             jsonout.emit("tune", jsonout.tune(rep, spec))
         n_ok = len(rep.units)
         say(f"done: {n_ok} points tuned ({rep.resumed_units} from the checkpoint), "
@@ -104,6 +114,10 @@ def register(app: typer.Typer) -> None:
             say(f"  {p}")
         if rep.failed:
             raise typer.Exit(1)
+
+
+def _add_verify(tune: typer.Typer) -> None:
+    """`servelab tune verify DIR`: tuned vs shipped vs default."""
 
     @tune.command("verify")
     def verify_cmd(
@@ -118,14 +132,12 @@ def register(app: typer.Typer) -> None:
         """Re-time tuned vs the engine's shipped configs vs its default, per (N, K, M)."""
         from rich.table import Table
 
-        from servelab.cli.console import make_console
         from servelab.tune import verify as V
+
         checks, rows, here, label = V.verify(directory, device,
                                              _parse_ints(batch_sizes, "--batch-sizes"),
                                              engine, kernel, shipped)
         if as_json:
-            from servelab import jsonout
-
             gm = V.geomean([r.speedup for r in rows if r.speedup])
             gs = V.geomean([r.vs_shipped for r in rows if r.vs_shipped])
             jsonout.emit("tune_verify", jsonout.tune_verify(checks, rows, here, gm, gs, label))
@@ -163,6 +175,10 @@ def register(app: typer.Typer) -> None:
                       f"K={first.k},M={first.m} {first.tuned}: {first.error}")
             raise typer.Exit(1)
 
+
+def _add_install(tune: typer.Typer) -> None:
+    """`servelab tune install DIR --engine ...` (and `--restore`)."""
+
     @tune.command("install")
     def install_cmd(
         directory: Path = typer.Argument(None, help="Folder with tuned config files (not with --restore)."),
@@ -173,10 +189,9 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout (docs/JSON.md)."),
     ) -> None:
         """Install tuned files where the engine reads them; shipped files are backed up."""
-        from servelab import jsonout
-        from servelab.errors import UserError
         from servelab.kernels.fp8_gemm import engine as engine_kernel
         from servelab.tune import install as I
+
         say = _stderr if as_json else typer.echo
         folder = dest or I.engine_config_dir(engine, python)
         if restore:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from servelab.console import make_console
 from servelab.errors import UserError
 from servelab.profile.presets import load_gpu, load_model
 from servelab.profile.roofline import DTYPE_BYTES, ceiling, resolve_dtypes
@@ -88,8 +89,6 @@ def ceiling_report(
 def print_ceiling(doc: dict[str, Any]) -> None:
     """Print the bounds as a table, warnings first."""
     from rich.table import Table
-
-    from servelab.console import make_console
 
     con = make_console()
     for w in doc["warnings"]:

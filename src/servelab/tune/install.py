@@ -21,6 +21,7 @@ from servelab import atomic
 from servelab.errors import UserError
 from servelab.kernels.fp8_gemm import engine as engine_kernel
 from servelab.kernels.fp8_gemm import formats
+from servelab.tune import engine_lookup
 
 BACKUP_DIR = ".servelab-backup"
 MANIFEST = "manifest.json"
@@ -78,7 +79,6 @@ def confirm(engine: str, dest: Path, names: list[str], python: str | None = None
     CUDA raises BLOCK_SIZE_K to the quantization block). `own_folder` False: `dest` is not the
     engine's installed folder, so its lookup is pointed at it. RuntimeError when the lookup
     cannot run there."""
-    from servelab.tune import engine_lookup
     queries = []
     for name in names:
         pn = formats.parse_file_name(name)

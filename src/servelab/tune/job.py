@@ -235,18 +235,7 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
         job.update(done=total_done, failed=len(rep.failed))
         if progress is not None:
             progress(total_done, len(all_units), eta)
-        if t == "unit":
-            sp = (rec["default_us"] / rec["us"]) if rec.get("us") and rec.get("default_us") else None
-            best = rec.get("best")
-            label = space.Config.from_engine(best).key if best else "none"
-            speed = f", {sp:.2f}x" if sp else ""
-            nfail = f", {rec['failed']} failed" if rec.get("failed") else ""
-            echo(f"[{total_done}/{len(all_units)}] N={key[0]},K={key[1]},M={key[2]}: {label} "
-                 f"{_us(rec.get('us'))} (default {_us(rec.get('default_us'))}{speed}), "
-                 f"timed {rec.get('timed')}/{rec.get('candidates')}{nfail}, ETA {_fmt_s(eta)}")
-        else:
-            echo(f"[{total_done}/{len(all_units)}] N={key[0]},K={key[1]},M={key[2]}: FAILED "
-                 f"({str(rec.get('error', '')).strip().splitlines()[-1:]})")
+        echo(_unit_line(rec, total_done, len(all_units), eta))
 
     state_name = "finished"
     try:
@@ -272,6 +261,20 @@ def run(spec: TuneSpec, echo: Echo = print, argv: list[str] | None = None,
         echo(f"note: {note}")
     rep.seconds = time.time() - t0
     return rep
+
+
+def _unit_line(rec: dict[str, Any], done: int, total: int, eta: float) -> str:
+    """The progress line of one finished ("unit") or failed ("fail") unit."""
+    where = f"[{done}/{total}] N={rec['n']},K={rec['k']},M={rec['m']}:"
+    if rec.get("t") != "unit":
+        return f"{where} FAILED ({str(rec.get('error', '')).strip().splitlines()[-1:]})"
+    sp = (rec["default_us"] / rec["us"]) if rec.get("us") and rec.get("default_us") else None
+    best = rec.get("best")
+    label = space.Config.from_engine(best).key if best else "none"
+    speed = f", {sp:.2f}x" if sp else ""
+    nfail = f", {rec['failed']} failed" if rec.get("failed") else ""
+    return (f"{where} {label} {_us(rec.get('us'))} (default {_us(rec.get('default_us'))}{speed}), "
+            f"timed {rec.get('timed')}/{rec.get('candidates')}{nfail}, ETA {_fmt_s(eta)}")
 
 
 def _us(x: float | None) -> str:

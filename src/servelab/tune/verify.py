@@ -20,8 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.errors import UserError
-from servelab.kernels.fp8_gemm import formats
+from servelab.kernels.fp8_gemm import engine as engine_kernel
+from servelab.kernels.fp8_gemm import formats, reference
+from servelab.kernels.fp8_gemm.configs import default_config, nearest
+from servelab.kernels.fp8_gemm.engine import ENGINES
 from servelab.tune import search, space
+from servelab.tune.install import BACKUP_DIR, MANIFEST
+from servelab.tune.timing import Problem, warm_up_gpu
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +107,6 @@ def shipped_entries(engine: str, name: str, folder: Path | None) -> dict[int, di
     """The entries the engine ships under file name `name`: from `folder` (its config folder),
     or from the backup `servelab tune install` made when a tuned file replaced it; None when
     the engine ships no such file."""
-    from servelab.tune.install import BACKUP_DIR, MANIFEST
     if folder is None:
         return None
     backup = folder / BACKUP_DIR
@@ -124,7 +128,6 @@ def verify(directory: Path, device: str = "cuda", batch_sizes: tuple[int, ...] |
            ) -> tuple[list[FileCheck], list[VerifyRow], str, str]:
     """Check the files and time tuned vs shipped vs default per point; returns (checks, rows,
     device name, label of the kernel timed)."""
-    from servelab.kernels.fp8_gemm.engine import ENGINES
     if device not in ("cuda", "cpu"):      # checked first: torch would fail with a traceback
         raise UserError(f"--device {device}: choose cuda or cpu")
     if engine not in ENGINES:
@@ -134,17 +137,12 @@ def verify(directory: Path, device: str = "cuda", batch_sizes: tuple[int, ...] |
                         "folder (or leave it out to find it in this interpreter)")
     if device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"
-    from servelab.kernels.fp8_gemm import engine as engine_kernel
-    from servelab.kernels.fp8_gemm import reference
-    from servelab.kernels.fp8_gemm.configs import default_config, nearest
-    from servelab.tune.timing import Problem
     checks = check_dir(directory)
     if device == "cuda":
         import torch
         if not torch.cuda.is_available():
             raise UserError("no CUDA device here; use --device cpu to run the interpreter")
         here = formats.device_file_name(torch.cuda.get_device_name(), engine)
-        from servelab.tune.timing import warm_up_gpu
         warm_up_gpu()
     else:
         here = formats.CPU_DEVICE_NAME

@@ -20,8 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from servelab import lifetime
-from servelab.kernels.fp8_gemm import formats
+from servelab.errors import UserError
+from servelab.kernels.fp8_gemm import engine, formats
+from servelab.kernels.fp8_gemm.configs import default_config, nearest
+from servelab.tune import engine_space, engine_tune, search, space
+from servelab.tune.compile import Precompiler
 from servelab.tune.space import Config
+from servelab.tune.timing import Measurement, Problem, warm_up_gpu
 
 MAX_ATTEMPTS = 2
 Emit = Callable[[dict[str, Any]], None]
@@ -77,7 +82,6 @@ def _precompiler(spec: WorkSpec):
     """Compile-ahead: servelab's kernel through compile.Precompiler (compile-only warmups,
     notes shared between workers); an engine's launcher through engine_tune.UnitCompiler
     (the engine's own launch on small inputs that specialise as the unit's)."""
-    from servelab.tune.compile import Precompiler
     pc = _PROC.get("precompiler")
     if pc is None:
         n = spec.compile_workers or max(1, (os.cpu_count() or 2) // max(1, _PROC.get("ngpus", 1)) - 1)
@@ -86,15 +90,13 @@ def _precompiler(spec: WorkSpec):
         if spec.kernel == "servelab":
             pc = Precompiler(spec.device, gpu, n if on else 0)
         else:
-            from servelab.tune.engine_tune import UnitCompiler
-            pc = UnitCompiler(spec.kernel, n if on else 0)
+            pc = engine_tune.UnitCompiler(spec.kernel, n if on else 0)
         _PROC["precompiler"] = pc
     return pc
 
 
 def engine_kernel(spec: WorkSpec):
     """The launcher timed by this worker (loaded once per process)."""
-    from servelab.kernels.fp8_gemm import engine
     ek = _PROC.get("kernel")
     if ek is None:
         ek = _PROC["kernel"] = engine.load(spec.kernel)
@@ -110,10 +112,6 @@ def measurement_record(ctx: str, x) -> dict[str, Any]:
 def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
     """Search one (N, K, M); emits each new measurement; returns the unit record."""
     _prepare(spec)
-    from servelab.kernels.fp8_gemm.configs import default_config, nearest
-    from servelab.tune import engine_space, engine_tune, search, space
-    from servelab.tune.timing import Measurement, Problem
-
     t0 = time.perf_counter()
     limits = space.device_limits() if spec.device == "cuda" else space.DeviceLimits()
     cands = space.candidates(a.n, a.k, a.m, spec.space, limits)
@@ -130,7 +128,6 @@ def run_unit(a: Assignment, spec: WorkSpec, emit: Emit) -> dict[str, Any]:
     if hasattr(pc, "at"):                    # an engine launcher specialises per unit
         pc.at(a.n, a.k, a.m)
     if spec.device == "cuda" and not _PROC.get("warm"):
-        from servelab.tune.timing import warm_up_gpu
         warm_up_gpu()
         _PROC["warm"] = True
     cache: dict[Config, Measurement] = {}
@@ -405,7 +402,6 @@ class RayPool:
         self._task = ray.remote(num_gpus=1, max_retries=MAX_ATTEMPTS - 1)(_ray_unit)
         self.slots = int(ray.cluster_resources().get("GPU", 0))
         if self.slots < 1:      # a num_gpus=1 task would wait forever for a GPU that never comes
-            from servelab.errors import UserError
             raise UserError(f"--ray {self.address}: the Ray cluster has no GPU (each unit is a "
                             "task with num_gpus=1); start Ray on GPU machines, or tune without "
                             "--ray")

@@ -28,7 +28,7 @@ def test_stop_waits_until_gpu_memory_is_back(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     assert deploy.gpu_memory_used_mib() == [1000, 2000]
 
-    cmd = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}"]
+    cmd = [sys.executable, "-m", "servelab.bench.scripted", "--host", "{host}"]
     cfg = ProcessConfig(role="server", flags={}, extra={"command": cmd + ["--port", "{port}"]})
     dep = Deployment(engines.get("command"), "", [cfg], tmp_path / "logs", gpu_free_s=20)
     dep.start()
@@ -55,7 +55,7 @@ def test_memory_that_never_comes_back_is_reported(tmp_path, monkeypatch):
     fake.write_text(f"#!/bin/sh\ncat {mem}\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
-    cmd = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}"]
+    cmd = [sys.executable, "-m", "servelab.bench.scripted", "--host", "{host}"]
     cfg = ProcessConfig(role="server", flags={}, extra={"command": cmd + ["--port", "{port}"]})
     dep = Deployment(engines.get("command"), "", [cfg], tmp_path / "logs", gpu_free_s=1.0)
     dep.start()
@@ -78,7 +78,7 @@ def test_a_busy_fixed_port_blocks_the_launch(tmp_path, live_procs):
         s.listen()
         port = s.getsockname()[1]
         marker = f"busy-{port}-{time.monotonic_ns()}"
-        cmd = [sys.executable, "-m", "servelab.bench.scripted_server", "--model", marker]
+        cmd = [sys.executable, "-m", "servelab.bench.scripted", "--model", marker]
         cfg = ProcessConfig(
             role="server", flags={}, port=port, extra={"command": cmd + ["--port", "{port}"]}
         )

@@ -16,7 +16,7 @@ from servelab.store import Store
 
 
 def _pd(**top: object) -> dict:
-    srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--port", "{port}"]
+    srv = [sys.executable, "-m", "servelab.bench.scripted", "--port", "{port}"]
     return {
         "name": "pd", "engine": "command", "placement": "ray",
         "base": {"processes": [

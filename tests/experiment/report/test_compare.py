@@ -7,8 +7,8 @@ import pytest
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point, save_load_point
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 from servelab.errors import UserError
 from servelab.experiment.report.compare import compare
 from servelab.store import Store

@@ -4,8 +4,8 @@ capacity run to its sweep."""
 
 from __future__ import annotations
 
-from servelab.bench.scripted_harness import serve_in_thread
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.script import Script
 from servelab.experiment.design.parse import parse
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run import measure

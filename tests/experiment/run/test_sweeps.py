@@ -9,8 +9,8 @@ import tomllib
 
 from capacity_files import scripted_capacity
 
-from servelab.bench.scripted_harness import serve_subprocess
-from servelab.bench.scripted_server import Script
+from servelab.bench.scripted.harness import serve_subprocess
+from servelab.bench.scripted.script import Script
 from servelab.bench.slo import parse_slo
 from servelab.bench.sweep import first_crossing
 from servelab.experiment.design.parse import parse

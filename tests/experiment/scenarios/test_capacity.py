@@ -167,7 +167,7 @@ def test_a_sweep_against_a_failing_server_is_a_failed_run_not_a_crash(tmp_path):
     f.write_text(f"""
 name = "capf"
 engine = "command"
-command = ["{sys.executable}", "-m", "servelab.bench.scripted_server", "--host", "{{host}}",
+command = ["{sys.executable}", "-m", "servelab.bench.scripted", "--host", "{{host}}",
            "--port", "{{port}}", "--model", "capf", "--no-log"]
 repetitions = 1
 [base.flags]

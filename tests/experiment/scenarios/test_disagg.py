@@ -19,7 +19,7 @@ def test_prefill_decode_router_deployment(tmp_path, live_procs):
     srv = [
         sys.executable,
         "-m",
-        "servelab.bench.scripted_server",
+        "servelab.bench.scripted",
         "--host",
         "{host}",
         "--port",

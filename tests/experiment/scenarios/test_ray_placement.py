@@ -84,7 +84,7 @@ def pd_toml(name: str, marker: str, *, arms: str, address: str | None = None,
             gap_ms: float = 4, prompts: int = 4, reps: int = 2) -> str:
     """prefill, decode and router each on its own node (scripted servers): prefill and router
     by a custom resource, decode by a node label."""
-    srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}",
+    srv = [sys.executable, "-m", "servelab.bench.scripted", "--host", "{host}",
            "--port", "{port}", "--model", marker, "--no-log"]
     rtr = [sys.executable, str(ROUTER), "{port}", "{prefill_url}", "{decode_url}", marker]
     addr = f'ray_address = "{address}"' if address else ""
@@ -270,7 +270,7 @@ def test_a_node_lost_mid_run_fails_that_run_and_a_rerun_resumes_the_rest(
         cluster, tmp_path, live_procs):
     c, nodes = cluster
     marker = f"raylost-{uuid.uuid4().hex[:8]}"
-    srv = [sys.executable, "-m", "servelab.bench.scripted_server", "--host", "{host}",
+    srv = [sys.executable, "-m", "servelab.bench.scripted", "--host", "{host}",
            "--port", "{port}", "--model", marker, "--no-log"]
     f = tmp_path / "lost.toml"
     f.write_text(f"""

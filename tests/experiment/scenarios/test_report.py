@@ -64,7 +64,7 @@ def test_markdown_and_html_contents(finished, tmp_path):
     assert not re.search(r'(src|href)="(https?:)?//', doc)  # self-contained: nothing fetched
     # provenance of every run: each run's seq and its command line appear
     assert doc.count("<details>") == len(finished.runs("rep")) == 8
-    assert "scripted_server" in doc
+    assert "servelab.bench.scripted" in doc
 
 
 @pytest.mark.skipif(

@@ -91,7 +91,7 @@ def test_engine_that_hangs_before_ready_is_recorded_with_its_log_and_the_rest_go
         "    print('loading weights forever', flush=True); time.sleep(60)\n"
         "sys.argv = ['scripted', '--host', sys.argv[1], '--port', sys.argv[2], '--model',"
         " sys.argv[3], '--no-log', *sys.argv[4:]]\n"
-        "runpy.run_module('servelab.bench.scripted_server', run_name='__main__')\n"
+        "runpy.run_module('servelab.bench.scripted', run_name='__main__')\n"
     )
     spec = parse(
         {
@@ -287,8 +287,8 @@ def test_restart_block_keeps_all_arms_up_and_runs_them_back_to_back(
 
 
 def test_external_engine_open_loop_shuffled(tmp_path):
-    from servelab.bench.scripted_harness import serve_in_thread
-    from servelab.bench.scripted_server import Script
+    from servelab.bench.scripted.harness import serve_in_thread
+    from servelab.bench.scripted.script import Script
 
     with serve_in_thread(Script(ttft_ms=5, gap_ms=2)) as srv:
         spec = parse(
@@ -327,7 +327,7 @@ def test_engines_die_with_a_runner_killed_by_sigkill(tmp_path, live_procs):
         "from servelab import engines\n"
         "from servelab.engines.base import ProcessConfig\n"
         "from servelab.experiment.deploy.deployment import Deployment\n"
-        "cmd = [sys.executable, '-m', 'servelab.bench.scripted_server', '--host', '{host}',"
+        "cmd = [sys.executable, '-m', 'servelab.bench.scripted', '--host', '{host}',"
         f" '--port', '{{port}}', '--model', sys.argv[1]]\n"
         "cfg = ProcessConfig(role='server', flags={}, extra={'command': cmd})\n"
         f"Deployment(engines.get('command'), '', [cfg], {str(tmp_path / 'logs')!r}).start()\n"

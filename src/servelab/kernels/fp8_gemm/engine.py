@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from servelab.errors import UserError
+from servelab.kernels.fp8_gemm import configs, vllm_source
 
 ENGINES = ("sglang", "vllm")
 KERNELS = ("servelab", *ENGINES)
@@ -187,7 +188,6 @@ class EngineKernel:
     def shipped(self, n: int, k: int, device_name: str) -> dict[int, dict[str, Any]] | None:
         """The engine's shipped entries for (N, K) on `device_name`, read with servelab's reader
         from the engine's own config folder (None: it ships none)."""
-        from servelab.kernels.fp8_gemm import configs
         folder = config_dir(self.engine) if self.engine in ENGINES else None
         if folder is None:
             return None
@@ -219,7 +219,6 @@ def load(kernel: str, device_name: Callable[[], str] | None = None) -> EngineKer
             return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
         if kernel == "vllm":
-            from servelab.kernels.fp8_gemm import vllm_source
             try:
                 mod = vllm_source.load(path, device_name or dev)
             except (ImportError, OSError, SyntaxError) as exc2:

@@ -15,15 +15,15 @@ FlashMLA's 584 because our scales are fp32 rather than 1-byte powers of two.
 Two split-KV kernels read this layout directly (the layout is the same for both; no tile
 change was needed):
 
-- the reshape path (triton_split.py, ``FP8=True``) dequantises each gathered tile to the query's
+- the reshape path (triton_kernels/split.py, ``FP8=True``) dequantises each gathered tile to the query's
   dtype in registers (through a reshape to [rows, tiles, tile]) and runs the same two
   tensor-core dots, so the values are exactly those of ``dequantize_kv`` rounded once to
   that dtype;
-- the per-chunk path (triton_fp8.py) walks the e4m3 part in ``tile``-column chunks, casts the
+- the per-chunk path (triton_kernels/fp8_chunked.py) walks the e4m3 part in ``tile``-column chunks, casts the
   raw e4m3 values (exact in 16 bits) and folds each row's scale into the [H, rows] products
   (scores, and P before the P V dot), one accumulator per chunk.
 
-On Hopper the Gluon kernels (gluon_fp8.py for 64-head blocks, gluon_nh.py for
+On Hopper the Gluon kernels (gluon_kernels/fp8.py for 64-head blocks, gluon_kernels/nh.py for
 <= 32 heads) gather the three parts into a shared-memory ring and dequantise each tile once
 into an fp16 staging tile that both tensor-core dots read: e4m3 -> fp16 is exact, each value
 is multiplied by its scale rounded to fp16 (one fp16 product), q and P are fp16 too. fp16 needs

@@ -1,0 +1,97 @@
+"""The flags of `servelab bench`, one typer.Option each, and the raw values of a call.
+
+The values stay text here: plan.py parses them (servelab.bench.config), so that a bad value
+gives servelab's one-line `error: ...` (exit 2), not a usage box.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import typer
+
+from servelab.cli.results import STORE_HELP
+
+BASE_URL = typer.Option(None, "--base-url", help="Server root, e.g. http://127.0.0.1:30000.")
+MODEL = typer.Option(None, "--model", help="Model name (default: the first of /v1/models).")
+API = typer.Option("completions", "--api", help="completions | chat | sglang (/generate).")
+CONCURRENCY = typer.Option(None, "--concurrency", "--max-concurrency",
+                           help="Closed loop: in-flight requests, e.g. 1,8,16.")
+REQUEST_RATE = typer.Option(None, "--request-rate",
+                            help="Open loop: requests/s, e.g. 4,8; inf: all at once.")
+BURSTINESS = typer.Option("1.0", "--burstiness", help="Gamma shape of arrivals (1 = Poisson).")
+NUM_PROMPTS = typer.Option("100", "--num-prompts", help="Measured requests per load point.")
+INPUT_LEN = typer.Option("256", "--input-len", "--random-input-len",
+                         help="Prompt tokens (exact with /tokenize or --tokenizer).")
+OUTPUT_LEN = typer.Option("256", "--output-len", "--random-output-len",
+                          help="Output tokens (max_tokens + ignore_eos).")
+DATASET = typer.Option(None, "--dataset", "--dataset-path",
+                       help="ShareGPT-format JSON file instead of fixed lengths.")
+SEED = typer.Option("0", "--seed", help="Seed of prompts and arrival times.")
+WARMUP = typer.Option("0", "--warmup", "--num-warmups", "--warmup-requests",
+                      help="Requests sent first and excluded from the metrics.")
+MAX_DURATION = typer.Option(None, "--max-duration", help="Stop issuing requests after S seconds.")
+GOODPUT = typer.Option(None, "--goodput", help="Per-request SLOs in ms for goodput, e.g. "
+                       "ttft_ms=500,tpot_ms=50 or 'ttft:500 tpot:50 e2el:20000'.")
+TOKENIZER = typer.Option(None, "--tokenizer", help="HF tokenizers file/folder for exact lengths.")
+REQUEST_TIMEOUT = typer.Option("600", "--request-timeout",
+                               help="Seconds before a request counts as failed.")
+OUTPUT = typer.Option(None, "--output", "--output-file",
+                      help="Write all load points (and provenance) to this JSON file.")
+SAVE_RESULT = typer.Option(False, "--save-result", help="Write the JSON file to "
+                           "--result-dir/--result-filename (vLLM's spelling).")
+RESULT_DIR = typer.Option(None, "--result-dir", help="With --save-result: folder (default .).")
+RESULT_FILENAME = typer.Option(None, "--result-filename", help="With --save-result: "
+                               "file name (default servelab-bench-DATE.json).")
+SWEEP = typer.Option(False, "--sweep", help="Capacity sweep: synchronous, saturated, "
+                     "then rates between, refined where --slo is crossed.")
+SLO = typer.Option(None, "--slo", help="SLOs of the sweep, e.g. ttft_p99_ms=2000,"
+                   "tpot_p99_ms=50, or per request 'ttft:500 tpot:50' (docs/METRICS.md).")
+SWEEP_PRECISION = typer.Option("0.1", "--sweep-precision", help="Stop when the capacity "
+                               "bracket is this narrow, relative (0.1 = 10%).")
+SWEEP_RATES = typer.Option("3", "--sweep-rates", help="Open-loop rates evenly spaced "
+                           "between the synchronous and saturated ones.")
+SWEEP_MAX_POINTS = typer.Option("12", "--sweep-max-points", help="At most this many "
+                                "load points in a sweep, all included.")
+STORE = typer.Option(None, "--store", help=STORE_HELP)
+LABEL = typer.Option(None, "--label", help="A name for these rows in the store.")
+NO_STORE = typer.Option(False, "--no-store", help="Do not write to the results store.")
+QUIET = typer.Option(False, "--quiet", help="No live progress.")
+AS_JSON = typer.Option(False, "--json", help="Print every load point (and the sweep) "
+                       "as one JSON document on stdout; tables go to stderr.")
+
+
+@dataclass(frozen=True, slots=True)
+class BenchArgs:
+    """One `servelab bench` command line, as typed (numbers as text)."""
+
+    base_url: str | None
+    model: str | None
+    api: str
+    concurrency: str | None
+    request_rate: str | None
+    burstiness: str
+    num_prompts: str
+    input_len: str
+    output_len: str
+    dataset: str | None
+    seed: str
+    warmup: str
+    max_duration: str | None
+    goodput: str | None
+    tokenizer: str | None
+    request_timeout: str
+    output: str | None
+    save_result: bool
+    result_dir: str | None
+    result_filename: str | None
+    sweep: bool
+    slo: str | None
+    sweep_precision: str
+    sweep_rates: str
+    sweep_max_points: str
+    store: str | None
+    label: str | None
+    no_store: bool
+    quiet: bool
+    as_json: bool

@@ -1,0 +1,136 @@
+"""A `servelab bench` command line parsed into typed configs, checked before any load is sent.
+
+Numbers arrive as text and are parsed by servelab.bench.config, so that a bad value gives the
+one-line `error: ...` of servelab.errors.UserError (exit 2), not a usage box.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.bench.config import (
+    BenchConfig,
+    LoadPoint,
+    WorkloadConfig,
+    parse_goodput,
+    parse_list,
+    parse_number,
+)
+from servelab.bench.slo import SloSet, parse_slo
+from servelab.bench.sweep import SweepConfig
+from servelab.cli.bench.options import BenchArgs
+from servelab.errors import UserError
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one bench call measures: the load points given, or a sweep (then `loads` is
+    empty), and where the JSON document goes."""
+
+    cfg: BenchConfig
+    loads: list[LoadPoint]
+    sweep: SweepConfig | None
+    slos: SloSet | None
+    output: str | None
+
+
+def make_plan(a: BenchArgs) -> Plan:
+    """Parse and check the command line, in the order its errors are reported."""
+    if not a.base_url:
+        raise UserError("--base-url is required, e.g. --base-url http://127.0.0.1:30000")
+    b = parse_number(a.burstiness, float, "--burstiness")
+    slos = parse_slo(a.slo)
+    scfg = None
+    if a.sweep:
+        if a.concurrency is not None or a.request_rate is not None:
+            raise UserError("--sweep chooses its own load points: drop --concurrency / "
+                            "--request-rate")
+        scfg = SweepConfig(slo=slos,
+                           precision=parse_number(a.sweep_precision, float, "--sweep-precision"),
+                           grid_rates=parse_number(a.sweep_rates, int, "--sweep-rates"),
+                           max_points=parse_number(a.sweep_max_points, int, "--sweep-max-points"),
+                           burstiness=b)
+        loads = []
+    else:
+        if slos is not None:
+            raise UserError("--slo sets the objectives of a capacity sweep: add --sweep (for "
+                            "goodput at given load points use --goodput)")
+        loads = load_points(a.concurrency, a.request_rate, b)
+    gp = parse_goodput(a.goodput)
+    if slos is not None:
+        if gp and slos.per_request and gp != slos.per_request:
+            raise UserError("the per-request SLOs of --slo and --goodput differ: give them once, "
+                            "in --slo")
+        gp = gp or slos.goodput()
+    wl = WorkloadConfig(
+        input_len=parse_number(a.input_len, int, "--input-len"),
+        output_len=parse_number(a.output_len, int, "--output-len"),
+        num_prompts=parse_number(a.num_prompts, int, "--num-prompts"),
+        dataset=a.dataset, seed=parse_number(a.seed, int, "--seed"), tokenizer=a.tokenizer,
+    )
+    cfg = BenchConfig(
+        base_url=a.base_url, workload=wl, model=a.model, api=a.api,
+        warmup=parse_number(a.warmup, int, "--warmup"),
+        max_duration_s=parse_number(a.max_duration, float, "--max-duration"),
+        request_timeout_s=parse_number(a.request_timeout, float, "--request-timeout"),
+        goodput=gp,
+    )
+    output = result_path(a.output, a.save_result, a.result_dir, a.result_filename)
+    if output:
+        check_output(output)
+    return Plan(cfg=cfg, loads=loads, sweep=scfg, slos=slos, output=output)
+
+
+def load_points(concurrency: str | None, request_rate: str | None,
+                burstiness: float) -> list[LoadPoint]:
+    """The load points asked for. vLLM's `--request-rate inf --max-concurrency C` (every request
+    released at once, at most C in flight) is a closed loop at C, and is taken as one."""
+    rates = parse_list(request_rate, float, "--request-rate") if request_rate is not None else None
+    if concurrency is not None:
+        if rates is not None and not all(math.isinf(r) for r in rates):
+            raise UserError("--concurrency (--max-concurrency) with a finite --request-rate (a rate "
+                            "capped by a concurrency) is not supported: servelab measures a closed "
+                            "loop (--concurrency) or an open loop (--request-rate); drop one")
+        return [LoadPoint(concurrency=c) for c in parse_list(concurrency, int, "--concurrency")]
+    if rates is None:
+        raise UserError("give --concurrency (e.g. 1,8,16), --request-rate (e.g. 4,8 or inf) or "
+                        "--sweep")
+    return [LoadPoint(request_rate=r, burstiness=burstiness) for r in rates]
+
+
+def result_path(output: str | None, save_result: bool, result_dir: str | None,
+                 result_filename: str | None) -> str | None:
+    """--output / --output-file, or vLLM's --save-result [--result-dir D] [--result-filename F]."""
+    if output and (save_result or result_filename or result_dir):
+        raise UserError("give --output (--output-file) or --save-result [--result-dir] "
+                        "[--result-filename], not both")
+    if not save_result:
+        if result_filename or result_dir:
+            raise UserError("--result-dir / --result-filename take effect with --save-result")
+        return output
+    name = result_filename or time.strftime("servelab-bench-%Y%m%d-%H%M%S.json")
+    return str(Path(result_dir or ".") / name)
+
+
+def check_output(path: str) -> None:
+    """Refuse an --output that cannot be written before any load is sent (it is written only
+    after the first load point, so a bad path used to end a long run with a traceback)."""
+    p = Path(path)
+    if p.is_dir():
+        raise UserError(f"--output {path} is a folder; give a file name, e.g. {p / 'bench.json'}")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--output {path}: cannot create its folder ({exc.strerror})") from None
+    try:  # a probe file where the atomic write will put its temp file
+        fd, probe = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"--output {path}: cannot write in {p.parent} ({exc.strerror}); "
+                        "give a path you can write") from None

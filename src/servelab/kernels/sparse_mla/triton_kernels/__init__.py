@@ -1,0 +1,1 @@
+"""The split-KV Triton kernels (any GPU), each with serves() and launch() for dispatch/variants.py."""
