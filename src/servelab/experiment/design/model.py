@@ -34,6 +34,7 @@ from servelab.experiment.design.placement import (
     check_placement,
     drop_unset_placement,
 )
+from servelab.redaction import redact
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
@@ -282,4 +283,6 @@ class ExperimentSpec(Strict):
         for arm in d["arms"].values():
             arm.pop("description", None)
         drop_unset_placement(d)
-        return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        # over the redacted form: a secret is no part of the design, and a hash of it would let
+        # anyone holding the store test guesses of a short password offline
+        return hashlib.sha256(orjson.dumps(redact(d), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
