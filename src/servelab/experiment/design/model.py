@@ -239,6 +239,17 @@ class ExperimentSpec(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _adaptive_needs_auto(self, info: ValidationInfo) -> ExperimentSpec:
+        # an [adaptive] table under fixed repetitions was silently ignored: say so instead
+        if (not is_stored(info) and "adaptive" in self.model_fields_set
+                and self.repetitions != "auto"):
+            raise ValueError(
+                f'[adaptive] is read only with repetitions = "auto" (this file says '
+                f"repetitions = {self.repetitions}): set it to \"auto\" or remove [adaptive]"
+            )
+        return self
+
     @property
     def uses_ray(self) -> bool:
         """Whether any process of any arm may run on a Ray cluster."""
