@@ -15,20 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.mini.router.state import Counters, RouterState, error
+from servelab.mini.router.state import Counters, RouterState, error, mode_of
 from servelab.redaction import redact_url
-
-
-def _mode(got: tuple[int, bytes] | None) -> str | None:
-    """The `disaggregation_mode` a worker's /server_info reports (None when it says none)."""
-    if got is None or got[0] != 200:
-        return None
-    try:
-        info = json.loads(got[1])
-    except ValueError:
-        return None
-    mode = info.get("disaggregation_mode") if isinstance(info, dict) else None
-    return mode if isinstance(mode, str) else None
 
 
 class _RouterCollector:
@@ -80,7 +68,7 @@ def add_routes(app: web.Application, state: RouterState) -> None:
         infos = await asyncio.gather(*(state.get(u + "/server_info", 2.0) for u, _ in roles))
         wrong = [f"{u} runs --disaggregation-mode {mode}, routed as {role}"
                  for (u, role), g in zip(roles, infos, strict=True)
-                 if (mode := _mode(g)) is not None and mode != role]
+                 if (mode := mode_of(g)) is not None and mode != role]
         if wrong:
             return error(503, f"worker(s) in the wrong role: {'; '.join(wrong)}")
         return web.Response(status=200)
