@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from servelab import atomic
 from servelab.engines.base import ProcessPlan
 from servelab.redaction import redact, redact_text
 
@@ -75,8 +76,7 @@ def on_main_thread() -> bool:
 def open_log(path: Path) -> IO[bytes]:
     """A process's log file for appending, readable by its owner only (0600, like the reports:
     an engine may print its own arguments, secrets included); a link there is refused."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-    return os.fdopen(fd, "ab")
+    return atomic.open_append(path)
 
 
 def launch_line(argv: list[str]) -> bytes:
