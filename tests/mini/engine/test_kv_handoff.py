@@ -68,7 +68,6 @@ def test_bad_handoffs_fail_alone_in_a_batch_of_good_ones():
 
     from servelab.mini.engine.args import EngineArgs
     from servelab.mini.engine.engine import Engine
-    from servelab.mini.server.pd.wire import encode
 
     pre, one = engine("micro"), engine("micro")
     dec = Engine(EngineArgs(config="micro", random_weights=True, context_length=256,
