@@ -75,7 +75,7 @@ def decode(buf: bytes) -> KVHandoff:
         raise
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise TransferError(f"malformed KV handoff header ({type(exc).__name__}: "
-                            f"{_line(str(exc))[:150]})") from None
+                            f"{one_line(str(exc))[:150]})") from None
     itemsize = torch.empty((), dtype=dtype).element_size()
     if (8 + n + nkv + nik + ngen != len(buf) or nkv != _numel(kv_shape) * itemsize
             or nik != _numel(ik_shape) * itemsize or kv_shape[:2] != ik_shape[:2]
@@ -89,7 +89,7 @@ def decode(buf: bytes) -> KVHandoff:
         ik = _tensor(buf[off + nkv:off + nkv + nik], dtype, ik_shape)
     except (RuntimeError, ValueError, OverflowError) as exc:  # not expected past the checks
         raise TransferError(f"KV handoff tensors cannot be built ({type(exc).__name__}: "
-                            f"{_line(str(exc))[:150]})") from None
+                            f"{one_line(str(exc))[:150]})") from None
     gen = buf[off + nkv + nik:] or None
     return KVHandoff(room=room, prompt=prompt, first_token=first, drafts=drafts, kv=kv, ik=ik,
                      fingerprint=fingerprint, gen_state=gen)
@@ -111,7 +111,7 @@ def _shape(xs: object) -> list[int]:
     return out
 
 
-def _line(text: str) -> str:
+def one_line(text: str) -> str:
     """`text` on one line of printable characters (a peer's text goes into error messages)."""
     return "".join(c if c.isprintable() else " " for c in text)
 
@@ -136,7 +136,9 @@ class TransferStats:
     direction: "sent" on a prefill server (bytes written to decode servers, seconds spent
     encoding and writing them), "received" on a decode server (bytes read, seconds from the
     first byte of the answer to the last; the wait before it, while the prefill computes, is
-    `wait_seconds`). `outcomes` counts transfers by how they ended.
+    `wait_seconds`). `outcomes` counts transfers by how they ended. A decode server's requests
+    that waited for a fetch slot (pd/fetch_queue.py): `queued` of them, `queue_seconds` waited,
+    `queue_waiting` waiting now.
     """
 
     direction: str
@@ -144,7 +146,17 @@ class TransferStats:
     seconds: float = 0.0
     wait_seconds: float = 0.0
     outcomes: dict[str, int] = field(default_factory=dict)
+    queued: int = 0
+    queue_seconds: float = 0.0
+    queue_waiting: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def queue(self, waiting: int, seconds: float = 0.0) -> None:
+        """A request starts (`waiting` 1) or stops (-1, after `seconds`) waiting for a slot."""
+        with self._lock:
+            self.queued += max(waiting, 0)
+            self.queue_waiting += waiting
+            self.queue_seconds += seconds
 
     def add(self, outcome: str, nbytes: int = 0, seconds: float = 0.0,
             wait_seconds: float = 0.0) -> None:
