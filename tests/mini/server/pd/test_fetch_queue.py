@@ -1,0 +1,46 @@
+"""The decode server's KV fetch queue (server/pd/fetch_queue.py): at most `per_prefill` fetches
+in flight per bootstrap port, the rest served round-robin over clients, FIFO within one; a
+waiter that gives up (its client went away) leaves no trace; waits are counted."""
+
+from __future__ import annotations
+
+import asyncio
+
+from servelab.mini.server.pd.fetch_queue import FetchQueue
+from servelab.mini.server.pd.wire import TransferStats
+
+
+def test_fetches_are_limited_per_prefill_and_served_fairly_across_clients():
+    async def main() -> None:
+        stats = TransferStats("received")
+        q = FetchQueue(1, stats)
+        order: list[str] = []
+        release = asyncio.Event()
+
+        async def fetch(prefill: str, client: str, name: str, hold: bool = False) -> None:
+            async with q.slot(prefill, client):
+                order.append(name)
+                if hold:
+                    await release.wait()
+
+        first = asyncio.create_task(fetch("p:1", "flood", "f0", hold=True))
+        await asyncio.sleep(0)
+        other = asyncio.create_task(fetch("p:2", "flood", "other-prefill"))
+        await asyncio.wait_for(other, 1)  # another prefill's slots are its own
+        floods = [asyncio.create_task(fetch("p:1", "flood", f"f{i}")) for i in range(1, 6)]
+        await asyncio.sleep(0)
+        gone = asyncio.create_task(fetch("p:1", "router", "gone"))
+        legit = asyncio.create_task(fetch("p:1", "router", "legit"))
+        await asyncio.sleep(0)
+        assert q.waiting("p:1") == 7 and stats.queue_waiting == 7
+        gone.cancel()  # its client went away while it waited
+        await asyncio.sleep(0)
+        assert q.waiting("p:1") == 6
+        release.set()
+        await asyncio.gather(first, legit, *floods)
+        # round-robin: after the flood's first waiter, the router's request (not f2..f5)
+        assert order == ["f0", "other-prefill", "f1", "legit", "f2", "f3", "f4", "f5"]
+        assert q.waiting() == 0 and not q._busy and not q._waiting
+        assert stats.queued == 7 and stats.queue_waiting == 0 and stats.queue_seconds > 0
+
+    asyncio.run(main())
