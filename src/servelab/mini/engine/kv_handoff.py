@@ -93,8 +93,9 @@ def check(h: KVHandoff, prompt: list[int], room: int | None, *, cfg: ModelConfig
                             f"KV of room {h.room}")
     if h.fingerprint != model_fingerprint:
         raise TransferError(f"the prefill server serves another model (fingerprint "
-                            f"{h.fingerprint}, this decode server {model_fingerprint}): give "
-                            "both the same --config, --weights and --seed")
+                            f"{ascii(h.fingerprint[:40])}, this decode server "
+                            f"{model_fingerprint}): give both the same --config, --weights "
+                            "and --seed")
     if h.prompt != prompt:
         raise TransferError(f"the KV of bootstrap_room {h.room} is for another prompt "
                             f"({len(h.prompt)} tokens, this request {len(prompt)})")

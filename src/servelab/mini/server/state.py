@@ -48,7 +48,8 @@ class ServerState:
         try:
             parsed = parse_body()
             client = request.client.host if request.client else ""
-            kw = await until_gone(request, pd.submit_kwargs(boot, parsed[0], client))
+            kw = pd.submit_kwargs(boot, parsed[0], client)
+            kw = await (until_gone(request, kw) if pd.mode == "decode" else kw)
             return EngineStream(self.engine, parsed[0], parsed[1],
                                 on_error=lambda why: pd.failed(boot, why), **kw), parsed
         except ApiError as exc:

@@ -75,3 +75,17 @@ def test_every_size_is_checked_before_anything_is_allocated(dim):
     with pytest.raises(TransferError, match="malformed") as ei:
         decode(hostile)
     assert "\n" not in str(ei.value) and len(str(ei.value)) < 400
+
+
+def test_a_peers_text_never_brings_control_characters_into_an_error():
+    pre, dec = engine("micro"), engine("micro")
+    prompt = tk.encode("hello")
+    wire, _ = prefill(pre, prompt, SamplingParams(max_tokens=4, temperature=0.0), room=5)
+    evil = "\x1b]0;pwned\x07\x1b[31m\nX: 1\r\x00"
+    for hostile, check in ((_reframe(wire, version=evil), False),
+                           (_reframe(wire, fingerprint=evil), True)):
+        with pytest.raises(TransferError) as ei:
+            h = decode(hostile)
+            if check:
+                dec.check_handoff(h, prompt, room=5)
+        assert not any(c in str(ei.value) for c in evil if not c.isprintable()), str(ei.value)

@@ -61,8 +61,8 @@ def decode(buf: bytes) -> KVHandoff:
     try:
         hd = json.loads(buf[8:8 + n])
         if hd["version"] != VERSION:
-            raise TransferError(f"KV handoff version {hd['version']}, this server reads "
-                                f"{VERSION}: run the same servelab on both sides")
+            raise TransferError(f"KV handoff version {ascii(hd['version'])[:40]}, this server "
+                                f"reads {VERSION}: run the same servelab on both sides")
         dtype = _DTYPES[hd["dtype"]]
         kv_shape, ik_shape = _shape(hd["kv_shape"]), _shape(hd["ik_shape"])
         nkv, nik, ngen = (_count(x) for x in hd["bytes"])
