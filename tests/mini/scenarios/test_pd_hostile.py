@@ -240,23 +240,30 @@ def test_bad_handoffs_fail_alone_and_health_stays_200(pd, tiny):
     assert call(pd["decode"], "/health")[0] == 200
 
 
-def test_a_flood_of_polls_to_one_bootstrap_port_does_not_delay_another(pd):
-    """1,100 requests whose KV is to come from a bootstrap port that never answers: they held
-    the decode server's one pool of 1,024 connections, and a legitimate request then waited
-    for one. Fetches are limited per prefill now; those that wait are counted."""
+@pytest.mark.parametrize("target", ["silent port", "real prefill"])
+def test_a_flood_of_polls_does_not_delay_a_legitimate_request(pd, target):
+    """1,100 requests whose KV never comes: from this client (127.0.0.1, the router's address
+    too) to a bootstrap port that never answers, or from another client (127.0.0.2) for
+    unknown rooms of the real prefill. They held the decode server's one pool of 1,024
+    connections, and a legitimate request then waited for one. Fetches are limited per
+    prefill and per client within one now; those that wait are counted."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(4096)  # accepts nothing: every fetch to it waits (for WAIT_S)
-    body = json.dumps(_body(9, bootstrap_host="127.0.0.1",
-                            bootstrap_port=silent.getsockname()[1])).encode()
-    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    if target == "silent port":
+        aim, source = silent.getsockname()[1], "127.0.0.1"
+    else:
+        aim, source = pd["boot"], "127.0.0.2"
     port = int(pd["decode"].rsplit(":", 1)[1])
     flood = []
     try:
-        for _ in range(1100):
-            c = socket.create_connection(("127.0.0.1", port))
-            c.sendall(req)
+        for i in range(1100):
+            body = json.dumps(_body(10**9 + i, bootstrap_host="127.0.0.1",
+                                    bootstrap_port=aim)).encode()
+            c = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                      b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                      + b"\r\n\r\n" + body)
             flood.append(c)
         deadline = time.monotonic() + 10  # until the decode server has read them all
         while (metric(pd["decode"], "servelab:kv_fetches_queued") < 1100 - 512
@@ -279,4 +286,8 @@ def test_a_flood_of_polls_to_one_bootstrap_port_does_not_delay_another(pd):
            and time.monotonic() < deadline):
         time.sleep(0.2)
     assert metric(pd["decode"], "servelab:kv_fetches_queued") == 0
+    boot = f"http://127.0.0.1:{pd['boot']}"
+    while call(boot, "/route")[1]["polls_waiting"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert call(boot, "/route")[1]["polls_waiting"] == 0  # and the prefill's long polls
     assert call(pd["decode"], "/health")[0] == 200

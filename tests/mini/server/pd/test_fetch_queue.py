@@ -44,3 +44,33 @@ def test_fetches_are_limited_per_prefill_and_served_fairly_across_clients():
         assert stats.queued == 7 and stats.queue_waiting == 0 and stats.queue_seconds > 0
 
     asyncio.run(main())
+
+
+def test_one_client_holds_at_most_its_share_of_a_prefill():
+    """A flood of one prefill's unknown rooms from one client used to hold every connection;
+    it holds `per_client` of them now and the router gets the rest at once."""
+    async def main() -> None:
+        q = FetchQueue(3, TransferStats("received"), per_client=2)
+        release = asyncio.Event()
+        got: list[str] = []
+
+        async def fetch(client: str, name: str) -> None:
+            async with q.slot("p:1", client):
+                got.append(name)
+                await release.wait()
+
+        floods = [asyncio.create_task(fetch("flood", f"f{i}")) for i in range(5)]
+        await asyncio.sleep(0)
+        assert got == ["f0", "f1"] and q.waiting("p:1") == 3
+        router = asyncio.create_task(fetch("router", "r"))
+        await asyncio.sleep(0)
+        assert got == ["f0", "f1", "r"]  # at once: the flood is at its own limit
+        extra = asyncio.create_task(fetch("router", "r2"))
+        await asyncio.sleep(0)
+        assert "r2" not in got and q.waiting("p:1") == 4  # the prefill is full now
+        release.set()
+        await asyncio.gather(router, extra, *floods)
+        assert sorted(got) == ["f0", "f1", "f2", "f3", "f4", "r", "r2"]
+        assert not q._busy and not q._held and not q._waiting
+
+    asyncio.run(main())

@@ -25,7 +25,11 @@ from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
 from servelab.mini.server.args import DEFAULT_BOOTSTRAP_PORT
 from servelab.mini.server.pd.allow import BootstrapHosts
 from servelab.mini.server.pd.bootstrap import BootstrapServer, fetch, host_port
-from servelab.mini.server.pd.fetch_queue import DEFAULT_PER_PREFILL, FetchQueue
+from servelab.mini.server.pd.fetch_queue import (
+    DEFAULT_PER_CLIENT,
+    DEFAULT_PER_PREFILL,
+    FetchQueue,
+)
 from servelab.mini.server.pd.wire import ROOM_MAX, TransferStats
 from servelab.mini.server.protocol import ApiError
 
@@ -88,7 +92,8 @@ class PD:
 
     def __init__(self, engine: Engine, mode: str, host: str, bootstrap_port: int,
                  waiting_timeout_s: float, allowed: BootstrapHosts | None = None,
-                 fetch_per_prefill: int = DEFAULT_PER_PREFILL) -> None:
+                 fetch_per_prefill: int = DEFAULT_PER_PREFILL,
+                 fetch_per_client: int = DEFAULT_PER_CLIENT) -> None:
         self.engine, self.mode = engine, mode
         self.waiting_timeout_s = waiting_timeout_s
         self.stats: TransferStats | None = None
@@ -112,7 +117,7 @@ class PD:
                 max_pending_bytes=4 * engine.args.max_running_requests * self.max_handoff_bytes)
         elif mode == "decode":
             self.stats = TransferStats("received")
-            self.queue = FetchQueue(fetch_per_prefill, self.stats)
+            self.queue = FetchQueue(fetch_per_prefill, self.stats, fetch_per_client)
             if self.allowed is None:
                 self.allowed = BootstrapHosts.of([])
 
