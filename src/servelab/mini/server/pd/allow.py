@@ -42,7 +42,7 @@ def parse_entry(entry: str) -> str:
             return str(ipaddress.ip_network(e, strict=False))
         except ValueError:
             raise ValueError(f"{entry!r} is not a network (e.g. 10.0.0.0/8)") from None
-    if not e or len(e) > 253 or not all(c.isalnum() or c in "-._" for c in e):
+    if not e or len(e) > 253 or not all(c.isascii() and (c.isalnum() or c in "-._") for c in e):
         raise ValueError(f"{entry!r} is not a host name, address or network")
     return e.rstrip(".")
 
