@@ -242,7 +242,8 @@ class ExperimentSpec(Strict):
     @model_validator(mode="after")
     def _adaptive_needs_auto(self, info: ValidationInfo) -> ExperimentSpec:
         # an [adaptive] table under fixed repetitions was silently ignored: say so instead
-        if (not is_stored(info) and "adaptive" in self.model_fields_set
+        # (a table equal to the defaults changes nothing: a spec written back by to_json has one)
+        if (not is_stored(info) and self.adaptive != AdaptiveSpec()
                 and self.repetitions != "auto"):
             raise ValueError(
                 f'[adaptive] is read only with repetitions = "auto" (this file says '
