@@ -6,6 +6,7 @@ the launch line `$ ... --api-key sk-...` was written to a 0644 log."""
 
 from __future__ import annotations
 
+import io
 import json
 import stat
 import sys
@@ -16,8 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from servelab import jsonout
+from servelab.console import make_console
 from servelab.experiment.design.parse import parse
 from servelab.experiment.plan import check
+from servelab.experiment.present import attribution
+from servelab.experiment.report.document import experiment_document
+from servelab.experiment.report.html import write
 from servelab.store import Store
 
 SECRET = st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789", min_size=12,
@@ -43,23 +48,29 @@ def _spec_dict(secrets: list[str], flag: str, env: str) -> dict:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(secrets=st.lists(SECRET, min_size=7, max_size=7, unique=True), flag=FLAG, env=ENV)
-def test_generated_secrets_reach_no_store_or_plan(tmp_path, secrets, flag, env):
-    """200 generated designs through what a run stores and what `--check` shows (the report,
-    which reads the store, is searched in the real run below)."""
+def test_generated_secrets_reach_no_file_report_document_or_console_line(tmp_path, secrets, flag,
+                                                                         env):
+    """200 generated designs through what a run stores (a results store in its own home), the
+    report it writes (markdown, HTML), `report --json`, the attribution printed on the console,
+    and what `run --check` prints (lines and --json)."""
     spec = parse(_spec_dict(secrets, flag, env))
-    db = tmp_path / f"{uuid.uuid4().hex}.db"     # tmp_path is shared by the examples
-    with Store(db) as store:
+    home = tmp_path / uuid.uuid4().hex               # tmp_path is shared by the examples
+    with Store(home / "results.db") as store:
         store.ensure_experiment(spec.name, spec.to_json(), spec.design_hash())
-        stored = json.dumps(store.experiment(spec.name))
+        md, page, data = write(store, spec.name, home / "reports" / spec.name)
+    console = make_console(file=io.StringIO(), width=160)
+    attribution(console, data)
     plan = check.collect(spec)
-    texts = {"store": b"".join(p.read_bytes() for p in tmp_path.glob(f"{db.name}*")),
-             "stored spec": stored.encode(),
-             "run --check --json": jsonout.dumps(jsonout.document("experiment_check", plan)).encode(),
-             "run --check": "\n".join(check.lines(plan)).encode()}
+    texts = {str(p.relative_to(home)): p.read_bytes() for p in home.rglob("*") if p.is_file()}
+    texts |= {"report --json": jsonout.dumps(experiment_document(data, {})).encode(),
+              "console": console.file.getvalue().encode(),
+              "run --check --json": jsonout.dumps(jsonout.document("experiment_check", plan)).encode(),
+              "run --check": "\n".join(check.lines(plan)).encode()}
+    assert {"results.db", f"reports/{spec.name}/report.md", f"reports/{spec.name}/report.html"} <= set(texts)
     for where, blob in texts.items():
         for s in secrets:
             assert s.encode() not in blob, f"{s} in {where}"
-    assert b"<redacted>" in texts["run --check --json"] and b"<redacted>" in texts["stored spec"]
+    assert b"<redacted>" in texts["run --check --json"]
 
 
 def test_a_real_run_leaves_no_secret_under_servelab_home(tmp_path, monkeypatch, capsys,
