@@ -152,9 +152,13 @@ def tune(rep: Any, spec: Any) -> dict[str, Any]:
 
 
 def tune_install(engine: str, folder: Path, installed: Sequence[Any], restored: bool,
-                 lookup: Mapping[str, Any] | None, undo: str | None) -> dict[str, Any]:
-    """`servelab tune install`: the files put in place (or put back with --restore) and what
-    the engine's own lookup found."""
-    return {"engine": engine, "folder": folder, "action": "restore" if restored else "install",
-            "files": [{"path": folder / f.name, "replaced": f.replaced} for f in installed],
-            "lookup": dict(lookup) if lookup is not None else None, "undo": undo}
+                 lookup: Mapping[str, Any] | None, undo: str | None,
+                 not_restored: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """`servelab tune install`: the files put in place (or put back with --restore), what
+    the engine's own lookup found, and (restore) the entries it could not put back, with why."""
+    doc = {"engine": engine, "folder": folder, "action": "restore" if restored else "install",
+           "files": [{"path": folder / f.name, "replaced": f.replaced} for f in installed],
+           "lookup": dict(lookup) if lookup is not None else None, "undo": undo}
+    if restored:
+        doc["not_restored"] = [{"name": n, "why": w} for n, w in not_restored]
+    return doc
