@@ -19,8 +19,9 @@ from servelab.redaction import (
 )
 
 # secrets as engines and clouds issue them: a prefix and 12-40 characters of a URL-safe alphabet
+# "Q7" makes every secret a string no template around it contains ("Authorizatio" was one)
 SECRET = st.builds(
-    lambda prefix, body: prefix + body,
+    lambda prefix, body: prefix + "Q7" + body,
     st.sampled_from(["sk-", "hf_", "AKIA", "ghp_", "xoxb-", "", "pw"]),
     st.text(alphabet="ABCDEFGHJKLMNPQRSTUVWXYZabcdefghijkmnopqrstuvwxyz23456789_-", min_size=12,
             max_size=40).filter(lambda s: not s.startswith("-")))
