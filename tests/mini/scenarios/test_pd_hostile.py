@@ -21,6 +21,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+from http_call import call
 from mini_pd import prefill
 from serve_proc import free_port, start, wait_ready
 
@@ -61,24 +62,6 @@ def pd():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-
-
-def call(url: str, path: str, body: dict | None = None, timeout: float = 60):
-    import urllib.error
-    import urllib.request
-
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method="POST" if data else "GET",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except json.JSONDecodeError:
-        return status, text
 
 
 def metric(url: str, name: str) -> float:

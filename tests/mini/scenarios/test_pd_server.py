@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from http_call import call
 from serve_proc import free_port, start, wait_ready
 
 from servelab.engines.base import parse_prometheus
@@ -78,21 +79,6 @@ def reference():
         return eng.generate(tk.encode(prompt), SamplingParams(max_tokens=n, temperature=0.0,
                                                               ignore_eos=True))[1]
     return greedy
-
-
-def call(url: str, path: str, body: dict | None = None, timeout: float = 60):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url + path, data=data, method="POST" if data else "GET",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except json.JSONDecodeError:
-        return status, text
 
 
 def sse(url: str, path: str, body: dict) -> list[dict]:

@@ -11,11 +11,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from itertools import pairwise
 
 import pytest
+from http_call import call
 from serve_proc import free_port, start, wait_ready
 
 
@@ -30,22 +29,6 @@ def server():
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-
-
-def call(url: str, path: str, body: object | None = None, raw: bytes | None = None):
-    """(status, parsed JSON or text)."""
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url + path, data=data, method="POST" if data is not None else "GET",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except json.JSONDecodeError:
-        return status, text
 
 
 def sse(url: str, path: str, body: dict) -> list[dict]:
@@ -162,7 +145,7 @@ def test_metrics_and_server_info_count_speculation(server):
 ])
 def test_bad_requests_get_4xx_and_server_survives(server, path, body, raw, status, word):
     url, _ = server
-    st, err = call(url, path, body, raw)
+    st, err = call(url, path, body, raw=raw)
     assert st == status and word in err["error"]["message"], err
     st, ok = call(url, "/v1/completions", {"prompt": "ok", "max_tokens": 2})
     assert st == 200 and ok["usage"]["completion_tokens"] >= 1

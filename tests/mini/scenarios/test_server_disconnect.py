@@ -12,10 +12,9 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.error
-import urllib.request
 
 import pytest
+from http_call import call
 from serve_proc import start, wait_ready
 
 from servelab.engines.base import parse_prometheus
@@ -33,24 +32,8 @@ def server():
     proc.wait()
 
 
-def call(port: int, path: str, body: dict | None = None):
-    data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                 method="POST" if data else "GET",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            status, text = r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except json.JSONDecodeError:
-        return status, text
-
-
 def counters(port: int) -> dict[str, float]:
-    st, text = call(port, "/metrics")
+    st, text = call(f"http://127.0.0.1:{port}", "/metrics")
     assert st == 200
     out: dict[str, float] = {}
     for k, v in parse_prometheus(text).items():
@@ -94,7 +77,7 @@ def test_non_streaming_requests_are_aborted_when_their_client_goes_away(server):
     assert after["vllm:request_success_total/abort"] - before["vllm:request_success_total/abort"] == 8
     produced = after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"]
     assert produced < 8 * MAX_TOKENS / 4, produced  # aborted well before their end
-    st, full = call(server, "/v1/completions", {"prompt": "x", "max_tokens": 4})
+    st, full = call(f"http://127.0.0.1:{server}", "/v1/completions", {"prompt": "x", "max_tokens": 4})
     assert st == 200 and full["usage"]["completion_tokens"] == 4
 
 
@@ -102,9 +85,9 @@ def test_non_streaming_requests_are_aborted_when_their_client_goes_away(server):
                                       {"temperature": 1e-40, "top_p": 1e-300},
                                       {"temperature": 1e-5, "top_p": 5e-324}])
 def test_sampling_parameters_at_float32s_edge_are_answered(server, sampling):
-    st, full = call(server, "/v1/completions", {"prompt": "def f(x):", "max_tokens": 8,
+    st, full = call(f"http://127.0.0.1:{server}", "/v1/completions", {"prompt": "def f(x):", "max_tokens": 8,
                                                 "ignore_eos": True, **sampling})
     assert st == 200 and full["usage"]["completion_tokens"] == 8, full
-    st, gen = call(server, "/generate", {"text": "def f(x):", "sampling_params": {
+    st, gen = call(f"http://127.0.0.1:{server}", "/generate", {"text": "def f(x):", "sampling_params": {
         "max_new_tokens": 8, "ignore_eos": True, **sampling}})
     assert st == 200 and gen["meta_info"]["completion_tokens"] == 8, gen
