@@ -22,9 +22,31 @@ from dataclasses import dataclass
 from servelab.errors import UserError
 from servelab.profile.trace import Annotation, Trace, launch_times
 
-# Preferred first: SGLang's forward-pass ranges sit inside ProfilerStep ranges when both exist.
-STEP_PATTERNS = (r"^step\[", r"^ProfilerStep#\d+$")
-_PHASE_RE = re.compile(r"step\[(?P<phase>[A-Z_]+)(?:.*?\bbs=(?P<bs>\d+))?")
+# Preferred first: the engines' forward-pass ranges sit inside ProfilerStep ranges when both
+# exist. SGLang (and the embedded engine) write `step[MODE bs=N]`, MODE a ForwardMode name
+# (EXTEND, DECODE, MIXED, IDLE, TARGET_VERIFY, DRAFT_EXTEND, ...); vLLM's worker writes
+# `execute_context_{ctx reqs}({ctx tokens})_generation_{gen reqs}({gen tokens})`.
+STEP_PATTERNS = (r"^step\[", r"^execute_context_\d+\(\d+\)_generation_", r"^ProfilerStep#\d+$")
+_PHASE_RE = re.compile(r"step\[(?P<phase>[A-Z][A-Z0-9_]*)(?:.*?\bbs=(?P<bs>\d+))?")
+_VLLM_RE = re.compile(
+    r"execute_context_(?P<nc>\d+)\((?P<ct>\d+)\)_generation_(?P<ng>\d+)\((?P<gt>\d+)\)"
+)
+
+
+def parse_step_name(name: str) -> tuple[str | None, int | None]:
+    """(phase, batch size) of an engine's step annotation, (None, None) for other names.
+
+    vLLM batches prefill and decode together: a step with only generation requests is DECODE
+    (batch = their count), one with only context requests PREFILL, one with both MIXED."""
+    m = _PHASE_RE.match(name)
+    if m:
+        return m.group("phase"), int(m.group("bs")) if m.group("bs") else None
+    m = _VLLM_RE.match(name)
+    if m:
+        nc, ng = int(m.group("nc")), int(m.group("ng"))
+        phase = "MIXED" if nc and ng else "PREFILL" if nc else "DECODE"
+        return phase, nc + ng
+    return None, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +84,11 @@ class Step:
 
     @property
     def phase(self) -> str | None:
-        m = _PHASE_RE.match(self.name)
-        return m.group("phase") if m else None
+        return parse_step_name(self.name)[0]
 
     @property
     def batch_size(self) -> int | None:
-        m = _PHASE_RE.match(self.name)
-        return int(m.group("bs")) if m and m.group("bs") else None
+        return parse_step_name(self.name)[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,8 @@ def test_profile_trace_json_html_whatif_vs(tmp_path):
         "--output-file", str(out), "--html", str(page),
     ])
     assert res.exit_code == 0, res.output
-    assert res.output.lstrip().startswith("HOST-BOUND")  # idle is reported before any kernel
+    first = res.output.lstrip().splitlines()[0]  # idle is reported before any kernel
+    assert first.startswith("TPOT is set by DECODE") and "HOST-BOUND" in first
     doc = json.loads(out.read_text())
     for key in ("steps", "gpu_busy_fraction", "categories", "top_kernels", "what_if", "vs",
                 "ranking", "provenance"):
