@@ -295,7 +295,7 @@ def _mix(cfg: AnalyzeConfig) -> tuple[dict[str, float], str] | None:
 
 
 def _analyze_and_print(cfg: AnalyzeConfig, as_json: bool, output_file: str | None,
-                       html_out: str | None) -> None:
+                       html_out: str | None, extra: dict | None = None) -> None:
     from servelab import provenance
     from servelab.profile.analyze import analyze, compare
     from servelab.profile.breakdown import load_rules
@@ -310,39 +310,18 @@ def _analyze_and_print(cfg: AnalyzeConfig, as_json: bool, output_file: str | Non
     report = analyze(trace, step_regex=cfg.step_regex, rules=ruleset,
                      whatifs=list(cfg.what_if) or None, metric=cfg.metric, mix=_mix(cfg))
     report["ranks"] = ranks
+    report |= extra or {}
     report["provenance"] = provenance.collect(tool="servelab profile")
     diff = None
     if cfg.vs:
         other = analyze(cfg.vs, step_regex=cfg.step_regex, rules=ruleset, metric=cfg.metric)
         diff = compare(report, other)
     if ranks:
-        _print_ranks(ranks, err=as_json)
+        from servelab.profile.ranks import print_ranks
+
+        print_ranks(ranks, err=as_json)
     _print_report(report, diff, cfg.top, err=as_json)  # with --json, stdout: the document only
     _write_outputs(report, diff, as_json, output_file, html_out)
-
-
-def _print_ranks(r: dict, err: bool) -> None:
-    from rich.table import Table
-
-    from servelab.cli.console import make_console
-
-    con = make_console(stderr=err)
-    imb = r["compute_imbalance"]
-    ov = r["comm_overlap_fraction"]
-    con.print(f"{r['n_ranks']} ranks: compute imbalance {_pct(imb)} (rank {r['slowest_rank']} "
-              f"slowest, {r['fastest_rank']} fastest); communication overlapped with compute "
-              f"{_pct(ov)}", style="bold")
-    t = Table(title="ranks (steady-state steps)")
-    for c in ("rank", "steps", "warm-up", "wall us", "busy", "compute us", "comm us",
-              "overlap us", "exposed comm us"):
-        t.add_column(c, justify="right", no_wrap=True)
-    for x in r["ranks"]:
-        t.add_row(str(x["rank"]), str(x["n_steps"]), str(x["n_warmup"]), _fmt(x["wall_us"]),
-                  _pct(x["busy_share"]), _fmt(x["compute_us"]), _fmt(x["comm_us"]),
-                  _fmt(x["overlap_us"]), _fmt(x["exposed_comm_us"]))
-    con.print(t)
-    con.print(f"the report below is rank {r['ranks'][0]['rank']}'s ({r['ranks'][0]['trace']})",
-              style="dim")
 
 
 _JSON_HELP = ("Print the result as one JSON document on stdout (docs/JSON.md); the tables go "
@@ -384,22 +363,36 @@ def register(app: typer.Typer) -> None:
         url: str = typer.Option(..., "--url", help="Server root with /start_profile, e.g. http://127.0.0.1:30000."),
         num_steps: int = typer.Option(40, "--num-steps", help="Forward steps to profile."),
         out: str = typer.Option("profiles", "--out", help="Directory for the trace (on the server's host)."),
-        load: int = typer.Option(4, "--load", help="Completions kept in flight while profiling (0: none)."),
-        max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens per load request."),
+        load: int = typer.Option(4, "--load", help="Completions kept in flight while profiling (0: none): the decode batch."),
+        max_tokens: int = typer.Option(64, "--max-tokens", help="Tokens per load request (--phase decode raises it so that no request ends inside the window)."),
         model: str = typer.Option(None, "--model", help="Model name for the load requests."),
-        timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for the trace files."),
+        timeout: float = typer.Option(120.0, "--timeout", help="Seconds to wait for steady state and the trace files."),
+        phase: str = typer.Option("decode", "--phase", help="What the window holds: decode (steady decode at batch --load), extend (prefills), any."),
+        include_warmup: bool = typer.Option(False, "--include-warmup", help="Start the profile before the load (warm-up steps included), as before."),
+        warmup_steps: int = typer.Option(8, "--warmup-steps", help="Decode steps at the full batch before the profile starts."),
         as_json: bool = typer.Option(False, "--json", help=_JSON_HELP),
         output_file: str = typer.Option(None, "--output-file", help=_FILE_HELP),
         html_out: str = typer.Option(None, "--html", help="Also write the analysis as HTML."),
     ) -> None:
-        """Ask a server for a trace of --num-steps forward steps, then analyse it."""
-        from servelab.profile.capture import CaptureConfig, capture
+        """Ask a server for a trace of --num-steps steady-state steps, then analyse it."""
+        from servelab.profile.capture import CaptureConfig, capture, window_makeup
 
         _check_outputs(output_file, html_out)
-        files = capture(CaptureConfig(url, num_steps, Path(out), load, max_tokens, model, timeout))
+        cfg = CaptureConfig(url, num_steps, Path(out), load, max_tokens, model, timeout,
+                            phase.lower(), include_warmup, warmup_steps)
+        files, how = capture(cfg)
         for f in files:
             typer.echo(f"trace: {literal(f)}", err=as_json)
-        _analyze_and_print(AnalyzeConfig(str(files[0])), as_json, output_file, html_out)
+        makeup = window_makeup(files[0])
+        parts = [f"{p['n_steps']} {name} (bs " + ", ".join(
+            f"{b} x{n}" for b, n in sorted(p["batch_sizes"].items())) + ")"
+            for name, p in makeup.items()]
+        typer.echo(f"window: {'; '.join(parts) or 'no step annotations'} ({how})", err=as_json)
+        _analyze_and_print(AnalyzeConfig(str(files[0])), as_json, output_file, html_out,
+                           extra={"capture": {"window": makeup, "started": how,
+                                              "request_tokens": cfg.request_tokens,
+                                              "phase": cfg.phase,
+                                              "include_warmup": cfg.include_warmup}})
 
     app.add_typer(prof, name="profile")
 

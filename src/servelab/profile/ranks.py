@@ -129,3 +129,28 @@ def analyze_ranks(folder: str | Path, rules: Rules | None = None,
         "note": ("steady-state steps per rank; compute = non-communication kernels; overlap = "
                  "communication time with compute running on the same device"),
     }
+
+
+def print_ranks(r: dict[str, Any], err: bool = False) -> None:
+    """The per-rank table, imbalance and overlap first."""
+    from rich.table import Table
+
+    from servelab.console import make_console
+
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    num = lambda x: f"{x:,.1f}"  # noqa: E731
+    con = make_console(stderr=err)
+    con.print(f"{r['n_ranks']} ranks: compute imbalance {pct(r['compute_imbalance'])} (rank "
+              f"{r['slowest_rank']} slowest, {r['fastest_rank']} fastest); communication "
+              f"overlapped with compute {pct(r['comm_overlap_fraction'])}", style="bold")
+    t = Table(title="ranks (steady-state steps)")
+    for c in ("rank", "steps", "warm-up", "wall us", "busy", "compute us", "comm us",
+              "overlap us", "exposed comm us"):
+        t.add_column(c, justify="right", no_wrap=True)
+    for x in r["ranks"]:
+        t.add_row(str(x["rank"]), str(x["n_steps"]), str(x["n_warmup"]), num(x["wall_us"]),
+                  pct(x["busy_share"]), num(x["compute_us"]), num(x["comm_us"]),
+                  num(x["overlap_us"]), num(x["exposed_comm_us"]))
+    con.print(t)
+    con.print(f"the report below is rank {r['ranks'][0]['rank']}'s ({r['ranks'][0]['trace']})",
+              style="dim")

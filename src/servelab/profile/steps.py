@@ -172,6 +172,12 @@ def _drop_nested(anns: list[Annotation]) -> list[Annotation]:
     return out
 
 
+def step_annotations(trace: Trace) -> list[tuple[str | None, int | None]]:
+    """(phase, batch size) of each step annotation in time order; none for a trace without."""
+    anns, _ = _pick_annotations(trace, None)
+    return [parse_step_name(a.name) for a in _drop_nested(anns)]
+
+
 def find_steps(trace: Trace, step_regex: str | None = None) -> StepSet:
     """Find the steps of `trace` and attribute every GPU activity to one (or to none)."""
     if trace.n_gpu == 0:

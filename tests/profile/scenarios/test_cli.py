@@ -118,8 +118,9 @@ class _FakeSGLang(BaseHTTPRequestHandler):
             st["req"] = body
             reply = b'"Start profiling."'
         elif self.path == "/v1/completions":
-            st["completions"] = st.get("completions", 0) + 1
-            if st["completions"] == 3 and "req" in st:
+            if "req" in st:  # completions after the profile started
+                st["completions"] = st.get("completions", 0) + 1
+            if st.get("completions") == 3:
                 out = Path(st["req"]["output_dir"])
                 shutil.copy(FIX / "graph_small.json.gz", out / "1764-TP-0.trace.json.gz")
             reply = json.dumps({"choices": [{"text": "x"}]}).encode()
@@ -161,14 +162,24 @@ def test_capture_reports_unreachable_server(tmp_path, free_port):
     assert "cannot reach" in str(res.exception)
 
 
+def _makeup(trace: Path) -> list[str]:
+    """The step names of a trace, read with the stdlib (not servelab's reader)."""
+    import gzip
+
+    with gzip.open(trace, "rt") as f:
+        ev = json.load(f)["traceEvents"]
+    return [e["name"] for e in sorted(ev, key=lambda e: e.get("ts", 0))
+            if e.get("cat") == "user_annotation" and e.get("name", "").startswith("step[")]
+
+
 def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
-    """The real `servelab serve` (tiny model, CPU): capture gets its step[...] trace; with no GPU
-    the analysis says the trace has no GPU events."""
+    """The real `servelab serve` (tiny model, CPU), captured right after start-up: by default the
+    window holds only steady-state decode steps at the load's batch (the capture waited for it),
+    and says so; `--include-warmup` starts the profile before the load, so its window begins with
+    the prefills that admit the load. With no GPU the analysis says the trace has no GPU events."""
     pytest.importorskip("servelab.mini.server.app")
     import time
     import urllib.request
-
-    from servelab.profile.trace import read_trace
 
     proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--port", str(free_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -182,15 +193,22 @@ def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
             except OSError:
                 assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
                 time.sleep(0.2)
-        out = tmp_path / "t"
-        cap = subprocess.run([sys.executable, "-m", "servelab", "profile", "capture", "--url", url,
-                              "--num-steps", "4", "--load", "2", "--max-tokens", "16",
-                              "--out", str(out), "--timeout", "60"],
-                             capture_output=True, text=True, timeout=120)
-        assert cap.returncode == 2 and "no GPU events" in cap.stderr, cap.stderr
-        (trace,) = list(out.glob("*-TP-0.trace.json.gz"))
-        names = [a.name for a in read_trace(trace).annotations]
-        assert any(n.startswith("step[DECODE bs=") for n in names), names[:10]
+        runs = {}
+        for name, extra in (("steady", []), ("cold", ["--include-warmup"])):
+            out = tmp_path / name
+            cap = subprocess.run([sys.executable, "-m", "servelab", "profile", "capture", "--url",
+                                  url, "--num-steps", "6", "--load", "3", "--max-tokens", "16",
+                                  "--out", str(out), "--timeout", "60", *extra],
+                                 capture_output=True, text=True, timeout=120)
+            assert cap.returncode == 2 and "no GPU events" in cap.stderr, cap.stderr
+            (trace,) = list(out.glob("*-TP-0.trace.json.gz"))
+            runs[name] = (_makeup(trace), cap.stdout)
+        steps, printed = runs["steady"]
+        assert steps == ["step[DECODE bs=3]"] * 6, steps
+        assert "window: 6 DECODE (bs 3 x6) (started after 8 decode steps at batch 3" in printed
+        steps, printed = runs["cold"]
+        assert len(steps) == 6 and steps[0].startswith("step[EXTEND"), steps
+        assert "EXTEND (bs" in printed and "--include-warmup" in printed
     finally:
         proc.terminate()
         proc.wait(timeout=30)
