@@ -310,3 +310,29 @@ def test_capture_settings_are_validated():
         args = {"url": "http://127.0.0.1:1", "num_steps": 4, "out_dir": Path("."), **kw}
         with pytest.raises(UserError, match=word):
             CaptureConfig(**args)
+
+
+def test_metric_mix_and_mix_from_a_stored_load_point(tmp_path, monkeypatch):
+    """`--metric ttft` speaks of the prefill steps first; `--mix` and `--mix-from ID` add the
+    workload-weighted bound (the load point's TTFT vs (tokens - 1) x TPOT)."""
+    from servelab.store import Store
+
+    monkeypatch.setenv("SERVELAB_HOME", str(tmp_path / "home"))
+    with Store() as st:
+        lp = st.add_load_point(summary={"ttft_ms": {"mean": 100.0}, "tpot_ms": {"mean": 10.0},
+                                        "completed": 10, "total_output_tokens": 2000},
+                               provenance={}, load_key="c=16", concurrency=16)
+    trace = str(FIX / "engine_graph.json.gz")
+    res = runner.invoke(app, ["profile", trace, "--metric", "ttft", "--mix",
+                              "decode=0.9,extend=0.1", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["verdict"].startswith("TTFT is set by EXTEND") and doc["metric"] == "ttft"
+    assert doc["mix_bound"]["phase_shares"] == pytest.approx({"DECODE": 0.9, "EXTEND": 0.1})
+    res = runner.invoke(app, ["profile", trace, "--mix-from", str(lp), "--what-if", "gemm=free"])
+    assert res.exit_code == 0, res.output
+    assert f"workload-weighted bound (load point {lp} (c=16): EXTEND 5%, DECODE 95%)" in res.output
+    for bad, word in ((["--metric", "itl"], "--metric"), (["--mix", "decode"], "--mix"),
+                      (["--mix", "decode=1", "--mix-from", "1"], "not both")):
+        res = runner.invoke(app, ["profile", trace, *bad])
+        assert res.exit_code != 0 and word in str(res.exception), (bad, res.output)
