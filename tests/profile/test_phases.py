@@ -22,6 +22,12 @@ from servelab.profile.trace import read_trace
     ("step[TARGET_VERIFY bs=8]", ("TARGET_VERIFY", 8)),
     ("step[DRAFT_EXTEND_V2 bs=8]", ("DRAFT_EXTEND_V2", 8)),
     ("step[IDLE]", ("IDLE", None)),
+    ("step[EXTEND bs=1 toks=1025 c_sqsq=1050625 c_sqsk=1050625 c_sk=1025]", ("EXTEND", 1)),
+    ("step[MIXED bs=66 c=2 g=64 c_sq=2048 c_sk=2048]", ("MIXED", 66)),
+    ("step[decode bs=16]", ("DECODE", 16)),  # SGLang's first spans (PR 23419): lower case
+    ("step[prefill bs=2 toks=300]", ("PREFILL", 2)),
+    ("step[mixed bs=5 ext=300 dec=4]", ("MIXED", 5)),
+    ("step[idle]", ("IDLE", None)),
     ("execute_context_0(0)_generation_32(32)", ("DECODE", 32)),
     ("execute_context_2(4096)_generation_0(0)", ("PREFILL", 2)),
     ("execute_context_1(512)_generation_30(30)", ("MIXED", 31)),

@@ -23,11 +23,14 @@ from servelab.errors import UserError
 from servelab.profile.trace import Annotation, Trace, launch_times
 
 # Preferred first: the engines' forward-pass ranges sit inside ProfilerStep ranges when both
-# exist. SGLang (and the embedded engine) write `step[MODE bs=N]`, MODE a ForwardMode name
-# (EXTEND, DECODE, MIXED, IDLE, TARGET_VERIFY, DRAFT_EXTEND, ...); vLLM's worker writes
+# exist. SGLang's ModelRunner.forward writes `step[MODE bs=N ...]`, MODE a ForwardMode name
+# (`step[EXTEND bs=1 toks=1025 ...]`, `step[DECODE bs=64 ...]`, `step[MIXED bs=66 c=2 g=64 ...]`,
+# `step[TARGET_VERIFY bs=N]`, `step[DRAFT_EXTEND_V2 bs=N]`; its first release of the spans, PR
+# 23419, wrote them lower-case: `step[decode bs=N]`, `step[prefill bs=N toks=T]`, `step[idle]`),
+# as does the embedded engine; vLLM's worker writes
 # `execute_context_{ctx reqs}({ctx tokens})_generation_{gen reqs}({gen tokens})`.
 STEP_PATTERNS = (r"^step\[", r"^execute_context_\d+\(\d+\)_generation_", r"^ProfilerStep#\d+$")
-_PHASE_RE = re.compile(r"step\[(?P<phase>[A-Z][A-Z0-9_]*)(?:.*?\bbs=(?P<bs>\d+))?")
+_PHASE_RE = re.compile(r"step\[(?P<phase>[A-Za-z][A-Za-z0-9_]*)(?:.*?\bbs=(?P<bs>\d+))?")
 _VLLM_RE = re.compile(
     r"execute_context_(?P<nc>\d+)\((?P<ct>\d+)\)_generation_(?P<ng>\d+)\((?P<gt>\d+)\)"
 )
@@ -40,7 +43,7 @@ def parse_step_name(name: str) -> tuple[str | None, int | None]:
     (batch = their count), one with only context requests PREFILL, one with both MIXED."""
     m = _PHASE_RE.match(name)
     if m:
-        return m.group("phase"), int(m.group("bs")) if m.group("bs") else None
+        return m.group("phase").upper(), int(m.group("bs")) if m.group("bs") else None
     m = _VLLM_RE.match(name)
     if m:
         nc, ng = int(m.group("nc")), int(m.group("ng"))
