@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from servelab.profile.analyze import analyze, compare
+from servelab.profile.analyze import analyze, compare, public
 from servelab.profile.breakdown import load_rules
+from servelab.profile.html import profile_html
 
 FIX = Path(__file__).parents[1] / "fixtures"
 _spec = importlib.util.spec_from_file_location("phase_truth", FIX / "phase_truth.py")
@@ -105,6 +106,9 @@ def test_a_cold_window_names_its_compile_and_slow_steps_and_keeps_them_out(cold)
         sum(s["wall_us"] for s in steps if s["warmup"] is None))
     # the EXTEND phase (2 steps) cannot be screened by distribution; only its marker named it
     assert "too few to screen" in rep["phases"]["EXTEND"]["screening"]
+    page = profile_html(public(rep))
+    assert "Warm-up steps (kept out of the phase figures)" in page and "cuModuleLoadData" in page
+    assert "<h3>DECODE: categories</h3>" in page and "what-if gemm=free on DECODE" in page
 
 
 def test_vllm_step_names_are_read_as_phases(tmp_path):
