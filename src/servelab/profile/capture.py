@@ -164,9 +164,12 @@ def read_metrics(url: str) -> dict[str, float] | None:
 
 def wait_steady(cfg: CaptureConfig, deadline: float, errors: list[str]) -> str:
     """Block until the server runs `load` requests with none queued and `warmup_steps` decode
-    steps at that batch went by; return how the wait ended (for the make-up line)."""
+    steps at that batch went by (`--phase extend`/`any`: until it generated `warmup_steps` x
+    load tokens, whatever its batch: one-token requests never fill one); return how the wait
+    ended (for the make-up line)."""
     if cfg.load == 0:
         return "no load: the window holds whatever the server runs"
+    need_full = cfg.phase == "decode"
     start_gen: float | None = None
     while time.monotonic() < deadline:
         if errors:
@@ -177,13 +180,16 @@ def wait_steady(cfg: CaptureConfig, deadline: float, errors: list[str]) -> str:
             return (f"the server has no /metrics to watch: waited {cfg.settle_s:g} s after "
                     "starting the load")
         full = m["running"] >= cfg.load and m["waiting"] == 0
-        if not full or "generated" not in m:
+        if (need_full and not full) or "generated" not in m:
             start_gen = None
         elif start_gen is None:
             start_gen = m["generated"]
         elif m["generated"] - start_gen >= cfg.warmup_steps * cfg.load:
-            return (f"started after {cfg.warmup_steps} decode steps at batch {cfg.load} with "
-                    "nothing queued")
+            if need_full:
+                return (f"started after {cfg.warmup_steps} decode steps at batch {cfg.load} "
+                        "with nothing queued")
+            return (f"started after {cfg.warmup_steps * cfg.load} tokens of load "
+                    f"(--phase {cfg.phase})")
         time.sleep(0.02)
     raise UserError(f"the server did not reach batch {cfg.load} with nothing queued within "
                     f"{cfg.timeout_s:.0f} s (its /metrics: running, waiting); lower --load or "

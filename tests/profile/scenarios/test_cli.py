@@ -176,7 +176,8 @@ def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
     """The real `servelab serve` (tiny model, CPU), captured right after start-up: by default the
     window holds only steady-state decode steps at the load's batch (the capture waited for it),
     and says so; `--include-warmup` starts the profile before the load, so its window begins with
-    the prefills that admit the load. With no GPU the analysis says the trace has no GPU events."""
+    the prefills that admit the load; `--phase extend` records prefills only. With no GPU the
+    analysis says the trace has no GPU events."""
     pytest.importorskip("servelab.mini.server.app")
     import time
     import urllib.request
@@ -194,7 +195,8 @@ def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
                 assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
                 time.sleep(0.2)
         runs = {}
-        for name, extra in (("steady", []), ("cold", ["--include-warmup"])):
+        for name, extra in (("steady", []), ("cold", ["--include-warmup"]),
+                            ("extend", ["--phase", "extend"])):
             out = tmp_path / name
             cap = subprocess.run([sys.executable, "-m", "servelab", "profile", "capture", "--url",
                                   url, "--num-steps", "6", "--load", "3", "--max-tokens", "16",
@@ -209,6 +211,8 @@ def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
         steps, printed = runs["cold"]
         assert len(steps) == 6 and steps[0].startswith("step[EXTEND"), steps
         assert "EXTEND (bs" in printed and "--include-warmup" in printed
+        steps, printed = runs["extend"]  # one-token requests: every step is a prefill
+        assert len(steps) == 6 and all(s.startswith("step[EXTEND") for s in steps), steps
     finally:
         proc.terminate()
         proc.wait(timeout=30)
