@@ -89,3 +89,25 @@ def test_rank_files_pick_the_newest_set_and_explain_an_empty_folder(tmp_path):
     (empty / "a.txt").write_text("")
     with pytest.raises(UserError, match="no per-rank traces.*a.txt"):
         rank_files(empty)
+
+
+def test_ranks_are_read_one_at_a_time(two_ranks, monkeypatch):
+    """Bounded memory: each rank's trace is gone before the next one is read."""
+    import gc
+
+    from servelab.profile import ranks
+    from servelab.profile.trace import Trace
+
+    folder = str(two_ranks[0])
+    live: list[int] = []
+    real = ranks.read_trace
+
+    def reading(*a, **kw):
+        gc.collect()
+        live.append(sum(1 for o in gc.get_objects()
+                        if isinstance(o, Trace) and o.path.startswith(folder)))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(ranks, "read_trace", reading)
+    assert analyze_ranks(two_ranks[0])["n_ranks"] == 2
+    assert live == [0, 0]  # no earlier rank's trace alive when the next is read

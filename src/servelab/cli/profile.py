@@ -102,7 +102,8 @@ def _phase_table(r: dict):
         t.add_row(name + (" *" if name == r["focus_phase"] else ""), p["role"], str(p["n_steps"]),
                   str(p["n_warmup"]), "/".join(map(str, p["batch_sizes"])) or "-",
                   _fmt(p["median_step_us"]), f"{_fmt(p['min_step_us'])}-{_fmt(p['max_step_us'])}",
-                  _pct(p["gpu_busy_fraction"]), "host" if p["host_bound"] else "GPU",
+                  _pct(p["gpu_busy_fraction"]),
+                  {True: "host", False: "GPU"}.get(p["host_bound"], "-"),
                   top["category"] if top else "-",
                   f"{_fmt(top['max_speedup_if_free'], 2)}x" if top else "-")
     return t

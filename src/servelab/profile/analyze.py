@@ -123,7 +123,7 @@ def block(trace: Trace, ss: StepSet, rules: Rules, parsed: list[WhatIf]) -> dict
         "max_step_us": walls[-1] if walls else None,
         "gpu_busy_fraction": _nan_to_none(1.0 - idle),
         "idle_fraction": _nan_to_none(idle),
-        "host_bound": hl.host_bound(idle) if idle == idle else False,
+        "host_bound": hl.host_bound(idle) if idle == idle else None,  # no steps: unknown
         "batch_sizes": dict(sorted(bsz.items())),
         "kernel_total_us": bd.kernel_total_us,
         "categories": [

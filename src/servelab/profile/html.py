@@ -117,7 +117,8 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
              "verdict"],
             [[_e(name), _e(p.get("role", "")), str(p["n_steps"]), str(p.get("n_warmup", 0)),
               _e("/".join(map(str, p.get("batch_sizes") or {}))), _f(p.get("median_step_us")),
-              _pct(p["gpu_busy_fraction"]), "host" if p["host_bound"] else "GPU",
+              _pct(p["gpu_busy_fraction"]),
+              {True: "host", False: "GPU"}.get(p["host_bound"], "-"),
               _e(p.get("verdict", ""))] for name, p in r["phases"].items()],
             numeric={2, 3, 5, 6},
         ))

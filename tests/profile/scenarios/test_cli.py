@@ -150,7 +150,12 @@ def test_profile_capture_against_a_fake_server(tmp_path):
         assert req["num_steps"] == 40 and req["activities"] == ["CPU", "GPU"]
         assert Path(req["output_dir"]) == out.resolve()
         assert "1764-TP-0.trace.json.gz" in res.output
-        assert json.loads((tmp_path / "cap.json").read_text())["cuda_graphs"]["graph_launches"] == 5
+        doc = json.loads((tmp_path / "cap.json").read_text())
+        assert doc["cuda_graphs"]["graph_launches"] == 5
+        # the fake has no /metrics: the capture waited --settle and says so; graph_small's
+        # ProfilerStep#N steps have no engine phase
+        assert doc["capture"]["window"] == {"STEP": {"n_steps": 5, "batch_sizes": {}}}
+        assert "has no /metrics to watch" in doc["capture"]["started"]
     finally:
         srv.shutdown()
 

@@ -161,3 +161,20 @@ def test_the_workload_weighted_bound_combines_the_phases_by_hand():
         assert by[c]["speedup_if_free"] == pytest.approx(1 / (0.8 / cd[c] + 0.1 / ce[c] + 0.1))
     assert any("TARGET_VERIFY" in n and "unchanged" in n for n in m["notes"])
     assert not math.isnan(m["bounds"][0]["speedup_if_free"])
+
+
+def test_mtp_verify_steps_set_tpot(tmp_path):
+    """With MTP the engine's decode steps are TARGET_VERIFY (and SGLang's DRAFT_EXTEND_V2): the
+    headline speaks of the verify phase for TPOT, and a draft phase is listed beside it."""
+    ev = []
+    for e in _raw("engine_graph"):
+        e = dict(e)
+        if e.get("cat") in ("user_annotation", "gpu_user_annotation") and (
+                e["name"] == "step[DECODE bs=8]"):
+            e["name"] = "step[TARGET_VERIFY bs=8]"
+        ev.append(e)
+    p = tmp_path / "mtp.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    rep = analyze(p)
+    assert rep["focus_phase"] == "TARGET_VERIFY" and rep["phases"]["TARGET_VERIFY"]["role"] == "verify"
+    assert rep["verdict"].startswith("TPOT is set by TARGET_VERIFY (8 steps, bs 8")
