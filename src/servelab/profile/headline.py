@@ -102,7 +102,7 @@ def headline(phases: dict[str, dict[str, Any]], metric: str, n_warmup: int,
             text = f"{label} is set by {_describe(focus, phases[focus])}."
         others = [_describe(n, p) for n, p in phases.items() if n != focus and p["n_steps"]]
         if others:
-            text += " Also " + "; ".join(others) + "."
+            text += (" Also " if focus else " Its phases: ") + "; ".join(others) + "."
     if n_warmup:
         kinds = sorted({r.split(" (")[0].split(";")[0] for r in reasons})
         text += (f" {n_warmup} warm-up step(s) kept out of these figures ({'; '.join(kinds)}).")
