@@ -174,11 +174,9 @@ def analyze(
     warm, how = screen(trace, steps)
     cold = {w.index: w for w in warm}
     steady = StepSet([st for st in steps.steps if st.index not in cold], steps.source, ())
-    parsed: list[WhatIf] = []
-    if whatifs:
-        names = [k.name for k in breakdown(trace, steps, rules).kernels]
-        parsed = [parse_whatif(s, rules.categories, names) for s in whatifs]
     allb = block(trace, StepSet(steps.steps, steps.source, ()), rules, [])
+    names = [k.name for k in allb["_breakdown"].kernels]
+    parsed = [parse_whatif(s, rules.categories, names) for s in whatifs or []]
     if parsed:  # never divided by a window that a compile fills: warm-up steps stay out
         allb["what_if"] = _what_if(trace, steady, allb["_breakdown"], parsed, allb["host_bound"])
         if warm:
