@@ -268,6 +268,7 @@ class AnalyzeConfig:
     mix: str | None = None
     mix_from: int | None = None  # a stored load point's id
     top: int = 15
+    store: str | None = None  # where --mix-from's load point is (None: the default store)
 
     def __post_init__(self) -> None:
         from servelab.profile.phases import METRICS
@@ -290,7 +291,10 @@ def _mix(cfg: AnalyzeConfig) -> tuple[dict[str, float], str] | None:
         return None
     from servelab.store import Store
 
-    with Store(readonly=True) as st:
+    if cfg.store is not None and not Path(cfg.store).exists():  # opening would create it empty
+        raise UserError(f"--store {cfg.store}: no results store there (leave --store out for "
+                        "the default)")
+    with Store(cfg.store, readonly=True) as st:
         lp = st.load_point(cfg.mix_from)
     return mix_from_load_point(lp.summary, lp.id), f"load point {lp.id} ({lp.load_key})"
 
@@ -348,6 +352,7 @@ def register(app: typer.Typer) -> None:
         metric: str = typer.Option("tpot", "--metric", help="The serving metric the headline speaks of: tpot (decode steps) or ttft (prefill steps)."),
         mix: str = typer.Option(None, "--mix", help="Shares of serving time per phase, e.g. decode=0.9,extend=0.1: the workload-weighted bound."),
         mix_from: int = typer.Option(None, "--mix-from", help="A stored load point's id: weigh prefill vs decode by its TTFT and (tokens - 1) x TPOT."),
+        store: str = typer.Option(None, "--store", help="Results database of --mix-from (default: results.db in $SERVELAB_HOME, else ~/.servelab)."),
         as_json: bool = typer.Option(False, "--json", help=_JSON_HELP),
         output_file: str = typer.Option(None, "--output-file", help=_FILE_HELP),
         html_out: str = typer.Option(None, "--html", help="Write a self-contained HTML page."),
@@ -355,7 +360,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Analyse TRACE (also: `servelab profile TRACE ...`)."""
         cfg = AnalyzeConfig(trace, step_regex, rules, tuple(what_if or ()), vs, metric.lower(),
-                            mix, mix_from, top)
+                            mix, mix_from, top, store)
         _check_outputs(output_file, html_out)
         _analyze_and_print(cfg, as_json, output_file, html_out)
 

@@ -341,7 +341,15 @@ def test_metric_mix_and_mix_from_a_stored_load_point(tmp_path, monkeypatch):
     res = runner.invoke(app, ["profile", trace, "--mix-from", str(lp), "--what-if", "gemm=free"])
     assert res.exit_code == 0, res.output
     assert f"workload-weighted bound (load point {lp} (c=16): EXTEND 5%, DECODE 95%)" in res.output
+    other = tmp_path / "other.db"
+    with Store(other) as st:
+        lp2 = st.add_load_point(summary={"ttft_ms": {"mean": 50.0}, "tpot_ms": {"mean": 10.0},
+                                         "completed": 1, "total_output_tokens": 6},
+                                provenance={}, load_key="c=1", concurrency=1)
+    res = runner.invoke(app, ["profile", trace, "--mix-from", str(lp2), "--store", str(other)])
+    assert res.exit_code == 0 and "EXTEND 50%, DECODE 50%" in res.output, res.output
     for bad, word in ((["--metric", "itl"], "--metric"), (["--mix", "decode"], "--mix"),
+                      (["--mix-from", "1", "--store", str(tmp_path / "none.db")], "no results"),
                       (["--mix", "decode=1", "--mix-from", "1"], "not both")):
         res = runner.invoke(app, ["profile", trace, *bad])
         assert res.exit_code != 0 and word in str(res.exception), (bad, res.output)
