@@ -91,8 +91,11 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
     """Render a profile report (the `--json` dict) as one HTML page."""
     r = report
     parts = [f"<h1>GPU profile: {_e(r['trace'])}</h1>"]
-    cls = "verdict hb" if r["host_bound"] else "verdict"
+    focus = r["phases"].get(r.get("focus_phase") or "") if r.get("phases") else None
+    cls = "verdict hb" if (focus or r)["host_bound"] else "verdict"
     parts.append(f"<p class='{cls}'><b>{_e(r['verdict'])}</b></p>")
+    if r.get("all_steps"):
+        parts.append(f"<p>{_e(r['all_steps'])}</p>")
     g = r["cuda_graphs"]
     parts.append(_table(
         ["steps", "found by", "mean step (us)", "GPU busy", "idle", "outside steps", "CUDA graphs"],
@@ -103,15 +106,44 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
           + (f", {_f(g['mean_launch_busy_us'])} of {_f(g['mean_launch_span_us'])} us busy per replay"
              if g["graph_launches"] else "")]],
     ))
+    if r.get("warmup_steps"):
+        parts.append("<h2>Warm-up steps (kept out of the phase figures)</h2>" + _table(
+            ["step", "name", "wall (us)", "why"],
+            [[str(w["index"]), _e(w["name"]), _f(w["wall_us"]), _e(w["reason"])]
+             for w in r["warmup_steps"]], numeric={0, 2}))
     if r.get("phases"):
-        parts.append(_table(
-            ["phase", "steps", "mean step (us)", "GPU busy", "bound"],
-            [[_e(name), str(p["n_steps"]), _f(p["mean_step_us"]), _pct(p["gpu_busy_fraction"]),
-              "host" if p["host_bound"] else "GPU"] for name, p in r["phases"].items()],
-            numeric={1, 2, 3},
+        parts.append("<h2>Phases (steady state)</h2>" + _table(
+            ["phase", "role", "steps", "warm-up", "batch", "median step (us)", "GPU busy", "bound",
+             "verdict"],
+            [[_e(name), _e(p.get("role", "")), str(p["n_steps"]), str(p.get("n_warmup", 0)),
+              _e("/".join(map(str, p.get("batch_sizes") or {}))), _f(p.get("median_step_us")),
+              _pct(p["gpu_busy_fraction"]),
+              {True: "host", False: "GPU"}.get(p["host_bound"], "-"),
+              _e(p.get("verdict", ""))] for name, p in r["phases"].items()],
+            numeric={2, 3, 5, 6},
         ))
+        for name, p in r["phases"].items():
+            if p.get("categories"):
+                parts.append(f"<h3>{_e(name)}: categories</h3>" + _table(
+                    ["category", "per step (us)", "share", "only it runs (us/step)", "if free"],
+                    [[_e(c["category"]), _f(c["total_us"] / max(p["n_steps"], 1)),
+                      _pct(c["share"]), _f(c["exclusive_us"] / max(p["n_steps"], 1)),
+                      f"{_f(c['max_speedup_if_free'], 2)}x"] for c in p["categories"]],
+                    numeric={1, 2, 3, 4}))
+            if p.get("what_if"):
+                w = p["what_if"]
+                parts.append(f"<p>what-if {_e(', '.join(w['specs']))} on {_e(name)}: "
+                             f"{_f(w['per_step_us'])} -> {_f(w['new_per_step_us'])} us/step, "
+                             f"{_f(w['speedup'], 3)}x ({_e(w['note'])})</p>")
+    if r.get("mix_bound"):
+        m = r["mix_bound"]
+        parts.append(f"<h2>Workload-weighted bound ({_e(m['source'])})</h2>" + _table(
+            ["category made free", "workload speedup", "per phase"],
+            [[_e(b["category"]), f"{_f(b['speedup_if_free'], 3)}x",
+              _e(", ".join(f"{h} {_f(v, 2)}x" for h, v in b["per_phase"].items()))]
+             for b in m["bounds"]], numeric={1}))
     parts.append("<h2>Steps</h2>" + _timeline(r["steps"]))
-    parts.append("<h2>Categories: time and the most each could give</h2>")
+    parts.append("<h2>All steps (secondary): time and the most each category could give</h2>")
     parts.append(_bars([(c["category"], c["per_step_us"]) for c in r["categories"]], "us/step"))
     parts.append(_table(
         ["category", "total (us)", "share", "count", "per step (us)", "only it runs, total (us)",
@@ -139,7 +171,14 @@ def profile_html(report: dict[str, Any], vs: dict[str, Any] | None = None) -> st
             numeric={1, 2, 3},
         ))
     if vs:
-        parts.append(f"<h2>A vs B: {_e(vs['a'])} vs {_e(vs['b'])}</h2>")
+        for name, d in vs.get("phases", {}).items():
+            parts.append(f"<h2>A vs B, {_e(name)} steps: {_f(d['a_step_us'])} -> "
+                         f"{_f(d['b_step_us'])} us (B/A {_f(d['step_ratio'], 3)})</h2>" + _table(
+                ["category", "A us/step", "B us/step", "delta (us)", "B/A"],
+                [[_e(x["key"]), _f(x["a_per_step_us"]), _f(x["b_per_step_us"]),
+                  _f(x["delta_us"]), _f(x["ratio"], 3)] for x in d["categories"]],
+                numeric={1, 2, 3, 4}))
+        parts.append(f"<h2>A vs B, all steps: {_e(vs['a'])} vs {_e(vs['b'])}</h2>")
         parts.append(f"<p>step: {_f(vs['a_step_us'])} us -> {_f(vs['b_step_us'])} us "
                      f"(B/A {_f(vs['step_ratio'], 3)})</p>")
         for title, key in (("categories", "categories"), ("kernels", "kernels")):

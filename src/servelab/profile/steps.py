@@ -22,9 +22,34 @@ from dataclasses import dataclass
 from servelab.errors import UserError
 from servelab.profile.trace import Annotation, Trace, launch_times
 
-# Preferred first: SGLang's forward-pass ranges sit inside ProfilerStep ranges when both exist.
-STEP_PATTERNS = (r"^step\[", r"^ProfilerStep#\d+$")
-_PHASE_RE = re.compile(r"step\[(?P<phase>[A-Z_]+)(?:.*?\bbs=(?P<bs>\d+))?")
+# Preferred first: the engines' forward-pass ranges sit inside ProfilerStep ranges when both
+# exist. SGLang's ModelRunner.forward writes `step[MODE bs=N ...]`, MODE a ForwardMode name
+# (`step[EXTEND bs=1 toks=1025 ...]`, `step[DECODE bs=64 ...]`, `step[MIXED bs=66 c=2 g=64 ...]`,
+# `step[TARGET_VERIFY bs=N]`, `step[DRAFT_EXTEND_V2 bs=N]`; its first release of the spans, PR
+# 23419, wrote them lower-case: `step[decode bs=N]`, `step[prefill bs=N toks=T]`, `step[idle]`),
+# as does the embedded engine; vLLM's worker writes
+# `execute_context_{ctx reqs}({ctx tokens})_generation_{gen reqs}({gen tokens})`.
+STEP_PATTERNS = (r"^step\[", r"^execute_context_\d+\(\d+\)_generation_", r"^ProfilerStep#\d+$")
+_PHASE_RE = re.compile(r"step\[(?P<phase>[A-Za-z][A-Za-z0-9_]*)(?:.*?\bbs=(?P<bs>\d+))?")
+_VLLM_RE = re.compile(
+    r"execute_context_(?P<nc>\d+)\((?P<ct>\d+)\)_generation_(?P<ng>\d+)\((?P<gt>\d+)\)"
+)
+
+
+def parse_step_name(name: str) -> tuple[str | None, int | None]:
+    """(phase, batch size) of an engine's step annotation, (None, None) for other names.
+
+    vLLM batches prefill and decode together: a step with only generation requests is DECODE
+    (batch = their count), one with only context requests PREFILL, one with both MIXED."""
+    m = _PHASE_RE.match(name)
+    if m:
+        return m.group("phase").upper(), int(m.group("bs")) if m.group("bs") else None
+    m = _VLLM_RE.match(name)
+    if m:
+        nc, ng = int(m.group("nc")), int(m.group("ng"))
+        phase = "MIXED" if nc and ng else "PREFILL" if nc else "DECODE"
+        return phase, nc + ng
+    return None, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +87,11 @@ class Step:
 
     @property
     def phase(self) -> str | None:
-        m = _PHASE_RE.match(self.name)
-        return m.group("phase") if m else None
+        return parse_step_name(self.name)[0]
 
     @property
     def batch_size(self) -> int | None:
-        m = _PHASE_RE.match(self.name)
-        return int(m.group("bs")) if m and m.group("bs") else None
+        return parse_step_name(self.name)[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +173,12 @@ def _drop_nested(anns: list[Annotation]) -> list[Annotation]:
             continue  # nested inside the previous step (e.g. a regex matching both levels)
         out.append(a)
     return out
+
+
+def step_annotations(trace: Trace) -> list[tuple[str | None, int | None]]:
+    """(phase, batch size) of each step annotation in time order; none for a trace without."""
+    anns, _ = _pick_annotations(trace, None)
+    return [parse_step_name(a.name) for a in _drop_nested(anns)]
 
 
 def find_steps(trace: Trace, step_regex: str | None = None) -> StepSet:

@@ -51,7 +51,18 @@ KIND_NAMES = ("kernel", "memcpy", "memset")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver", "Runtime", "Driver")
 GRAPH_LAUNCH_NAMES = frozenset({"cudaGraphLaunch", "cuGraphLaunch", "cudaGraphLaunch_v10000"})
 # CPU-op names kept as annotations even without --step-regex (old torch: ProfilerStep is a cpu_op).
-KNOWN_STEP_PREFIXES = ("ProfilerStep#", "step[")
+KNOWN_STEP_PREFIXES = ("ProfilerStep#", "step[", "execute_context_")
+# Runtime/driver calls that steady-state serving never makes: a step holding one is warm-up
+# (graph capture, a freshly compiled kernel's module load, the caching allocator growing).
+# Kept with their times so that `phases.py` can name the cause (when the trace records them).
+WARMUP_CALLS = frozenset({
+    "cudaStreamBeginCapture", "cudaStreamEndCapture", "cudaGraphInstantiate",
+    "cudaGraphInstantiateWithFlags", "cuStreamBeginCapture", "cuStreamEndCapture",
+    "cuGraphInstantiate", "cuGraphInstantiateWithFlags",
+    "cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary",
+    "cuLibraryLoadData", "cuLibraryLoadFromFile",
+    "cudaMalloc", "cuMemAlloc", "cuMemAlloc_v2", "cuMemCreate",
+})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +102,7 @@ class Trace:
     rt_ts_us: array = field(default_factory=lambda: array("d"))
     rt_graph: array = field(default_factory=lambda: array("b"))
     annotations: list[Annotation] = field(default_factory=list)
+    warmup_calls: list[tuple[str, float, float]] = field(default_factory=list)  # name, ts, dur
     n_events: int = 0
     device_properties: list[dict] = field(default_factory=list)
 
@@ -211,6 +223,9 @@ class _Ingest:
         elif cat in RUNTIME_CATEGORIES:
             c = (ev.get("args") or {}).get("correlation")
             ts = ev.get("ts")
+            if name in WARMUP_CALLS and isinstance(ts, int | float):
+                d = ev.get("dur")
+                self.t.warmup_calls.append((name, float(ts), float(d) if isinstance(d, int | float) else 0.0))
             if isinstance(c, int | float) and isinstance(ts, int | float):
                 self.t.rt_corr.append(int(c))
                 self.t.rt_ts_us.append(float(ts))

@@ -27,7 +27,8 @@ def test_profile_trace_json_html_whatif_vs(tmp_path):
         "--output-file", str(out), "--html", str(page),
     ])
     assert res.exit_code == 0, res.output
-    assert res.output.lstrip().startswith("HOST-BOUND")  # idle is reported before any kernel
+    first = res.output.lstrip().splitlines()[0]  # idle is reported before any kernel
+    assert first.startswith("TPOT is set by DECODE") and "HOST-BOUND" in first
     doc = json.loads(out.read_text())
     for key in ("steps", "gpu_busy_fraction", "categories", "top_kernels", "what_if", "vs",
                 "ranking", "provenance"):
@@ -117,8 +118,9 @@ class _FakeSGLang(BaseHTTPRequestHandler):
             st["req"] = body
             reply = b'"Start profiling."'
         elif self.path == "/v1/completions":
-            st["completions"] = st.get("completions", 0) + 1
-            if st["completions"] == 3 and "req" in st:
+            if "req" in st:  # completions after the profile started
+                st["completions"] = st.get("completions", 0) + 1
+            if st.get("completions") == 3:
                 out = Path(st["req"]["output_dir"])
                 shutil.copy(FIX / "graph_small.json.gz", out / "1764-TP-0.trace.json.gz")
             reply = json.dumps({"choices": [{"text": "x"}]}).encode()
@@ -148,7 +150,12 @@ def test_profile_capture_against_a_fake_server(tmp_path):
         assert req["num_steps"] == 40 and req["activities"] == ["CPU", "GPU"]
         assert Path(req["output_dir"]) == out.resolve()
         assert "1764-TP-0.trace.json.gz" in res.output
-        assert json.loads((tmp_path / "cap.json").read_text())["cuda_graphs"]["graph_launches"] == 5
+        doc = json.loads((tmp_path / "cap.json").read_text())
+        assert doc["cuda_graphs"]["graph_launches"] == 5
+        # the fake has no /metrics: the capture waited --settle and says so; graph_small's
+        # ProfilerStep#N steps have no engine phase
+        assert doc["capture"]["window"] == {"STEP": {"n_steps": 5, "batch_sizes": {}}}
+        assert "has no /metrics to watch" in doc["capture"]["started"]
     finally:
         srv.shutdown()
 
@@ -160,14 +167,25 @@ def test_capture_reports_unreachable_server(tmp_path, free_port):
     assert "cannot reach" in str(res.exception)
 
 
+def _makeup(trace: Path) -> list[str]:
+    """The step names of a trace, read with the stdlib (not servelab's reader)."""
+    import gzip
+
+    with gzip.open(trace, "rt") as f:
+        ev = json.load(f)["traceEvents"]
+    return [e["name"] for e in sorted(ev, key=lambda e: e.get("ts", 0))
+            if e.get("cat") == "user_annotation" and e.get("name", "").startswith("step[")]
+
+
 def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
-    """The real `servelab serve` (tiny model, CPU): capture gets its step[...] trace; with no GPU
-    the analysis says the trace has no GPU events."""
+    """The real `servelab serve` (tiny model, CPU), captured right after start-up: by default the
+    window holds only steady-state decode steps at the load's batch (the capture waited for it),
+    and says so; `--include-warmup` starts the profile before the load, so its window begins with
+    the prefills that admit the load; `--phase extend` records prefills only. With no GPU the
+    analysis says the trace has no GPU events."""
     pytest.importorskip("servelab.mini.server.app")
     import time
     import urllib.request
-
-    from servelab.profile.trace import read_trace
 
     proc = subprocess.Popen([sys.executable, "-m", "servelab", "serve", "--port", str(free_port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -181,15 +199,25 @@ def test_capture_from_the_embedded_engine_on_cpu(tmp_path, free_port):
             except OSError:
                 assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
                 time.sleep(0.2)
-        out = tmp_path / "t"
-        cap = subprocess.run([sys.executable, "-m", "servelab", "profile", "capture", "--url", url,
-                              "--num-steps", "4", "--load", "2", "--max-tokens", "16",
-                              "--out", str(out), "--timeout", "60"],
-                             capture_output=True, text=True, timeout=120)
-        assert cap.returncode == 2 and "no GPU events" in cap.stderr, cap.stderr
-        (trace,) = list(out.glob("*-TP-0.trace.json.gz"))
-        names = [a.name for a in read_trace(trace).annotations]
-        assert any(n.startswith("step[DECODE bs=") for n in names), names[:10]
+        runs = {}
+        for name, extra in (("steady", []), ("cold", ["--include-warmup"]),
+                            ("extend", ["--phase", "extend"])):
+            out = tmp_path / name
+            cap = subprocess.run([sys.executable, "-m", "servelab", "profile", "capture", "--url",
+                                  url, "--num-steps", "6", "--load", "3", "--max-tokens", "16",
+                                  "--out", str(out), "--timeout", "60", *extra],
+                                 capture_output=True, text=True, timeout=120)
+            assert cap.returncode == 2 and "no GPU events" in cap.stderr, cap.stderr
+            (trace,) = list(out.glob("*-TP-0.trace.json.gz"))
+            runs[name] = (_makeup(trace), cap.stdout)
+        steps, printed = runs["steady"]
+        assert steps == ["step[DECODE bs=3]"] * 6, steps
+        assert "window: 6 DECODE (bs 3 x6) (started after 8 decode steps at batch 3" in printed
+        steps, printed = runs["cold"]
+        assert len(steps) == 6 and steps[0].startswith("step[EXTEND"), steps
+        assert "EXTEND (bs" in printed and "--include-warmup" in printed
+        steps, printed = runs["extend"]  # one-token requests: every step is a prefill
+        assert len(steps) == 6 and all(s.startswith("step[EXTEND") for s in steps), steps
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -291,3 +319,37 @@ def test_capture_settings_are_validated():
         args = {"url": "http://127.0.0.1:1", "num_steps": 4, "out_dir": Path("."), **kw}
         with pytest.raises(UserError, match=word):
             CaptureConfig(**args)
+
+
+def test_metric_mix_and_mix_from_a_stored_load_point(tmp_path, monkeypatch):
+    """`--metric ttft` speaks of the prefill steps first; `--mix` and `--mix-from ID` add the
+    workload-weighted bound (the load point's TTFT vs (tokens - 1) x TPOT)."""
+    from servelab.store import Store
+
+    monkeypatch.setenv("SERVELAB_HOME", str(tmp_path / "home"))
+    with Store() as st:
+        lp = st.add_load_point(summary={"ttft_ms": {"mean": 100.0}, "tpot_ms": {"mean": 10.0},
+                                        "completed": 10, "total_output_tokens": 2000},
+                               provenance={}, load_key="c=16", concurrency=16)
+    trace = str(FIX / "engine_graph.json.gz")
+    res = runner.invoke(app, ["profile", trace, "--metric", "ttft", "--mix",
+                              "decode=0.9,extend=0.1", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["verdict"].startswith("TTFT is set by EXTEND") and doc["metric"] == "ttft"
+    assert doc["mix_bound"]["phase_shares"] == pytest.approx({"DECODE": 0.9, "EXTEND": 0.1})
+    res = runner.invoke(app, ["profile", trace, "--mix-from", str(lp), "--what-if", "gemm=free"])
+    assert res.exit_code == 0, res.output
+    assert f"workload-weighted bound (load point {lp} (c=16): EXTEND 5%, DECODE 95%)" in res.output
+    other = tmp_path / "other.db"
+    with Store(other) as st:
+        lp2 = st.add_load_point(summary={"ttft_ms": {"mean": 50.0}, "tpot_ms": {"mean": 10.0},
+                                         "completed": 1, "total_output_tokens": 6},
+                                provenance={}, load_key="c=1", concurrency=1)
+    res = runner.invoke(app, ["profile", trace, "--mix-from", str(lp2), "--store", str(other)])
+    assert res.exit_code == 0 and "EXTEND 50%, DECODE 50%" in res.output, res.output
+    for bad, word in ((["--metric", "itl"], "--metric"), (["--mix", "decode"], "--mix"),
+                      (["--mix-from", "1", "--store", str(tmp_path / "none.db")], "no results"),
+                      (["--mix", "decode=1", "--mix-from", "1"], "not both")):
+        res = runner.invoke(app, ["profile", trace, *bad])
+        assert res.exit_code != 0 and word in str(res.exception), (bad, res.output)
