@@ -205,12 +205,12 @@ class Scraper:
         self.series = ServerSeries(url=url, interval_s=interval_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._t0 = 0.0
+        self.t0 = 0.0  # time.monotonic() at start: the series' times are seconds after it
 
     def start(self) -> Scraper:
         if self._thread is not None:
             raise RuntimeError("scraper already started")
-        self._t0 = time.monotonic()
+        self.t0 = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="metrics-scraper", daemon=True)
         self._thread.start()
         return self
@@ -229,7 +229,7 @@ class Scraper:
         self.stop()
 
     def scrape_once(self) -> None:
-        t = time.monotonic() - self._t0
+        t = time.monotonic() - self.t0
         try:
             vals, src = values(parse(self.fetcher.get()))
         except (OSError, http.client.HTTPException, ValueError) as exc:
@@ -245,12 +245,12 @@ class Scraper:
                 self.scrape_once()
                 if self._stop.is_set():
                     break
-                k = max(k + 1, int((time.monotonic() - self._t0) / self.series.interval_s) + 1)
-                self._stop.wait(max(0.0, self._t0 + k * self.series.interval_s - time.monotonic()))
+                k = max(k + 1, int((time.monotonic() - self.t0) / self.series.interval_s) + 1)
+                self._stop.wait(max(0.0, self.t0 + k * self.series.interval_s - time.monotonic()))
                 if self._stop.is_set():
                     self.scrape_once()
                     break
         finally:
             self.fetcher.close()
             self.series.cpu_s = time.thread_time() - c0
-            self.series.wall_s = time.monotonic() - self._t0
+            self.series.wall_s = time.monotonic() - self.t0
