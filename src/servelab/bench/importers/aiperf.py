@@ -162,10 +162,10 @@ def _records(path: Path) -> tuple[list[dict[str, Any]], bytes]:
                                       or start < 0):
                 raise Bad(f"'request_start_ns' must be a whole number >= 0, got {show(start)}")
             t0 = start if t0 is None or (start is not None and start < t0) else t0
-            rows.append((obj, meta, m, start))
+            rows.append((n, obj, m, start))
     out = []
-    for i, (obj, _meta, m, start) in enumerate(rows):
-        with at(f"{path.name} request {i + 1}"):
+    for i, (n, obj, m, start) in enumerate(rows):
+        with at(f"{path.name} line {n}"):
             err = sub(obj, "error")
             vals = {k: _value(m, _LATENCIES[k]) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}
             gaps = _value(m, "inter_chunk_latency", many=True)

@@ -107,6 +107,10 @@ def read(path: Path) -> tuple[list[Entry], bytes]:
     s: dict[str, Any] = {k: _stat(doc, v) for k, v in _LATENCIES.items()}
     s["itl_ms"] = dict.fromkeys(STAT_KEYS)
     s["chunk_gap_ms"] = dict.fromkeys(STAT_KEYS)
+    for ours, stem in (("input_len_stats", "number_input_tokens"),
+                       ("output_len_stats", "number_output_tokens"),
+                       ("request_output_tok_s_stats", "request_output_throughput_token_per_s")):
+        s[ours] = _stat(doc, stem, factor=1.0)
     completed = count(doc, "results_num_completed_requests", required=True)
     per_min = num(doc, "results_num_completed_requests_per_min")
     if not per_min or not completed:
