@@ -13,7 +13,7 @@ import pytest
 from serve_proc import start, wait_ready
 
 from servelab.telemetry.server import Scraper
-from servelab.telemetry.steady import drain_start
+from servelab.telemetry.steady import assess, drain_start
 
 N, TOKENS = 8, 16
 
@@ -60,3 +60,29 @@ def test_the_queue_rises_and_drains_with_the_load(server):
     assert s.gauge("kv_cache_usage") == [None] * len(q)  # not served: None, never 0
     inflight = [a + b for a, b in zip(q, run, strict=True)]
     assert drain_start(s.t_s, inflight) is not None
+
+
+def test_a_rate_three_times_its_capacity_is_above_saturation(server):
+    """One slot serves a request in S seconds (measured here, alone): capacity 1/S. Sent 3/S
+    req/s for ~40 requests the queue grows at ~2/S req/s for the whole load."""
+    t = time.monotonic()
+    for _ in range(3):
+        _one(server)
+    service = (time.monotonic() - t) / 3
+    rate, n = 3.0 / service, 40
+    with Scraper(server + "/metrics", interval_s=max(0.02, service / 4)) as sc:
+        t0 = time.monotonic()
+        threads = []
+        for i in range(n):
+            time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+            th = threading.Thread(target=_one, args=(server,))
+            th.start()
+            threads.append(th)
+        end = time.monotonic() - sc.t0
+        for th in threads:
+            th.join()
+    s = sc.series
+    v = assess({"queue": (s.t_s, s.gauge("queued_requests"))}, load_start_s=t0 - sc.t0,
+               load_end_s=end)
+    assert v.status == "above_saturation", (v.reason, s.gauge("queued_requests"))
+    assert v.trends["queue"].slope > 0.5 * 2 / service, (v.trends, service)
