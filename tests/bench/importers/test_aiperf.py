@@ -150,3 +150,26 @@ def test_a_file_of_another_tool_is_named_as_such(tmp_path):
     f.write_text(json.dumps(GENAI_PERF))
     with Store(tmp_path / "s.db") as st, pytest.raises(UserError, match="aiperf_version"):
         import_file(st, "aiperf", f)
+
+
+def test_genai_perf_file_written_by_its_own_code(tmp_path):
+    """genai-perf 0.0.16's own Statistics and config over AIPerf's 22 measured requests (its
+    perf_analyzer binary, which takes the timestamps, is not on PyPI; data/README.md): the
+    import reads its numbers exactly, and agrees with AIPerf's import of the same requests."""
+    f = tmp_path / "profile_export_genai_perf.json"
+    raw = gzip.decompress((DATA / "genai-perf-0.0.16-c4.profile_export_genai_perf.json.gz")
+                          .read_bytes())
+    f.write_bytes(raw)
+    theirs = json.loads(raw)
+    with Store(tmp_path / "s.db") as st:
+        g = st.load_point(import_file(st, "genai-perf", f)[0][0])
+        a = st.load_point(import_file(st, "aiperf", _artifacts(tmp_path))[0][0])
+    s = g.summary
+    assert g.load_key == "c=4" and g.model == "scripted-model" and s["protocol"] == "openai-chat"
+    for ours, name in (("ttft_ms", "time_to_first_token"), ("tpot_ms", "inter_token_latency"),
+                       ("e2e_ms", "request_latency")):
+        assert s[ours]["mean"] == theirs[name]["avg"] and s[ours]["p99"] == theirs[name]["p99"]
+        # the same requests through two tools' statistics: the same numbers
+        assert s[ours]["mean"] == pytest.approx(a.summary[ours]["mean"], rel=1e-3), ours
+    assert s["completed"] == 22
+    assert s["duration_s"] == pytest.approx(22 / theirs["request_throughput"]["avg"])

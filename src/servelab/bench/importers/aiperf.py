@@ -241,12 +241,17 @@ def parse_genai_perf(doc: Any, path: Path) -> list[Entry]:
     cfg = sub(doc, "input_config") or {}
     s = _common(doc, "genai-perf")
     with at("input_config"):
-        c = count(cfg, "concurrency")
-        r = num(cfg, "request_rate")
-        models = cfg.get("model") or []
-        model = models[0] if isinstance(models, list) and models and isinstance(
-            models[0], str) else text(cfg, "model") if isinstance(cfg.get("model"), str) else None
-        api = text(cfg, "endpoint_type")
+        # 0.0.16: {model_names, endpoint: {type}, perf_analyzer: {stimulus: {concurrency | request_rate}}};
+        # earlier: its argparse namespace {model: [...], endpoint_type, concurrency, request_rate}
+        stim = sub(sub(cfg, "perf_analyzer") or {}, "stimulus") or cfg
+        c = count(stim, "concurrency")
+        r = num(stim, "request_rate")
+        names = cfg.get("model_names") or cfg.get("model") or []
+        if isinstance(names, str):
+            names = [names]
+        model = names[0] if isinstance(names, list) and names and isinstance(names[0], str) \
+            else None
+        api = text(sub(cfg, "endpoint") or {}, "type") or text(cfg, "endpoint_type")
     key = f"rate={r:g}" if r else f"c={c}" if c else "rate=inf"
     s.update({"failure_reasons": {}, "load_key": key, "concurrency": c, "request_rate": r or None,
               "api": api, "protocol": protocol_of(api)})
