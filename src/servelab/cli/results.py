@@ -59,7 +59,8 @@ def results_list(
     if not rows:
         if source:  # said 'none stored yet' while other sources had rows
             console.print(f"no load points with source {source!r}; sources are bench, "
-                          "experiment, import:sglang, import:vllm")
+                          "experiment, import:KIND (sglang, vllm, guidellm, aiperf, genai-perf, "
+                          "llmperf)")
         else:
             console.print("no load points stored yet: run `servelab bench` or `servelab import`")
         return

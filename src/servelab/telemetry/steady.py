@@ -30,6 +30,8 @@ from typing import Literal
 import numpy as np
 from scipy import stats
 
+from servelab.telemetry.server import ServerSeries
+
 Direction = Literal["up", "down", "flat"]
 Status = Literal["steady", "unsteady", "above_saturation", "too_short"]
 
@@ -201,3 +203,19 @@ def assess(series: dict[str, tuple[Sequence[float], Sequence[float | None]]],
                        if x.direction != "flat") or "trends in every candidate span"
     return Steadiness("unsteady", None, end, whole,
                       f"no steady span after up to {cfg.max_warmup:.0%} warm-up: {moving}")
+
+
+def server_series(s: ServerSeries) -> tuple[dict[str, tuple[list[float], list[float | None]]],
+                                           tuple[list[float], list[float | None]]]:
+    """The inputs of `assess` from a scraped series: `queue` (queued requests), `throughput`
+    (generated tokens per second, each interval's rate at its midpoint) when the server counts
+    tokens, and the in-flight count (running + queued) that locates the drain."""
+    t = list(s.t_s)
+    out: dict[str, tuple[list[float], list[float | None]]] = {
+        "queue": (t, s.gauge("queued_requests"))}
+    rate = s.rate("generation_tokens")
+    if any(r is not None for r in rate):
+        out["throughput"] = ([(a + b) / 2 for a, b in zip(t, t[1:], strict=False)], rate)
+    run, q = s.gauge("running_requests"), s.gauge("queued_requests")
+    inflight = [None if a is None or b is None else a + b for a, b in zip(run, q, strict=True)]
+    return out, (t, inflight)

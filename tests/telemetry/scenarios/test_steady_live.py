@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from servelab.bench.scripted.harness import serve_subprocess
 from servelab.bench.scripted.script import Script
 from servelab.telemetry.server import Scraper, ServerSeries
-from servelab.telemetry.steady import assess
+from servelab.telemetry.steady import assess, server_series
 
 SCRIPT = Script(ttft_ms=20, gap_ms=10, max_running=1, record_log=False)
 CAPACITY = 1000 / (20 + 9 * 10)  # req/s
@@ -63,11 +63,13 @@ def test_a_rate_above_capacity_is_flagged_above_saturation():
 
 def test_a_rate_below_capacity_is_steady():
     series, start, end = _drive(4.0, 5.0)
-    t = series.t_s
-    inflight = [None if a is None or b is None else a + b for a, b in
-                zip(series.gauge("queued_requests"), series.gauge("running_requests"),
-                    strict=True)]
-    s = assess({"queue": (t, series.gauge("queued_requests")), "in_flight": (t, inflight)},
-               load_start_s=start, load_end_s=end)
+    inputs, inflight = server_series(series)
+    assert set(inputs) == {"queue", "throughput"}  # the scripted server counts its tokens
+    s = assess(inputs, load_start_s=start, load_end_s=end)
     assert s.status == "steady", (s.reason, series.gauge("queued_requests"))
+    # the throughput (40 tok/s offered) is flat over the steady span
+    assert s.trends["throughput"].direction == "flat"
+    # without the send times, the drain is found from the in-flight count, after the load
+    found = assess(inputs, load_start_s=start, in_flight=inflight).drain_start_s
+    assert found is not None and found >= end - 0.5, (found, end)
     assert max(series.gauge("running_requests")) == 1
