@@ -147,3 +147,19 @@ def test_no_package_is_na_once(monkeypatch):
 def test_asking_for_a_gpu_that_is_not_there():
     s = GpuSampler(gpus=[0, 5], nvml=FakeNVML()).start()
     assert "GPU [5] not among the 2" in s.series.status and s.stop().samples == []
+
+
+def test_an_unexpected_library_error_mid_window_is_said_not_swallowed():
+    class Breaks(FakeNVML):
+        calls = 0
+
+        def nvmlDeviceGetTemperature(self, h, kind):  # noqa: N802
+            Breaks.calls += 1
+            if Breaks.calls > 3:
+                raise OSError("driver went away")
+            return 71
+
+    with GpuSampler(gpus=[0], interval_s=0.01, nvml=Breaks()) as s:
+        time.sleep(0.1)
+    assert s.series.status.startswith("failed after 3 samples: OSError: driver went away")
+    assert not s.series.available and window(s.series, output_tokens=5) is None

@@ -67,7 +67,8 @@ class GpuSample:
 
 @dataclass(slots=True)
 class GpuSeries:
-    """The samples of a window; `status` "ok" or "n/a: <why>" (said once), `gpus` what each
+    """The samples of a window; `status` "ok", "n/a: <why>" (said once) or "failed after N
+    samples: <why>" (the library raised something unexpected mid-window), `gpus` what each
     sampled GPU is, `unsupported` readings a GPU could not give (named once)."""
 
     interval_s: float
@@ -213,12 +214,17 @@ class GpuSampler:
 
     def _run(self) -> None:
         k = 0
-        while True:
-            self.sample_once()
-            k = max(k + 1, int((time.monotonic() - self.t0) / self.series.interval_s) + 1)
-            if self._stop.wait(max(0.0, self.t0 + k * self.series.interval_s - time.monotonic())):
-                self.sample_once()  # the window's end
-                return
+        try:
+            while True:
+                self.sample_once()
+                k = max(k + 1, int((time.monotonic() - self.t0) / self.series.interval_s) + 1)
+                if self._stop.wait(max(0.0, self.t0 + k * self.series.interval_s
+                                       - time.monotonic())):
+                    self.sample_once()  # the window's end
+                    return
+        except Exception as exc:  # a thread's death is silent: the status says it, once
+            self.series.status = f"failed after {len(self.series.samples)} samples: " \
+                                 f"{type(exc).__name__}: {exc}"[:200]
 
     def stop(self) -> GpuSeries:
         if self._thread is not None:
