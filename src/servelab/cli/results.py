@@ -1,5 +1,6 @@
 """CLI verbs: `servelab results list|show` (find stored load points again) and
-`servelab import sglang FILE.jsonl | vllm FILE.json` (bring other tools' results into the store).
+`servelab import sglang|vllm|guidellm|aiperf|genai-perf|llmperf FILE` (bring other tools'
+results into the store).
 """
 
 from __future__ import annotations
@@ -23,13 +24,14 @@ def _existing(store: str | None) -> str | None:
 
 
 results_app = typer.Typer(help="Stored load points: list them, show one.", no_args_is_help=True)
-import_app = typer.Typer(help="Import SGLang / vLLM benchmark results into the store.",
+import_app = typer.Typer(help="Import SGLang / vLLM / GuideLLM / AIPerf / genai-perf / LLMPerf "
+                         "benchmark results into the store.",
                          no_args_is_help=True)
 
 
 @results_app.command("list")
 def results_list(
-    source: str = typer.Option(None, "--source", help="Only this source: bench, experiment, import:sglang, import:vllm."),
+    source: str = typer.Option(None, "--source", help="Only this source: bench, experiment, import:KIND (sglang, vllm, guidellm, aiperf, genai-perf, llmperf)."),
     limit: str = typer.Option("50", "--limit", help="At most this many rows (newest first)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
     as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
@@ -57,7 +59,8 @@ def results_list(
     if not rows:
         if source:  # said 'none stored yet' while other sources had rows
             console.print(f"no load points with source {source!r}; sources are bench, "
-                          "experiment, import:sglang, import:vllm")
+                          "experiment, import:KIND (sglang, vllm, guidellm, aiperf, genai-perf, "
+                          "llmperf)")
         else:
             console.print("no load points stored yet: run `servelab bench` or `servelab import`")
         return
@@ -140,6 +143,36 @@ def import_vllm(
 ) -> None:
     """Import vLLM benchmark_serving results."""
     _import("vllm", file, label, store, as_json)
+
+
+# the peers' files: kind -> (metavar, what the file is, the command's help)
+_PEERS = {
+    "guidellm": ("benchmarks.json", "`guidellm run --output kind=json` (GuideLLM 0.8).",
+                 "Import GuideLLM results (one load point per benchmark)."),
+    "aiperf": ("profile_export_aiperf.json", "AIPerf's profile export; profile_export.jsonl "
+               "beside it adds the per-request records.", "Import AIPerf results."),
+    "genai-perf": ("profile_export_genai_perf.json", "genai-perf's profile export.",
+                   "Import genai-perf results."),
+    "llmperf": ("NAME_summary.json", "LLMPerf's summary; NAME_individual_responses.json "
+                "beside it adds the per-request records.", "Import LLMPerf results."),
+}
+
+
+def _peer_command(kind: str, metavar: str, what: str, doc: str) -> None:
+    def command(
+        file: str = typer.Argument(..., metavar=metavar, help=what),
+        label: str = typer.Option(None, "--label", help="Name for the rows (default: the file name)."),
+        store: str = typer.Option(None, "--store", help=STORE_HELP),
+        as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
+    ) -> None:
+        _import(kind, file, label, store, as_json)
+
+    command.__doc__ = doc
+    import_app.command(kind)(command)
+
+
+for _kind, (_metavar, _what, _doc) in _PEERS.items():
+    _peer_command(_kind, _metavar, _what, _doc)
 
 
 def register(app: typer.Typer) -> None:

@@ -97,6 +97,11 @@ class Slots:
         self.busy = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
 
+    @property
+    def waiting(self) -> int:
+        """Requests queued for a slot (the server's queue depth)."""
+        return sum(1 for f in self._waiters if not f.done())
+
     async def acquire(self) -> bool:
         """Take a slot; True when the request had to wait for it."""
         if self.n is None or (self.busy < self.n and not self._waiters):

@@ -9,8 +9,9 @@ It speaks the APIs real engines speak, with no model behind them:
 - `POST /generate`: SGLang native; streamed `data:` lines carry cumulative `text` and `meta_info`
   (`prompt_tokens`, `completion_tokens`, `spec_verify_ct`, `finish_reason`).
 - `GET /v1/models`, `GET /health`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count"}`; one
-  token per whitespace-separated word), `GET /metrics` (Prometheus text: vLLM `spec_decode_*`
-  counters, or SGLang `spec_accept_length` gauges), `GET /get_server_info` (sglang flavour).
+  token per whitespace-separated word), `GET /metrics` (Prometheus text: running and
+  queued requests, generated tokens, vLLM `spec_decode_*` counters or SGLang `spec_accept_length`
+  gauges, in the flavour's names), `GET /get_server_info` (sglang flavour).
 - Test hooks: `GET /_scripted/log` (per-request server-side record: arrival and the send time of
   every chunk, `time.perf_counter_ns()`, i.e. CLOCK_MONOTONIC, the same clock in every process of
   the host) and `POST /_scripted/reset`.
@@ -70,6 +71,7 @@ class ScriptedServer:
         self.accepted = 0
         self.tokens_out = 0
         self.steps_out = 0
+        self.generated = 0  # every streamed token, the first included (generation_tokens_total)
         self.running = 0
         self.slots = Slots(script.max_running)
 
@@ -127,12 +129,16 @@ class ScriptedServer:
         })
 
     async def metrics(self, request: web.Request) -> web.Response:
-        m = self.script.model
+        m, q = self.script.model, self.slots.waiting
         lines = []
         if self.script.flavor == "vllm":
             lines += [
                 "# TYPE vllm:num_requests_running gauge",
                 f'vllm:num_requests_running{{model_name="{m}"}} {self.running}',
+                "# TYPE vllm:num_requests_waiting gauge",
+                f'vllm:num_requests_waiting{{model_name="{m}"}} {q}',
+                "# TYPE vllm:generation_tokens counter",
+                f'vllm:generation_tokens_total{{model_name="{m}"}} {float(self.generated)}',
             ]
             if self.script.tokens_per_chunk > 1:
                 for name, v in (("num_drafts", self.drafts), ("num_draft_tokens", self.draft_tokens),
@@ -141,7 +147,11 @@ class ScriptedServer:
                               f'vllm:spec_decode_{name}_total{{model_name="{m}"}} {float(v)}']
         else:
             lines += ["# TYPE sglang:num_running_reqs gauge",
-                      f'sglang:num_running_reqs{{model_name="{m}"}} {self.running}']
+                      f'sglang:num_running_reqs{{model_name="{m}"}} {self.running}',
+                      "# TYPE sglang:num_queue_reqs gauge",
+                      f'sglang:num_queue_reqs{{model_name="{m}"}} {q}',
+                      "# TYPE sglang:generation_tokens counter",
+                      f'sglang:generation_tokens_total{{model_name="{m}"}} {float(self.generated)}']
             if self.script.tokens_per_chunk > 1 and self.steps_out:
                 k = self.script.tokens_per_chunk
                 tau = self.tokens_out / self.steps_out
@@ -191,6 +201,7 @@ class ScriptedServer:
     def _account(self, chunks: list[int]) -> None:
         k = self.script.tokens_per_chunk
         steps = chunks[1:]
+        self.generated += sum(chunks)
         self.tokens_out += sum(steps)
         self.steps_out += len(steps)
         if k > 1:

@@ -1,4 +1,4 @@
-"""Bring results of SGLang's `bench_serving` (JSONL, one line per run) and vLLM's
+"""Results of SGLang's `bench_serving` (JSONL, one line per run) and vLLM's
 `benchmark_serving` / `vllm bench serve` (`--save-result` JSON) into the store, their field names
 mapped to ours (docs/METRICS.md has the table).
 
@@ -8,95 +8,29 @@ times are in seconds; ours in ms. Every statistic the file holds is kept: every 
 wrote (`p95_ttft_ms` as `ttft_ms.p95`), goodput and its SLOs, measured and peak concurrency,
 the server's arguments (SGLang's `server_info`, into provenance where secrets are redacted).
 
-An import is all or nothing and idempotent: every entry of the file is validated (types, finite
-non-negative numbers, bounded counts, per-request lists of one length) before anything is
-stored; the rows are then written in one transaction together with the file's SHA-256, so the
-same file imported again is reported as such instead of stored twice.
+A file is JSONL (SGLang, one line per run) or one JSON object or list (vLLM).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-from servelab import provenance
+from servelab.bench.importers.common import Bad as _Bad
+from servelab.bench.importers.common import Entry, protocol_of
+from servelab.bench.importers.common import count as _count
+from servelab.bench.importers.common import num as _num
+from servelab.bench.importers.common import ok_num as _ok_num
+from servelab.bench.importers.common import reason as _reason
+from servelab.bench.importers.common import show as _show
+from servelab.bench.importers.common import text as _text
 from servelab.bench.metrics import STAT_KEYS
-from servelab.errors import UserError
 
 # our metric -> the name stem they use in `{stat}_{stem}_ms`
 _SGLANG_STEMS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "chunk_gap_ms": "itl", "e2e_ms": "e2e_latency"}
 _VLLM_STEMS = {"ttft_ms": "ttft", "tpot_ms": "tpot", "chunk_gap_ms": "itl", "e2e_ms": "e2el"}
-MAX_COUNT = 10**9  # requests or tokens of one benchmark: more is a corrupt file, not a result
-MAX_FILE_BYTES = 1 << 30
-
-# The protocol a benchmark spoke, by the `backend` / `endpoint_type` / `api` names of SGLang,
-# vLLM and servelab: results over the same protocol compare, whatever tool measured them.
-PROTOCOLS = {
-    "openai-completions": ("completions", "openai", "vllm", "sglang-oai", "lmdeploy",
-                           "openai-completions", "tgi", "deepspeed-mii"),
-    "openai-chat": ("chat", "openai-chat", "sglang-oai-chat", "vllm-chat", "openai-chat-completions"),
-    "sglang-generate": ("sglang", "sglang-native", "generate"),
-}
-_PROTOCOL_OF = {name: proto for proto, names in PROTOCOLS.items() for name in names}
-
-
-def protocol_of(api: Any) -> str | None:
-    """The protocol family of a tool's backend name (None when unknown or missing)."""
-    return _PROTOCOL_OF.get(api.lower()) if isinstance(api, str) else None
-
-
-class _Bad(Exception):
-    """A field of one entry is invalid (turned into a UserError naming file and entry)."""
-
-
-def _num(obj: dict[str, Any], key: str, *, lo: float | None = 0.0, hi: float | None = None,
-         nan_ok: bool = True) -> float | None:
-    """A finite number within [lo, hi], or None when absent, null or NaN (tools write NaN for
-    'no data'); anything else is an error naming the field."""
-    x = obj.get(key)
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, int | float):
-        raise _Bad(f"'{key}' must be a number, got {_show(x)}")
-    if isinstance(x, float) and math.isnan(x):
-        if nan_ok:
-            return None
-        raise _Bad(f"'{key}' must be a number, got NaN")
-    if math.isinf(x) or (lo is not None and x < lo) or (hi is not None and x > hi):
-        want = f">= {lo:g}" if hi is None else f"in [{lo:g}, {hi:g}]"
-        raise _Bad(f"'{key}' must be a finite number {want}, got {_show(x)}")
-    return float(x)
-
-
-def _count(obj: dict[str, Any], key: str, required: bool = False) -> int | None:
-    x = obj.get(key)
-    if x is None and not required:
-        return None
-    if isinstance(x, bool) or not isinstance(x, int | float) or (
-            isinstance(x, float) and not x.is_integer()) or not 0 <= x <= MAX_COUNT:
-        raise _Bad(f"'{key}' must be a whole number in [0, {MAX_COUNT:,}], got {_show(x)}")
-    return int(x)
-
-
-def _text(obj: dict[str, Any], key: str) -> str | None:
-    x = obj.get(key)
-    if x is None:
-        return None
-    if not isinstance(x, str):
-        raise _Bad(f"'{key}' must be a string, got {_show(x)}")
-    return x
-
-
-def _show(x: Any) -> str:
-    r = repr(x)
-    return r if len(r) <= 40 else r[:37] + "..."
-
-
 def _stats(obj: dict[str, Any], stem: str) -> dict[str, float | None]:
     """mean/median/std and every `p{N}` percentile they wrote for one metric."""
     out: dict[str, float | None] = {k: _num(obj, f"{k}_{stem}_ms") for k in STAT_KEYS}
@@ -106,11 +40,6 @@ def _stats(obj: dict[str, Any], stem: str) -> dict[str, float | None]:
         if m and f"p{m.group(1)}" not in out:
             out[f"p{m.group(1)}"] = _num(obj, key)
     return out
-
-
-def _ok_num(x: Any) -> bool:
-    return (not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x)
-            and x >= 0)
 
 
 def _seconds_list(obj: dict[str, Any], key: str, n: int | None, nested: bool = False) -> list | None:
@@ -150,12 +79,6 @@ def _errors(obj: dict[str, Any]) -> list[str] | None:
     if not isinstance(v, list) or not all(isinstance(e, str) or e is None for e in v):
         raise _Bad(f"'errors' must be a list of strings, got {_show(v)}")
     return [e or "" for e in v]
-
-
-def _reason(err: str) -> str:
-    """The grouping key of an error message: its last non-blank line (a traceback's exception)."""
-    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
-    return lines[-1][:80] if lines else "(no message)"
 
 
 def _records(obj: dict[str, Any]) -> list[dict[str, Any]]:
@@ -292,75 +215,22 @@ def from_vllm(obj: dict[str, Any]) -> dict[str, Any]:
     return s
 
 
-def _load(path: Path) -> tuple[list[dict[str, Any]], bytes]:
-    """The result objects of the file and its bytes."""
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise UserError(f"{path}: {path.stat().st_size:,} bytes is larger than any benchmark "
-                        f"result ({MAX_FILE_BYTES:,} at most)")
-    data = path.read_bytes()
-    # Python's json, not orjson: these tools write `Infinity`/`NaN` (json.dumps of request_rate=inf)
-    text = data.decode("utf-8", errors="replace")
-    try:
-        obj = json.loads(text)
-        objs = obj if isinstance(obj, list) else [obj]
-    except (ValueError, RecursionError):
-        objs = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                objs.append(json.loads(line))
-            except (ValueError, RecursionError) as exc:
-                raise UserError(f"{path}: line {n} is not JSON ({str(exc)[:120]}); nothing "
-                                "was imported") from None
-    if not objs or not all(isinstance(o, dict) for o in objs):
-        raise UserError(f"{path}: expected JSON objects (one per line for SGLang); nothing was "
-                        "imported")
-    return objs, data
 
-
-def import_file(store: Any, kind: str, path: str | Path,
-                label: str | None = None) -> tuple[list[int], bool]:
-    """Import every result in the file as one load point each, all or none. Returns the row ids
-    and whether the same bytes had been imported before (then nothing new is stored)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such file")
-    conv = {"sglang": from_sglang, "vllm": from_vllm}.get(kind)
-    if conv is None:
-        raise UserError(f"cannot import {kind!r} results; use sglang or vllm")
-    objs, data = _load(p)
-    sha = hashlib.sha256(data).hexdigest()
-    seen = store.imported(sha)
-    if seen is not None:
-        return seen[1], True
-    rows = []
+def parse(kind: str, objs: list[dict[str, Any]]) -> list[Entry]:
+    """One Entry per result object of an SGLang or vLLM file."""
+    conv = from_sglang if kind == "sglang" else from_vllm
+    out = []
     for i, obj in enumerate(objs):
-        where = f"{p}: entry {i + 1} of {len(objs)}"
-        if "duration" not in obj or "completed" not in obj:
-            raise UserError(f"{where} has no 'duration'/'completed': not a {kind} benchmark "
-                            "result; nothing was imported")
         try:
+            if "duration" not in obj or "completed" not in obj:
+                raise _Bad(f"has no 'duration'/'completed': not a {kind} benchmark result")
             summary = conv(obj)
-            model = _text(obj, "model_id") or _text(obj, "model")
             info = obj.get("server_info")
             if info is not None and not isinstance(info, dict):
                 raise _Bad(f"'server_info' must be an object, got {_show(info)}")
-            records = _records(obj)
+            out.append(Entry(summary, _records(obj),
+                             _text(obj, "model_id") or _text(obj, "model"), _text(obj, "date"),
+                             info))
         except _Bad as exc:
-            raise UserError(f"{where}: {exc}; nothing was imported") from None
-        prov = provenance.collect(imported_from=str(p.resolve()), import_kind=kind,
-                                  import_sha256=sha, original_date=_text(obj, "date"),
-                                  original_model=model, server_info=info)
-        rows.append((summary, prov, model, records))
-    ids = []
-    with store.transaction():
-        for summary, prov, model, records in rows:
-            ids.append(store.add_load_point(
-                summary=summary, provenance=prov, load_key=summary["load_key"],
-                source=f"import:{kind}", label=label or p.name, model=model,
-                concurrency=summary["concurrency"], request_rate=summary["request_rate"],
-                requests=records or None,
-            ))
-        store.add_import(sha, kind, str(p.resolve()), ids)
-    return ids, False
+            raise _Bad(f"entry {i + 1} of {len(objs)}: {exc}") from None
+    return out

@@ -1,0 +1,88 @@
+"""The scraper on the embedded engine (`servelab serve --config tiny --device cpu`, one slot):
+8 requests sent at once make its queue rise to 7 and drain to 0, and its token counter
+advances by exactly what was generated; KV-cache usage, which it does not serve, stays None."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.request
+
+import pytest
+from serve_proc import start, wait_ready
+
+from servelab.telemetry.server import Scraper
+from servelab.telemetry.steady import assess, drain_start
+
+N, TOKENS = 8, 16
+
+
+@pytest.fixture(scope="module")
+def server():
+    proc, port = start("serve", "--config", "tiny", "--device", "cpu",
+                       "--max-running-requests", "1", "--context-length", "256")
+    wait_ready(proc, 120)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()
+
+
+def _one(url: str) -> None:
+    body = json.dumps({"model": "tiny", "prompt": "def f(x):\n    return", "max_tokens": TOKENS,
+                       "ignore_eos": True, "stream": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as f:
+        f.read()
+
+
+def test_the_queue_rises_and_drains_with_the_load(server):
+    with Scraper(server + "/metrics", interval_s=0.05) as sc:
+        time.sleep(0.2)
+        threads = [threading.Thread(target=_one, args=(server,)) for _ in range(N)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        time.sleep(0.2)
+    s = sc.series
+    q, run = s.gauge("queued_requests"), s.gauge("running_requests")
+    assert all(e is None for e in s.errors), s.errors[:3]
+    assert q[0] == 0 and q[-1] == 0 and run[-1] == 0, (q, run)
+    assert max(q) >= N - 2, q  # all but the running one queued (a scrape may miss the peak)
+    assert max(run) == 1
+    peak = q.index(max(q))
+    assert all(q[i] >= q[i + 1] for i in range(peak, len(q) - 1)), f"not draining: {q}"
+    gen = s.gauge("generation_tokens")
+    assert gen[-1] - gen[0] == N * TOKENS
+    assert s.sources["queued_requests"] == "sglang:num_queue_reqs"
+    assert s.gauge("kv_cache_usage") == [None] * len(q)  # not served: None, never 0
+    inflight = [a + b for a, b in zip(q, run, strict=True)]
+    assert drain_start(s.t_s, inflight) is not None
+
+
+def test_a_rate_three_times_its_capacity_is_above_saturation(server):
+    """One slot serves a request in S seconds (measured here, alone): capacity 1/S. Sent 3/S
+    req/s for ~40 requests the queue grows at ~2/S req/s for the whole load."""
+    t = time.monotonic()
+    for _ in range(3):
+        _one(server)
+    service = (time.monotonic() - t) / 3
+    rate, n = 3.0 / service, 40
+    with Scraper(server + "/metrics", interval_s=max(0.02, service / 4)) as sc:
+        t0 = time.monotonic()
+        threads = []
+        for i in range(n):
+            time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+            th = threading.Thread(target=_one, args=(server,))
+            th.start()
+            threads.append(th)
+        end = time.monotonic() - sc.t0
+        for th in threads:
+            th.join()
+    s = sc.series
+    v = assess({"queue": (s.t_s, s.gauge("queued_requests"))}, load_start_s=t0 - sc.t0,
+               load_end_s=end)
+    assert v.status == "above_saturation", (v.reason, s.gauge("queued_requests"))
+    assert v.trends["queue"].slope > 0.5 * 2 / service, (v.trends, service)
