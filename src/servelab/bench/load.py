@@ -1,5 +1,11 @@
 """Load drivers: closed loop (a fixed number of requests in flight) and open loop (arrivals on a
-seeded Poisson or gamma schedule, independent of how fast the server answers).
+schedule independent of how fast the server answers: seeded Poisson or gamma gaps, or a trace's
+own clock, `replay_offsets_s`).
+
+The open loop notes each request's due time on its result (`t_due_ns`): the dispatch lag, send
+time minus due time, is how far the client fell behind the schedule (docs/METRICS.md); the
+summary reports it so that a client too slow for the load says so instead of measuring a gentler
+one.
 
 Both stop issuing new requests once `deadline_ns` (monotonic) passes; requests already in flight
 finish (bounded by the request timeout), so every issued request is counted.
@@ -41,6 +47,11 @@ def arrival_offsets_s(n: int, rate: float, burstiness: float, seed: int) -> np.n
     return out
 
 
+def replay_offsets_s(specs: Sequence[RequestSpec]) -> np.ndarray:
+    """The due times the specs carry (a trace's clock, already scaled and shifted)."""
+    return np.array([s.arrival_s for s in specs], dtype=np.float64)
+
+
 async def closed_loop(specs: Sequence[RequestSpec], concurrency: int, send: Send,
                       deadline_ns: int | None = None, on_done: OnDone | None = None) -> list[RawResult]:
     """Keep `concurrency` requests in flight until the specs (or the time) run out."""
@@ -62,12 +73,14 @@ async def closed_loop(specs: Sequence[RequestSpec], concurrency: int, send: Send
 
 async def open_loop(specs: Sequence[RequestSpec], offsets_s: np.ndarray, send: Send,
                     deadline_ns: int | None = None, on_done: OnDone | None = None) -> list[RawResult]:
-    """Send spec i at `offsets_s[i]` after the start, whatever is still in flight."""
+    """Send spec i at `offsets_s[i]` after the start, whatever is still in flight. Requests due
+    at the same time (a trace's burst) are all started before the driver sleeps again."""
     results: list[RawResult] = []
     t0 = time.perf_counter_ns()
 
-    async def one(spec: RequestSpec) -> None:
+    async def one(spec: RequestSpec, due: int) -> None:
         r = await send(spec)
+        r.t_due_ns = due
         results.append(r)
         if on_done:
             on_done(r)
@@ -80,7 +93,7 @@ async def open_loop(specs: Sequence[RequestSpec], offsets_s: np.ndarray, send: S
         delay = (due - time.perf_counter_ns()) / 1e9
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(spec)))
+        tasks.append(asyncio.create_task(one(spec, due)))
     if tasks:
         await asyncio.gather(*tasks)
     return results
