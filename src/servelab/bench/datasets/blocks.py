@@ -70,7 +70,7 @@ async def trace_specs(win: TraceWindow, block_size: int, seed: int, count: Count
         async with sem:
             # the first block holds the special tokens (BOS) the server adds to every prompt
             return await fit_piece(count, special, max(1, n - special) if first else n,
-                                   random.Random(_seed(seed, "block", h)))
+                                   random.Random(_seed(seed, "block", h)), "" if first else " ")
 
     def block(h: int, n: int, first: bool) -> asyncio.Task[tuple[str, int, bool]]:
         key = (h, n, first)
@@ -78,16 +78,20 @@ async def trace_specs(win: TraceWindow, block_size: int, seed: int, count: Count
             blocks[key] = asyncio.ensure_future(fit_block(h, n, first))
         return blocks[key]
 
-    seen: set[int] = set()
+    seen: dict[int, int] = {}  # hash id -> the longest use of it so far (tokens)
     shared: list[int] = []  # tokens of leading blocks an earlier request already sent
     for r in win.rows:
         k = 0
-        for h, n in zip(r.hash_ids, block_lengths(r, block_size), strict=False):
+        lens = block_lengths(r, block_size)
+        for h, n in zip(r.hash_ids, lens, strict=False):
             if h not in seen:
                 break
-            k += n
+            k += min(n, seen[h])  # a longer use shares only what was sent before
+            if n > seen[h]:
+                break
         shared.append(k)
-        seen.update(r.hash_ids)
+        for h, n in zip(r.hash_ids, lens, strict=False):
+            seen[h] = max(seen.get(h, 0), n)
     sess = sessions(win.rows)
 
     async def one(i: int, r: TraceRow) -> RequestSpec:

@@ -43,9 +43,9 @@ async def shared_prefix_specs(g: SharedPrefix, rng: random.Random, count: CountF
     sem = asyncio.Semaphore(concurrency)
     seeds = [rng.getrandbits(64) for _ in range(g.num_groups * (1 + g.prompts_per_group))]
 
-    async def piece(n: int, s: int) -> tuple[str, int, bool]:
+    async def piece(n: int, s: int, lead: str = "") -> tuple[str, int, bool]:
         async with sem:
-            return await fit_piece(count, special, n, random.Random(s))
+            return await fit_piece(count, special, n, random.Random(s), lead)
 
     systems = await asyncio.gather(*(piece(g.system_prompt_len, seeds[k]) for k in range(g.num_groups)))
     pairs = [(k, j) for k in range(g.num_groups) for j in range(g.prompts_per_group)]
@@ -55,7 +55,7 @@ async def shared_prefix_specs(g: SharedPrefix, rng: random.Random, count: CountF
         first_of_group.setdefault(k, i)
 
     async def one(i: int, k: int, j: int) -> RequestSpec:
-        q = await piece(g.question_len, seeds[g.num_groups + k * g.prompts_per_group + j])
+        q = await piece(g.question_len, seeds[g.num_groups + k * g.prompts_per_group + j], " ")
         prompt = systems[k][0] + " " + q[0]
         want = special + g.system_prompt_len + g.question_len
         n_in: int | None = want

@@ -143,13 +143,15 @@ async def special_tokens(count: CountFn | None) -> int:
 
 
 async def fit_piece(count: CountFn | None, special: int, target: int,
-                    rng: random.Random) -> tuple[str, int, bool]:
+                    rng: random.Random, lead: str = "") -> tuple[str, int, bool]:
     """A piece of a prompt (a block, a system prompt, a question) of `target` tokens counted on
-    its own, special tokens excluded: (text, tokens, exact). Without a counter: `target` words."""
+    its own, special tokens excluded: (text, tokens, exact). `lead` is what precedes it in the
+    prompt (a space), counted with it as in context: a BPE word with its space can be another
+    token than the word alone. Without a counter: `target` words."""
     if count is None:
         return " ".join(rng.choice(VOCAB) for _ in range(target)), target, False
 
     async def bare(text: str) -> int:
-        return await count(text) - special
+        return await count(lead + text) - special
 
     return await fit_prompt(bare, target, rng)

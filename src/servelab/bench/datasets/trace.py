@@ -43,6 +43,7 @@ FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
 BLOCK_SIZE = {"mooncake": 512, "bailian": 16}
 _AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _BURST = ("Timestamp", "Request tokens", "Response tokens")
+_EPOCH = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
 _DATETIME = re.compile(r"(\d{4})-(\d{2})-(\d{2})[ T](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
                        r"\s*(Z|[+-]\d{2}:?\d{2})?$")
 
@@ -102,13 +103,14 @@ def detect_format(path: str) -> str:
 
 
 def azure_seconds(text: str) -> float:
-    """An Azure trace TIMESTAMP as seconds since the epoch (UTC unless an offset is given);
-    7 fractional digits (100 ns) are kept, which datetime alone would cut to 6."""
+    """An Azure trace TIMESTAMP as seconds since 2020-01-01 UTC (UTC unless an offset is
+    given). 7 fractional digits (100 ns) are kept: datetime alone cuts to 6, and seconds since
+    1970 in a float step by 240 ns; since 2020 they step by 15 ns until 2030."""
     m = _DATETIME.match(text.strip())
     if m is None:
         raise ValueError(f"not a date and time: {text!r}")
     y, mo, d, h, mi, s = (int(m.group(i)) for i in range(1, 7))
-    base = dt.datetime(y, mo, d, h, mi, s, tzinfo=dt.UTC).timestamp()
+    base = (dt.datetime(y, mo, d, h, mi, s, tzinfo=dt.UTC) - _EPOCH).total_seconds()
     frac = float("0." + m.group(7)) if m.group(7) else 0.0
     tz = m.group(8)
     if tz and tz != "Z":
