@@ -16,8 +16,9 @@ the real ones are):
   Response tokens, Total tokens, Log Type, with a failed request (0 response tokens).
 
 Every file has bursts (several requests in the same millisecond) and lasts about 20 s at speed 1.
-Lengths are small (a few hundred tokens) so that the samples run in seconds against the scripted
-server or the embedded engine. Seeded: running it again writes the same files.
+Lengths are small (under 1k tokens; Mooncake's 512-token blocks make up to ~2k) so that the
+samples run in seconds against the scripted server or the embedded engine. Seeded: running it
+again writes the same files.
 
     python scripts/make_sample_traces.py [--out examples/traces] [--seed 0]
 """
