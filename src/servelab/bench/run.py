@@ -21,7 +21,14 @@ from servelab.bench.client import Client, RawResult, get_json, get_text
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.datasets import build_workload
 from servelab.bench.datasets.text import local_counter
-from servelab.bench.load import arrival_offsets_s, closed_loop, open_loop, replay_offsets_s
+from servelab.bench.load import (
+    arrival_offsets_s,
+    closed_loop,
+    largest_burst,
+    open_connections,
+    open_loop,
+    replay_offsets_s,
+)
 from servelab.bench.metrics import make_record, summarize
 from servelab.bench.workload import CountFn, Workload
 from servelab.errors import UserError
@@ -172,6 +179,11 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
             conc = load.concurrency or min(len(wl.warmup), 8)
             await closed_loop(wl.warmup, conc, lambda s: client.send(s, warmup=True))
 
+        offs = None
+        if load.concurrency is None:  # open loop: the schedule, and connections for its bursts
+            offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
+                len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
+            await open_connections(session, root + "/v1/models", min(largest_burst(offs), 512))
         before = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
         prog = _Progress(progress, len(wl.requests), load.key)
         cpu0 = time.process_time()
@@ -180,13 +192,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         try:
             if load.concurrency is not None:
                 raws = await closed_loop(wl.requests, load.concurrency, client.send, deadline, prog)
-            elif load.replay:
-                raws = await open_loop(wl.requests, replay_offsets_s(wl.requests), client.send,
-                                       deadline, prog)
             else:
-                assert load.request_rate is not None
-                offs = arrival_offsets_s(len(wl.requests), load.request_rate, load.burstiness,
-                                         cfg.workload.seed)
+                assert offs is not None
                 raws = await open_loop(wl.requests, offs, client.send, deadline, prog)
         finally:
             prog.close()

@@ -94,15 +94,16 @@ def test_replay_follows_the_trace_clock_as_well_as_a_minimal_client(tmp_path):
             results.append((statistics.median(ours), pct(ours, 99), statistics.median(mini),
                             pct(mini, 99), res.summary, statistics.median(burst_ours),
                             pct(burst_ours, 99)))
-    best = min(results, key=lambda x: x[1] - x[3])
-    med, p99, mmed, mp99, s, bmed, bp99 = best
+    # the best round of each client: another process on the 2 cores can spoil any one round
+    med, p99, _, _, s, bmed, bp99 = min(results, key=lambda x: x[1])
+    mmed, mp99 = min(((x[2], x[3]) for x in results), key=lambda t: t[1])
     print(f"\nserver-side lag ms: servelab median {med:.3f} p99 {p99:.3f} (burst requests: median "
-          f"{bmed:.3f} p99 {bp99:.3f}) | minimal client median "
-          f"{mmed:.3f} p99 {mp99:.3f} | client-side {s['dispatch_lag_ms']} "
-          f"all rounds {[tuple(round(v, 3) for v in x[:4]) for x in results]}")
+          f"{bmed:.3f} p99 {bp99:.3f}) | minimal client median {mmed:.3f} p99 {mp99:.3f} | "
+          f"client-side {s['dispatch_lag_ms']} | all rounds (ours med, p99, minimal med, p99) "
+          f"{[tuple(round(v, 3) for v in x[:4]) for x in results]}")
     # arrivals follow the schedule: the file's bursts arrive as bursts, on time
-    assert med < 2.0, best
-    assert p99 <= 1.5 * mp99 + 1.0, best
+    assert med < 2.0, results
+    assert p99 <= 1.5 * mp99 + 1.0, results
     assert s["dispatch_behind"] is False and s["trace_format"] == "mooncake"
 
 
