@@ -110,7 +110,7 @@ def load_points(concurrency: str | None, request_rate: str | None,
         return [LoadPoint(concurrency=c) for c in parse_list(concurrency, int, "--concurrency")]
     if rates is None:
         raise UserError("give --concurrency (e.g. 1,8,16), --request-rate (e.g. 4,8 or inf) or "
-                        "--sweep")
+                        "--sweep (a trace, --dataset-name trace, replays on its own clock)")
     return [LoadPoint(request_rate=r, burstiness=burstiness) for r in rates]
 
 
