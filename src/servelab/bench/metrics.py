@@ -15,8 +15,9 @@ is defined here, once (docs/METRICS.md gives the same definitions in prose).
   in proportion to their text length (exact when tokens have equal length, as in the scripted
   server; an estimate for real text).
 - Dispatch lag (open loop): request sent - its due time on the schedule; the client is behind
-  when the p99 lag exceeds LAG_P99_LIMIT_MS or the lag grows by more than LAG_GROWTH_LIMIT_MS
-  from the first tenth of the requests to the last.
+  when more than 1% of the requests (and at least 2: one hiccup of the machine is not a trend)
+  left more than LAG_LIMIT_MS late, i.e. the p99 lag exceeds it, or when the lag grows by more
+  than LAG_GROWTH_LIMIT_MS from the first tenth of the requests to the last.
 - Cached tokens: the prompt tokens the server says it reused from its prefix cache
   (`usage.prompt_tokens_details.cached_tokens`, SGLang `meta_info.cached_tokens`); the cached
   token share of a load point is their sum over the input tokens of the completed requests.
@@ -36,10 +37,10 @@ from servelab.bench.client import RawResult
 from servelab.bench.workload import RequestSpec
 
 STAT_KEYS = ("mean", "median", "p90", "p95", "p99", "std")
-# Behind the schedule: a p99 dispatch lag over 10 ms is a tenth of a typical decode-heavy TTFT
-# (~100 ms) and ten times what this client keeps on a 2-core box (p99 ~1 ms, docs/METRICS.md):
-# the load measured is no longer the load asked for.
-LAG_P99_LIMIT_MS = 10.0
+# Behind the schedule: a dispatch lag over 10 ms is a tenth of a typical TTFT under load (~100
+# ms) and twice this client's p99 on a busy 2-core box for a trace with bursts of 20 (5-7 ms,
+# docs/METRICS.md): past it, the load measured is no longer the load asked for.
+LAG_LIMIT_MS = 10.0
 LAG_GROWTH_LIMIT_MS = 10.0
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms")
 
@@ -186,10 +187,11 @@ def dispatch_lag(records: list[RequestRecord]) -> dict[str, Any]:
     a = np.asarray(lags)
     tenth = max(1, a.size // 10)
     growth = float(np.median(a[-tenth:]) - np.median(a[:tenth])) if a.size >= 20 else 0.0
-    p99 = float(np.percentile(a, 99))
-    return {"dispatch_lag_ms": {"median": float(np.median(a)), "p99": p99, "max": float(a.max()),
-                                "growth": growth},
-            "dispatch_behind": bool(p99 > LAG_P99_LIMIT_MS or growth > LAG_GROWTH_LIMIT_MS)}
+    late = int((a > LAG_LIMIT_MS).sum())
+    return {"dispatch_lag_ms": {"median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
+                                "max": float(a.max()), "growth": growth, "late": late},
+            "dispatch_behind": bool((late >= 2 and late > 0.01 * a.size)
+                                    or growth > LAG_GROWTH_LIMIT_MS)}
 
 
 def prefix_cache(done: list[RequestRecord]) -> dict[str, Any]:
@@ -207,7 +209,7 @@ def prefix_cache(done: list[RequestRecord]) -> dict[str, Any]:
         "cached_tokens_reported": len(rep),
         "cached_tokens_total": sum(rep) if rep else None,
         "cached_token_share": sum(rep) / inp if rep and inp else None,
-        "cached_tokens": stats(rep) if rep else dict.fromkeys(STAT_KEYS),
+        "cached_tokens": stats(rep),
         "prefix_share": (sum(known) / inp if known and len(known) == len(done) and inp
                          else None),
     }

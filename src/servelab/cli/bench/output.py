@@ -80,7 +80,8 @@ def report_point(console: Any, res: Any, title: str, full: bool) -> None:
                       style="yellow")
     lag = s.get("dispatch_lag_ms")
     if s.get("dispatch_behind") and isinstance(lag, dict):
-        console.print(f"warning: the client fell behind the arrival schedule (dispatch lag p99 "
+        console.print(f"warning: the client fell behind the arrival schedule ({lag['late']} of "
+                      f"{s['issued']} requests sent over 10 ms late; dispatch lag p99 "
                       f"{lag['p99']:.1f} ms, max {lag['max']:.1f} ms, growth "
                       f"{lag['growth']:.1f} ms): the load sent was gentler than asked "
                       "(see docs/METRICS.md)", style="yellow")
