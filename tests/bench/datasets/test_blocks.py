@@ -103,3 +103,18 @@ def test_block_prefixes_hold_with_a_byte_level_bpe(tmp_path):
     ids = [tok.encode(r.prompt).ids for r in wl.requests]
     assert [len(x) for x in ids] == [n for n, _ in ROWS] and wl.input_len_exact
     check_prefixes(ids)
+
+
+def test_block_prefixes_hold_with_the_embedded_engines_tokenizer(tmp_path):
+    """The embedded engine's /tokenize is its byte-level tokenizer (a token per UTF-8 byte, plus
+    BOS): blocks of 16 bytes, the first one leaving room for BOS; exact lengths, same prefixes."""
+    from servelab.mini.model import tokenizer as tk
+
+    async def remote(text: str) -> int:  # what the embedded server's /tokenize answers
+        return len(tk.encode(text))
+
+    cfg = WorkloadConfig(dataset_name="trace", dataset=trace(tmp_path), trace_block_size=16)
+    wl = asyncio.run(build_workload(cfg, warmup=0, remote_count=remote))
+    ids = [tk.encode(r.prompt) for r in wl.requests]
+    assert [len(x) for x in ids] == [n for n, _ in ROWS] and wl.input_len_exact
+    check_prefixes(ids)
