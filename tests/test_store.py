@@ -43,6 +43,9 @@ def test_unknown_ids_and_names_explain_themselves(tmp_path):
     with Store(tmp_path / "r.db") as st:
         with pytest.raises(UserError, match="results list"):
             st.load_point(42)
+        for beyond in (10**23, -(10**23)):     # past SQLite's integers: not an overflow
+            with pytest.raises(UserError, match="results list"):
+                st.load_point(beyond)
         with pytest.raises(UserError, match="known: none"):
             st.experiment("nope")
 
@@ -130,3 +133,21 @@ def test_bench_refuses_a_damaged_store_before_measuring(tmp_path):
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and "integrity check" in lines[0], r.stderr
     assert "stored as" not in r.stdout
+
+
+def test_an_experiments_spec_is_stored_with_its_secrets_redacted(tmp_path):
+    spec = {"name": "e", "base": {"flags": {"api-key": "sk-live-1", "tp": 2},
+                                  "env": {"HF_TOKEN": "hf_abc", "DATABASE_URL": "postgres://u:pw9@db/x"}},
+            "arms": {"b": {"flags": {"hf-token": "hf_def"}}},
+            "command": ["python", "-m", "srv", "--admin-api-key", "adm-2"],
+            "workload": {"max_tokens": 16, "sessions": 4, "session_concurrency": 2}}
+    with Store(tmp_path / "r.db") as st:
+        assert st.ensure_experiment("e", spec, "h") is False
+        assert st.ensure_experiment("e", spec, "h") is True      # the resume's update too
+        stored = st.experiment("e")
+    raw = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())   # db, WAL
+    for secret in (b"sk-live-1", b"hf_abc", b"pw9", b"hf_def", b"adm-2"):
+        assert secret not in raw
+    assert stored["base"]["flags"] == {"api-key": "<redacted>", "tp": 2}
+    assert stored["workload"] == spec["workload"]
+    assert stored["base"]["env"]["DATABASE_URL"] == "postgres://<redacted>@db/x"

@@ -126,7 +126,7 @@ def detach(argv: list[str], name: str) -> tuple[int, Path]:
                             f"{name}` shows its progress")
     log = log_path(name)
     args = [a for a in argv if a != "--detach"]
-    with open(log, "ab") as f:
+    with atomic.open_append(log) as f:       # 0600, never through a link
         proc = subprocess.Popen(
             [sys.executable, "-m", "servelab", *args],
             stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,

@@ -117,44 +117,6 @@ def compare(res: Any, noise_band: float) -> dict[str, Any]:
             "rows": rows, "warnings": list(res.warnings)}
 
 
-def experiment(data: Any, report: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """`servelab run` / `servelab report`: the statistics behind the attribution table, the
-    SLO capacity effects, the warnings and (report) the files written."""
-    from servelab.experiment.report import sections as report_html
-    from servelab.experiment.stats import capacity
-    from servelab.experiment.stats.analysis import headline
-
-    an = data.analysis
-    per, cap_effects, suggested = report_html.sections(data)
-    doc: dict[str, Any] = {
-        "name": data.name, "baseline": an.baseline, "arms": an.arms, "load_keys": an.load_keys,
-        "noise_band": an.noise_band, "primary_metric": data.primary,
-        "runs": {"stored": len(data.runs), "ok": sum(r.status == "ok" for r in data.runs)},
-        "spreads": [
-            {"arm": s.arm, "load_key": s.load_key, "metric": s.metric, "n": s.n,
-             "median": s.median, "min": s.min, "max": s.max, "cv": s.cv,
-             "ci_low": s.ci_low, "ci_high": s.ci_high, "values": list(s.values)}
-            for s in an.spreads.values()],
-        "effects": [
-            {"arm": e.arm, "baseline": e.baseline, "load_key": e.load_key, "metric": e.metric,
-             "ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n,
-             "paired": e.paired, "verdict": e.verdict, "rule": e.rule,
-             "decided_at": e.decided_at}
-            for e in an.effects.values()],
-        "capacity": {
-            "arms": [{"arm": a.arm, "text": a.text(), "paired_sweeps": a.paired,
-                      "brackets": [{"status": b.status, "low_req_s": b.low, "high_req_s": b.high}
-                                   for b in a.brackets]} for a in per],
-            "effects": [capacity.to_json(e) for e in cap_effects]},
-        "headline": headline(an, data.primary),
-        "suggested": suggested,
-        "warnings": list(an.warnings),
-    }
-    if report:
-        doc["report"] = dict(report)
-    return doc
-
-
 def tune_verify(checks: Sequence[Any], rows: Sequence[Any], device: str,
                 geomean: float | None, geomean_vs_shipped: float | None = None,
                 kernel: str | None = None) -> dict[str, Any]:
@@ -190,9 +152,13 @@ def tune(rep: Any, spec: Any) -> dict[str, Any]:
 
 
 def tune_install(engine: str, folder: Path, installed: Sequence[Any], restored: bool,
-                 lookup: Mapping[str, Any] | None, undo: str | None) -> dict[str, Any]:
-    """`servelab tune install`: the files put in place (or put back with --restore) and what
-    the engine's own lookup found."""
-    return {"engine": engine, "folder": folder, "action": "restore" if restored else "install",
-            "files": [{"path": folder / f.name, "replaced": f.replaced} for f in installed],
-            "lookup": dict(lookup) if lookup is not None else None, "undo": undo}
+                 lookup: Mapping[str, Any] | None, undo: str | None,
+                 not_restored: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """`servelab tune install`: the files put in place (or put back with --restore), what
+    the engine's own lookup found, and (restore) the entries it could not put back, with why."""
+    doc = {"engine": engine, "folder": folder, "action": "restore" if restored else "install",
+           "files": [{"path": folder / f.name, "replaced": f.replaced} for f in installed],
+           "lookup": dict(lookup) if lookup is not None else None, "undo": undo}
+    if restored:
+        doc["not_restored"] = [{"name": n, "why": w} for n, w in not_restored]
+    return doc

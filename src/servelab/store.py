@@ -10,7 +10,7 @@ writing with a one-line error that says how to recover (rows written into a dama
 lost or read back wrong). Reading a damaged store fails with the same one line, never a
 traceback. Several rows that belong together (one imported file) are written in one transaction
 (`Store.transaction`): all of them or none, per-request files included. Provenance and run logs
-are redacted (servelab.provenance.redact) before they are stored.
+are redacted (servelab.redaction.redact) before they are stored.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import orjson
 
 from servelab import paths
 from servelab.errors import UserError
-from servelab.provenance import redact, redact_text
+from servelab.redaction import redact, redact_text
 
 SCHEMA_VERSION = 1
 
@@ -257,7 +257,9 @@ class Store:
         return int(cur.lastrowid)
 
     def load_point(self, lp_id: int) -> LoadPointRow:
-        rows = self._query("SELECT * FROM load_points WHERE id = ?", (lp_id,))
+        # an id beyond SQLite's 64-bit integers names no row (binding it would overflow)
+        rows = (self._query("SELECT * FROM load_points WHERE id = ?", (lp_id,))
+                if -(1 << 63) <= lp_id < (1 << 63) else [])
         row = rows[0] if rows else None
         if row is None:
             raise UserError(f"no load point with id {lp_id} in {self.path}; `servelab results list` shows the ids")
@@ -325,11 +327,13 @@ class Store:
                     "rename it in the file, or run it with `servelab run FILE --fresh` to start over"
                 )
             # same design: keep what may change between resumes (hypothesis, noise band) current
-            self._db.execute("UPDATE experiments SET spec = ? WHERE name = ?", (_dumps(spec), name))
+            self._db.execute("UPDATE experiments SET spec = ? WHERE name = ?",
+                             (_dumps(redact(spec)), name))
             return True
+        # stored redacted: reports, --json and the HTML read this copy, never the secrets
         self._db.execute(
             "INSERT INTO experiments(name, created, spec, spec_hash) VALUES (?,?,?,?)",
-            (name, time.time(), _dumps(spec), spec_hash),
+            (name, time.time(), _dumps(redact(spec)), spec_hash),
         )
         return False
 

@@ -259,8 +259,15 @@ def test_bad_ceiling_inputs():
     g, _ = load_gpu("h200")
     with pytest.raises(UserError, match="at least one batch"):
         ceiling(m, g, [])
-    with pytest.raises(UserError, match="--context must be >= 0"):
+    with pytest.raises(UserError, match="--context must be between 0"):
         ceiling(m, g, [1], context=-5)
+    # numbers no deployment has are one-line errors, not overflows inside numpy
+    for kwargs, flag in [({"tp": 10**20}, "--tp"), ({"context": 10**20}, "--context"),
+                         ({"batches": [1, 10**20]}, "--batch"),
+                         ({"mtp_accept": 1.5, "mtp_draft": 10**20}, "--mtp-draft"),
+                         ({"allreduce_latency_us": float("inf")}, "--allreduce-latency-us")]:
+        with pytest.raises(UserError, match=flag):
+            ceiling(m, g, **{"batches": [1], **kwargs})
     with pytest.raises(UserError, match="--mtp-draft must be >= 1"):
         ceiling(m, g, [1], mtp_accept=1.0, mtp_draft=0)
     with pytest.raises(UserError, match="--measured must be a positive"):

@@ -44,7 +44,8 @@ def test_verify_exits_nonzero_when_a_tuned_config_fails(tmp_path):
     import subprocess
     import sys
     ok = {**BASE, "BLOCK_SIZE_N": 32, "num_stages": 2}
-    bad = {**BASE, "BLOCK_SIZE_N": 48, "num_stages": 2}     # not a power of two: cannot launch
+    # within the engines' limits, but 4 splits of K=256's two scale groups cannot launch
+    bad = {**BASE, "BLOCK_SIZE_N": 32, "num_stages": 2, "SPLIT_K": 4}
     formats.merge_write_config(tmp_path / formats.config_file_name("sglang", 128, 256, formats.CPU_DEVICE_NAME),
                          {1: ok, 64: bad})
     shipped = tmp_path / "shipped"

@@ -11,9 +11,10 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from servelab.errors import UserError
+from servelab.redaction import redact_url
 
 APIS = ("completions", "chat", "sglang")
 GOODPUT_KEYS = ("ttft_ms", "tpot_ms", "e2e_ms")
@@ -162,11 +163,19 @@ class BenchConfig:
     goodput: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        u = urlparse(self.base_url)
-        if u.scheme not in ("http", "https") or not u.netloc:
-            raise UserError(f"--base-url {self.base_url!r} is not an http(s) URL; e.g. http://127.0.0.1:30000")
+        shown = self.shown_url
+        try:
+            u = urlparse(self.base_url)
+            u.port  # noqa: B018 (parses the port: ValueError when it is not a number)
+        except ValueError:
+            raise UserError(f"--base-url {shown!r} is not a valid URL; e.g. http://127.0.0.1:30000") from None
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise UserError(f"--base-url {shown!r} is not an http(s) URL; e.g. http://127.0.0.1:30000")
         if u.path not in ("", "/") and u.path.rstrip("/") != "/v1":
-            raise UserError(f"--base-url {self.base_url!r}: give the server root (no path), e.g. http://host:port")
+            raise UserError(f"--base-url {shown!r}: give the server root (no path), e.g. http://host:port")
+        if u.query or u.fragment:
+            raise UserError(f"--base-url {shown!r}: give the server root without a query string; "
+                            "an API key goes in SERVELAB_API_KEY (sent as a bearer token)")
         if self.api not in APIS:
             raise UserError(f"--api {self.api!r} is not one of {', '.join(APIS)}")
         if self.warmup < 0:
@@ -187,9 +196,27 @@ class BenchConfig:
 
     @property
     def root_url(self) -> str:
-        """The server root without a trailing slash or `/v1`."""
-        u = self.base_url.rstrip("/")
-        return u[: -len("/v1")] if u.endswith("/v1") else u
+        """The server root without credentials, a trailing slash or `/v1`: what requests go to
+        (the credentials travel as `basic_auth`)."""
+        u = urlparse(self.base_url)
+        netloc = u.hostname if ":" not in (u.hostname or "") else f"[{u.hostname}]"
+        if u.port is not None:
+            netloc = f"{netloc}:{u.port}"
+        root = f"{u.scheme}://{netloc}{u.path}".rstrip("/")
+        return root[: -len("/v1")] if root.endswith("/v1") else root
+
+    @property
+    def shown_url(self) -> str:
+        """`base_url` as it may be stored and shown: credentials and secret query values hidden."""
+        return redact_url(self.base_url)
+
+    @property
+    def basic_auth(self) -> tuple[str, str] | None:
+        """The URL's `user:password@` credentials (percent-decoded), or None."""
+        u = urlparse(self.base_url)
+        if u.username is None:
+            return None
+        return unquote(u.username), unquote(u.password or "")
 
 
 def split_pairs(text: str, flag: str, example: str) -> list[tuple[str, str]]:

@@ -6,9 +6,11 @@ records and summary; and saving it to the store. This is the library entry point
 from __future__ import annotations
 
 import asyncio
+import base64
 import concurrent.futures
 import hashlib
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -147,12 +149,37 @@ async def _remote_counter(session: aiohttp.ClientSession, root: str, model: str 
     return None
 
 
+_WARNED: set[str] = set()
+
+
+def _warn_once(line: str) -> None:
+    if line not in _WARNED:
+        _WARNED.add(line)
+        print(line, file=sys.stderr)
+
+
+def request_auth(cfg: BenchConfig) -> dict[str, str] | None:
+    """The Authorization header requests carry. An API key (SERVELAB_API_KEY, else
+    OPENAI_API_KEY) goes as a bearer token, what SGLang's and vLLM's --api-key check.
+    Credentials in --base-url (`http://user:pw@host`, e.g. a proxy in front) go as HTTP basic
+    auth. A request carries one Authorization header, so when both are given the API key wins
+    and the URL's credentials are not sent (a warning says so)."""
+    key = os.environ.get("SERVELAB_API_KEY") or os.environ.get("OPENAI_API_KEY")
+    if key:
+        if cfg.basic_auth is not None:
+            _warn_once(f"warning: --base-url {cfg.shown_url} carries credentials and an API key "
+                       "is set: the API key is sent as the bearer token, the URL's are not")
+        return {"Authorization": f"Bearer {key}"}
+    if cfg.basic_auth is not None:
+        pair = ":".join(cfg.basic_auth).encode()
+        return {"Authorization": f"Basic {base64.b64encode(pair).decode()}"}
+    return None
+
+
 async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointResult:
     root = cfg.root_url
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
-    key = os.environ.get("SERVELAB_API_KEY") or os.environ.get("OPENAI_API_KEY")
-    headers = {"Authorization": f"Bearer {key}"} if key else None  # vLLM/SGLang --api-key
-    async with aiohttp.ClientSession(connector=conn, headers=headers) as session:
+    async with aiohttp.ClientSession(connector=conn, headers=request_auth(cfg)) as session:
         info = await _server_info(session, root)
         model = cfg.model or _model_from(info)
         remote = await _remote_counter(session, root, model)
@@ -211,7 +238,7 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
     summary.update({
         "load_key": load.key, "concurrency": load.concurrency, "request_rate": load.request_rate,
         "burstiness": load.burstiness if load.request_rate is not None else None,
-        "api": cfg.api, "model": model, "base_url": cfg.base_url,
+        "api": cfg.api, "model": model, "base_url": cfg.shown_url,
         "num_prompts": cfg.workload.num_prompts, "issued": len(raws), "warmup": len(wl.warmup),
         "stopped_by_duration": len(raws) < len(wl.requests),
         "input_len_exact": wl.input_len_exact, "input_len_source": wl.input_len_source,
@@ -286,7 +313,7 @@ def save_load_point(store: Any, cfg: BenchConfig, load: LoadPoint, result: LoadP
     """Write the load point (summary, provenance, per-request records) to the store; its id."""
     prov = provenance.collect(
         server_info=result.server_info,
-        bench_config={"base_url": cfg.base_url, "model": cfg.model, "api": cfg.api,
+        bench_config={"base_url": cfg.shown_url, "model": cfg.model, "api": cfg.api,
                       "warmup": cfg.warmup, "max_duration_s": cfg.max_duration_s,
                       "request_timeout_s": cfg.request_timeout_s, "goodput": dict(cfg.goodput)},
         workload=asdict(cfg.workload), workload_seed=cfg.workload.seed,
@@ -295,7 +322,7 @@ def save_load_point(store: Any, cfg: BenchConfig, load: LoadPoint, result: LoadP
     )
     return store.add_load_point(
         summary=result.summary, provenance=prov, load_key=load.key, source=source, label=label,
-        base_url=cfg.base_url, model=result.summary.get("model") or cfg.model,
+        base_url=cfg.shown_url, model=result.summary.get("model") or cfg.model,
         concurrency=load.concurrency, request_rate=load.request_rate, requests=result.records,
     )
 

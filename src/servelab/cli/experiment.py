@@ -72,8 +72,9 @@ def run(
         attribution(console, data)
     if as_json:
         from servelab import jsonout
+        from servelab.experiment.report.document import experiment_document
 
-        jsonout.emit("experiment", jsonout.experiment(data))
+        jsonout.emit("experiment", experiment_document(data))
     console.print(f"report: servelab report {spec.name}", highlight=False)
     if res.failed and not res.ok:  # scripts must see that nothing of this session succeeded
         raise typer.Exit(1)
@@ -104,9 +105,10 @@ def report(
         md, page, data = write(st, name, out, noise_band)
     if as_json:
         from servelab import jsonout
+        from servelab.experiment.report.document import experiment_document
 
         files = {"html": str(page), "markdown": str(md)}
-        return jsonout.emit("experiment", jsonout.experiment(data, files))
+        return jsonout.emit("experiment", experiment_document(data, files))
     attribution(console, data)
     console.print(f"report: {page}\nmarkdown: {md}", highlight=False)
 

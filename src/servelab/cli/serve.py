@@ -8,7 +8,12 @@ from __future__ import annotations
 import typer
 
 from servelab.mini.engine.args import EngineArgs
-from servelab.mini.server.args import DEFAULT_BOOTSTRAP_PORT, DEFAULT_WAITING_TIMEOUT_S, ServeArgs
+from servelab.mini.server.args import (
+    DEFAULT_BOOTSTRAP_PORT,
+    DEFAULT_WAITING_TIMEOUT_S,
+    ServeArgs,
+    host_list,
+)
 
 
 def serve(
@@ -50,6 +55,10 @@ def serve(
         DEFAULT_WAITING_TIMEOUT_S, "--disaggregation-waiting-timeout",
         help="Decode: seconds a request waits for its KV before it fails (SGLang's "
         "SGLANG_DISAGGREGATION_WAITING_TIMEOUT)."),
+    disaggregation_allowed_bootstrap_hosts: str = typer.Option(
+        None, "--disaggregation-allowed-bootstrap-hosts", metavar="HOST[,HOST...]",
+        help="Decode: hosts (names, addresses, networks such as 10.0.0.0/8, or * for any) a "
+        "request's bootstrap_host may name, besides loopback and this machine's addresses."),
 ) -> None:
     """Serve the embedded engine: OpenAI + SGLang-style HTTP API, /metrics, profiling."""
     # Bounds and choices live in one typed model (mini/server/args.py), which `servelab run
@@ -76,7 +85,8 @@ def serve(
     )
     run_server(args, a.host, a.port, a.served_model_name, a.log_level,
                bootstrap_port=a.disaggregation_bootstrap_port,
-               waiting_timeout_s=a.disaggregation_waiting_timeout)
+               waiting_timeout_s=a.disaggregation_waiting_timeout,
+               allowed_bootstrap_hosts=host_list(a.disaggregation_allowed_bootstrap_hosts))
     # The engine is stopped and output flushed; skip the interpreter's slow teardown (~2 s of
     # torch/thread clean-up measured here) so that experiment runners can restart us quickly.
     import os

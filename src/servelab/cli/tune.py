@@ -196,11 +196,16 @@ def _add_install(tune: typer.Typer) -> None:
         folder = dest or I.engine_config_dir(engine, python)
         if restore:
             back = I.restore(folder)
-            for f in back:
+            for f in back.done:
                 say(f"{'restored' if f.replaced else 'removed '} {folder / f.name}")
+            for name, why in back.failed:
+                _stderr(f"not restored {name!r}: {why}")
             if as_json:
-                jsonout.emit("tune_install", jsonout.tune_install(engine, folder, back, True,
-                                                                  None, None))
+                jsonout.emit("tune_install", jsonout.tune_install(
+                    engine, folder, back.done, True, None, None, not_restored=back.failed))
+            if back.failed:
+                raise UserError(f"{len(back.failed)} of {len(back.done) + len(back.failed)} "
+                                "entries not restored (listed above); the rest were")
             return
         if directory is None:
             raise UserError("give the folder of tuned files: servelab tune install DIR --engine ...")

@@ -14,6 +14,7 @@ from servelab.experiment.design.parse import from_store
 from servelab.experiment.plan.preflight import load
 from servelab.experiment.plan.schedule import plan
 from servelab.experiment.present import attribution, run_file
+from servelab.experiment.report.document import experiment_document
 from servelab.experiment.report.html import write
 from servelab.store import Store
 
@@ -71,7 +72,7 @@ def run_demo(
     took = f"demo finished in {time.monotonic() - t0:.0f} s"
     if as_json:  # stdout holds the document only; the console writes to stderr
         console.print(took, highlight=False)
-        jsonout.emit("experiment", jsonout.experiment(data, {"html": str(page), "markdown": str(md)}))
+        jsonout.emit("experiment", experiment_document(data, {"html": str(page), "markdown": str(md)}))
     else:
         attribution(console, data)
         console.print(f"{took}\nreport: {page}\nmarkdown: {md}", highlight=False)

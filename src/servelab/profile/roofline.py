@@ -328,6 +328,9 @@ def resolve_dtypes(
     return wdt, edt
 
 
+MAX_TP, MAX_BATCH, MAX_CONTEXT, MAX_DRAFT = 65_536, 1 << 24, 1 << 30, 64
+
+
 def ceiling(
     m: ModelSpec,
     gpu: GpuSpec,
@@ -346,18 +349,24 @@ def ceiling(
     `allreduce_latency_us` (default 0: a pure bandwidth bound) adds a fixed cost per all-reduce,
     e.g. NCCL's small-message latency measured with nccl-tests on the target machine.
     """
-    if allreduce_latency_us < 0:
-        raise UserError(f"--allreduce-latency-us must be >= 0, got {allreduce_latency_us}")
+    # upper bounds are what any deployment could have, with room to spare: past them a number is
+    # a typo, and past 2^63 it would fail inside numpy instead of here
+    if not 0 <= allreduce_latency_us < 1e9:
+        raise UserError(f"--allreduce-latency-us must be >= 0 and finite, got {allreduce_latency_us}")
     lat = allreduce_latency_us * 1e-6
     wdt, edt = resolve_dtypes(m, weight_dtype, expert_dtype)
-    if tp < 1:
-        raise UserError(f"--tp must be >= 1, got {tp}")
+    if not 1 <= tp <= MAX_TP:
+        raise UserError(f"--tp must be between 1 and {MAX_TP:,}, got {tp}")
     if not batches:
         raise UserError("--batch needs at least one batch size, e.g. --batch 1,8,16")
-    if context < 0:
-        raise UserError(f"--context must be >= 0 tokens, got {context}")
-    if mtp_accept is not None and mtp_draft < 1:
-        raise UserError(f"--mtp-draft must be >= 1 draft token per step, got {mtp_draft}")
+    if not all(0 <= b <= MAX_BATCH for b in batches):
+        raise UserError(f"--batch sizes must be between 0 and {MAX_BATCH:,}, got "
+                        f"{max(batches, key=lambda b: abs(b))}")
+    if not 0 <= context <= MAX_CONTEXT:
+        raise UserError(f"--context must be between 0 and {MAX_CONTEXT:,} tokens, got {context}")
+    if mtp_accept is not None and not 1 <= mtp_draft <= MAX_DRAFT:
+        raise UserError(f"--mtp-draft must be >= 1 draft token per step (at most {MAX_DRAFT}), "
+                        f"got {mtp_draft}")
     if mtp_accept is not None and not 1.0 <= mtp_accept <= mtp_draft + 1:
         raise UserError(
             f"--mtp-accept {mtp_accept} must lie in [1, draft + 1 = {mtp_draft + 1}] "

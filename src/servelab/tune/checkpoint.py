@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from servelab import atomic
+
 FILE_NAME = "tune-checkpoint.jsonl"
 
 
@@ -89,7 +91,7 @@ class Checkpoint:
         """Append one record; `sync` also fsyncs (used for unit records)."""
         if self._f is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._f = open(self.path, "ab")
+            self._f = atomic.open_append(self.path, private=False)
             if self._f.tell() > 0:
                 with open(self.path, "rb") as r:
                     r.seek(-1, os.SEEK_END)

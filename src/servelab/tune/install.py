@@ -13,7 +13,6 @@ replaced and which were new, so `restore` returns the folder to what the engine 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,9 +96,48 @@ def confirm(engine: str, dest: Path, names: list[str], python: str | None = None
                                      f"({got['how']})")
 
 
+def _plain_name(name: object) -> bool:
+    """A manifest entry may name only an engine config file of the folder itself: no path
+    separators, no `..`, nothing but what `install` copies."""
+    return (isinstance(name, str) and name == Path(name).name and name not in (".", "..")
+            and "\\" not in name and "\0" not in name
+            and formats.parse_file_name(name) is not None)
+
+
+def _backup_dir(dest: Path) -> Path:
+    """`dest/.servelab-backup`, refused when it is a link or not a folder: its files are
+    written and deleted, so it must be the folder's own."""
+    backup = dest / BACKUP_DIR
+    if backup.is_symlink() or (backup.exists() and not backup.is_dir()):
+        raise UserError(f"{backup} is a link or not a folder; servelab writes only inside "
+                        f"{dest}: remove it and run again")
+    return backup
+
+
 def _manifest(dest: Path) -> dict[str, dict[str, object]]:
-    path = dest / BACKUP_DIR / MANIFEST
-    return json.loads(path.read_text()) if path.exists() else {}
+    """The manifest of earlier installs; UserError (one line) when it is not servelab's."""
+    path = _backup_dir(dest) / MANIFEST
+    if not path.exists():
+        return {}
+    if path.is_symlink() or not path.is_file():
+        raise UserError(f"{path} is a link or not a file; remove it and run again")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise UserError(f"{path}: not a manifest servelab wrote ({type(exc).__name__}); "
+                        "remove it and run again") from None
+    if not isinstance(raw, dict) or not all(
+            isinstance(v, dict) and isinstance(v.get("replaced"), bool) for v in raw.values()):
+        raise UserError(f"{path}: not a manifest servelab wrote (expected "
+                        '{"<file name>": {"replaced": true|false}}); remove it and run again')
+    return raw
+
+
+def _refuse_links(dest: Path, backup: Path, names: list[str]) -> None:
+    links = [p for name in names for p in (dest / name, backup / name) if p.is_symlink()]
+    if links:
+        raise UserError(f"{links[0]} is a link; servelab never writes through links (nothing "
+                        "installed): remove it and run again")
 
 
 def install(src: Path, engine: str, dest: Path) -> list[Installed]:
@@ -122,8 +160,9 @@ def install(src: Path, engine: str, dest: Path) -> list[Installed]:
     if dest.resolve() == src.resolve():   # else its own files would be "backed up" as shipped
         raise UserError(f"{dest} is the folder of tuned files itself; give the engine's config "
                         "folder with --dest (or leave --dest out to find it)")
-    backup = dest / BACKUP_DIR
+    backup = _backup_dir(dest)
     manifest = _manifest(dest)
+    _refuse_links(dest, backup, [p.name for p in files])
     out = []
     for p in files:
         target = dest / p.name
@@ -131,7 +170,7 @@ def install(src: Path, engine: str, dest: Path) -> list[Installed]:
             replaced = target.exists()
             if replaced:
                 backup.mkdir(exist_ok=True)
-                shutil.copy2(target, backup / p.name)
+                atomic.write_bytes(backup / p.name, target.read_bytes())
             manifest[p.name] = {"replaced": replaced}
         atomic.write_text(target, p.read_text())
         out.append(Installed(p.name, bool(manifest[p.name]["replaced"])))
@@ -140,21 +179,55 @@ def install(src: Path, engine: str, dest: Path) -> list[Installed]:
     return out
 
 
-def restore(dest: Path) -> list[Installed]:
-    """Undo every install into `dest`: shipped files back, files the engine never had removed."""
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What `restore` put back, and what it could not (name, why): those entries stay in the
+    manifest, except names that are not the folder's own files, which are never acted on."""
+
+    done: list[Installed]
+    failed: list[tuple[str, str]]
+
+
+def _restore_one(dest: Path, backup: Path, name: str, replaced: bool) -> str | None:
+    """Put one entry back; the reason it cannot be, or None."""
+    target, saved = dest / name, backup / name
+    if target.is_symlink():
+        return "the installed file is a link: servelab does not write through it"
+    if not replaced:
+        target.unlink(missing_ok=True)
+        return None
+    if saved.is_symlink() or not saved.is_file():
+        return f"its backup {saved} is missing or a link"
+    atomic.write_bytes(target, saved.read_bytes())
+    saved.unlink()
+    return None
+
+
+def restore(dest: Path) -> Restored:
+    """Undo every install into `dest`: shipped files back, files the engine never had removed.
+    Every entry that can be restored is; the others are listed with why (a missing backup, a
+    link, a name outside the folder) and nothing outside `dest` is created, changed or deleted."""
     manifest = _manifest(dest)
     if not manifest:
         raise UserError(f"{dest}: nothing to restore (no {BACKUP_DIR}/{MANIFEST})")
-    backup = dest / BACKUP_DIR
-    out = []
+    backup = _backup_dir(dest)
+    done: list[Installed] = []
+    failed: list[tuple[str, str]] = []
+    keep: dict[str, dict[str, object]] = {}
     for name, rec in sorted(manifest.items()):
-        if rec.get("replaced"):
-            atomic.write_text(dest / name, (backup / name).read_text())
-            (backup / name).unlink()
+        if not _plain_name(name):
+            failed.append((name, "not a config file of this folder: never acted on"))
+            continue
+        why = _restore_one(dest, backup, name, bool(rec["replaced"]))
+        if why is None:
+            done.append(Installed(name, bool(rec["replaced"])))
         else:
-            (dest / name).unlink(missing_ok=True)
-        out.append(Installed(name, bool(rec.get("replaced"))))
-    (backup / MANIFEST).unlink()
-    if not any(backup.iterdir()):
-        backup.rmdir()
-    return out
+            failed.append((name, why))
+            keep[name] = rec
+    if keep:
+        atomic.write_text(backup / MANIFEST, json.dumps(keep, indent=1, sort_keys=True) + "\n")
+    else:
+        (backup / MANIFEST).unlink()
+        if not any(backup.iterdir()):
+            backup.rmdir()
+    return Restored(done, failed)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from experiment_files import BASE, error_of, load_text
 
+from servelab.errors import UserError
 from servelab.experiment.plan import processes
 
 
@@ -34,7 +35,7 @@ from servelab.experiment.plan import processes
             BASE.format(engine="sglang", model="m", arm_b="").replace(
                 "concurrency = [1, 8]", "concurrency = [0]"
             ),
-            "load.concurrency: concurrency values must be >= 1",
+            "load.concurrency: concurrency values must be between 1 and",
         ),
         (
             BASE.format(engine="sglang", model="m", arm_b="").replace("[arms.b]\n", ""),
@@ -90,7 +91,43 @@ def test_the_documented_full_example_is_valid(tmp_path):
     text = "\n".join(
         line for line in block.splitlines() if not line.startswith(("dataset =", "tokenizer ="))
     )
+    # the page lists [adaptive] beside a fixed count; a file sets one or the other
+    text = text.replace("repetitions = 5 ", 'repetitions = "auto" ', 1)
     s = load_text(tmp_path, text)
     (proc,) = processes.resolve(s, "mtp")
     assert proc.flags["speculative-num-draft-tokens"] == 2 and "cuda-graph-max-bs" not in proc.flags
     assert proc.flags["mem-fraction-static"] == 0.8 and proc.env["NCCL_PROTO"] == "LL"
+
+
+# --- hostile files (issue: bad input that crashed or hung) ----------------------------------
+
+EXTERNAL = 'name = "x"\nengine = "external"\nurl = "http://127.0.0.1:1"\n[arms.a]\n[arms.b]\n'
+
+
+def test_what_is_not_a_regular_file_of_modest_size_is_refused_at_once(tmp_path):
+    import os
+
+    from servelab.experiment.design.parse import MAX_FILE_BYTES, read
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)                      # reading it would block forever
+    big = tmp_path / "big.toml"
+    big.write_bytes(b"# " + b"x" * MAX_FILE_BYTES)
+    for path, words in [("/dev/zero", "not a regular file"), (str(fifo), "not a regular file"),
+                        (str(tmp_path), "not a regular file"), (str(big), "at most")]:
+        with pytest.raises(UserError, match=words) as err:
+            read(path)
+        assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    (EXTERNAL + "[load]\nconcurrency = [1180591620717411303424]\n", "load.concurrency.0: a number beyond"),
+    (EXTERNAL + "[base.flags]\ntp = -1180591620717411303424\n[load]\nconcurrency = [1]\n",
+     "base.flags.tp: a number beyond"),
+    (EXTERNAL + "[load]\nconcurrency = [2000000]\n", "between 1 and 1,000,000"),
+    (EXTERNAL + "[load]\nrequest_rate = [nan]\n", "request rates must be numbers > 0"),
+    ("repetitions = 3\n" + EXTERNAL + "[adaptive]\nmax = 5\n[load]\nconcurrency = [1]\n",
+     '[adaptive] is read only with repetitions = "auto"'),
+    ("x = " + "[" * 100_000 + "]" * 100_000 + "\n", "nested too deeply"),
+])
+def test_numbers_and_tables_that_would_fail_late_are_one_line_errors(tmp_path, text, words):
+    assert words in error_of(tmp_path, text)

@@ -92,3 +92,42 @@ def test_examples_pass_preflight():
     mine = ("demo", "sglang_mtp", "vllm_mtp", "disagg", "aa_noise")
     for name in mine:
         load(EXAMPLES / f"{name}.toml")
+
+
+PD = """
+name = "pd"
+engine = "embedded"
+model = "tiny"
+[base.flags]
+device = "cpu"
+[[base.processes]]
+role = "prefill"
+{prefill}
+[[base.processes]]
+role = "decode"
+{decode}
+[[base.processes]]
+role = "router"
+[arms.a]
+[arms.b]
+{arm_b}
+[load]
+concurrency = [1]
+"""
+
+
+@pytest.mark.parametrize(("prefill", "decode", "arm_b", "want"), [
+    # before: --check passed these; the runs failed after launch (a 502, or 4 x 60 s timeouts)
+    ("", "", 'recipe = "mtp-conservative"\nroles = ["decode"]',
+     "arms.b: speculative flags on the decode process only"),
+    ("port = 31000", "port = 31000", "", "process 2 (decode) port 31000 is also process 1 (prefill) port"),
+    ("flags = { disaggregation-bootstrap-port = 31001 }", "port = 31001", "",
+     "is also process 1 (prefill) disaggregation-bootstrap-port"),
+])
+def test_pd_deployments_that_cannot_work_are_refused_at_check(tmp_path, prefill, decode, arm_b, want):
+    assert want in error_of(tmp_path, PD.format(prefill=prefill, decode=decode, arm_b=arm_b))
+
+
+def test_mtp_on_both_pd_roles_passes(tmp_path):
+    text = PD.format(prefill="", decode="", arm_b='recipe = "mtp-conservative"')
+    assert load_text(tmp_path, text).name == "pd"

@@ -170,3 +170,18 @@ def test_report_out_writes_the_folder_and_refuses_a_file(finished, tmp_path, mon
     assert len(lines) == 1 and "Traceback" not in err, err
     assert str(plain) in lines[0] and "check the path" in lines[0], lines[0]
     assert plain.read_text() == "keep me"
+
+
+def test_markdown_shows_html_in_the_hypothesis_as_text(finished, tmp_path):
+    """Before: report.md copied raw HTML from the hypothesis, which a markdown viewer runs."""
+    import sqlite3
+
+    hostile = "MTP <script>alert(1)</script><img src=x onerror=alert(2)> helps; p < 0.05, t <= 75"
+    db = sqlite3.connect(finished.path)
+    db.execute("UPDATE experiments SET spec = json_set(spec, '$.hypothesis', ?)", (hostile,))
+    db.commit()
+    db.close()
+    md, _, _ = write(finished, "rep", tmp_path / "out")
+    text = md.read_text()
+    assert "<script" not in text and "<img" not in text and "</script" not in text
+    assert "&lt;script>alert(1)&lt;/script>" in text and "p < 0.05, t <= 75" in text

@@ -57,3 +57,50 @@ def test_a_handoff_that_does_not_fit_is_refused():
         decode(b"GET / HTTP/1.1")
 
 
+def test_bad_handoffs_fail_alone_in_a_batch_of_good_ones():
+    """A sampler state of the right length but invalid passed check(), then failed install()
+    inside the engine step: the valid requests installed in the same step failed with it, and
+    three such steps in a row made /health 503. Each handoff is now checked whole first (as
+    the decode server does before submitting), so the bad ones are refused and every good one
+    completes as one engine does alone, in batches that mix them."""
+    import os
+    import struct
+
+    from servelab.mini.engine.args import EngineArgs
+    from servelab.mini.engine.engine import Engine
+
+    pre, one = engine("micro"), engine("micro")
+    dec = Engine(EngineArgs(config="micro", random_weights=True, context_length=256,
+                            max_running_requests=8))
+    prompts = [tk.encode(f"def f{i}(x):\n    return") for i in range(4)]
+    good, bad = [], []
+    for i, prompt in enumerate(prompts):
+        sp = SamplingParams(max_tokens=12, temperature=0.8, seed=40 + i, ignore_eos=True)
+        wire, _ = prefill(pre, prompt, sp, room=i)
+        good.append((prompt, sp, decode(wire), run(one, prompt, sp)))
+        (n,) = struct.unpack(">I", wire[4:8])
+        ngen = len(wire) - 8 - n - decode(wire).kv.nbytes - decode(wire).ik.nbytes
+        bad.append((prompt, sp, decode(wire[:-ngen] + os.urandom(ngen))))
+    for _ in range(3):  # three steps, each mixing good and bad handoffs
+        outs, submitted = [], 0
+        for (prompt, sp, h, want), (bprompt, bsp, bh) in zip(good, bad, strict=True):
+            for p, s, hh, w in ((prompt, sp, h, want), (bprompt, bsp, bh, None)):
+                try:
+                    dec.check_handoff(hh, p, hh.room)
+                except TransferError as exc:
+                    assert w is None and "sampler state" in str(exc), exc
+                    continue
+                got: list[int] = []
+                done: list[str] = []
+                dec.submit(p, s, lambda ev, g=got, d=done: (g.extend(ev.token_ids),
+                                                             d.append(ev.finish_reason)),
+                           room=hh.room, handoff=hh)
+                outs.append((got, done, w))
+                submitted += 1
+        while not all(d and d[-1] for _, d, _ in outs):
+            assert dec.step()
+        for got, done, want in outs:
+            if want is not None:
+                assert done[-1] == "length" and got == want, done
+        assert submitted == len(good)
+        assert dec.failed_steps == 0 and dec.unhealthy() is None

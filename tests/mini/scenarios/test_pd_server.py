@@ -381,6 +381,10 @@ def test_a_router_with_its_workers_swapped_is_not_healthy(pd):
         assert (f"{pd['prefill']} runs --disaggregation-mode prefill, routed as decode"
                 in err["error"]["message"])
         assert call(pd["router_plain"], "/health")[0] == 200
+        # before: a request went through and came back with one token, finish_reason "length"
+        st, err = call(f"http://127.0.0.1:{port}", "/v1/completions",
+                       {"prompt": PROMPT, "max_tokens": 8})
+        assert st == 503 and "routed as" in err["error"]["message"], err
     finally:
         router.kill()
         router.wait()

@@ -87,3 +87,65 @@ def test_a_decode_stream_that_breaks_off_ends_with_an_error_event():
         for s in (prefill, decode):
             s.shutdown()
             s.server_close()
+
+
+def _worker_with_metrics():
+    """A worker on loopback: GETs answer 200 with one Prometheus sample, POSTs 200 `{}`."""
+    import http.server
+    import threading
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def _answer(self, body: bytes, ctype: str) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self._answer(b"worker_up 1\n", "text/plain")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            self._answer(b"{}", "application/json")
+
+        def log_message(self, *_args) -> None:
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_worker_url_credentials_are_never_shown():
+    """Before: the password of `--prefill http://u:PW@...` was in the ready line, /server_info
+    (any client reads it), the /metrics `worker=` label, 502 bodies and /health."""
+    pw = "Pw-7fQ2sLx9"
+    worker, dead = _worker_with_metrics(), free_port()
+    good = f"http://u:{pw}@127.0.0.1:{worker.server_address[1]}"
+    bad = f"http://u:{pw}@127.0.0.1:{dead}"
+    seen: list[str] = []
+    routers = []
+    try:
+        for decode in (good, bad):
+            r, port = start("router", "--pd-disaggregation", "--prefill", good, "--decode", decode)
+            routers.append(r)
+            seen.append(r.stdout.readline())           # the ready line
+            assert "router ready" in seen[-1], seen[-1]
+            url = f"http://127.0.0.1:{port}"
+            answers = [call(url, "/server_info"), call(url, "/metrics"), call(url, "/health"),
+                       call(url, "/v1/completions", {"prompt": "x", "max_tokens": 1})]
+            seen += [text for _, text in answers]
+            if decode == good:
+                assert 'worker="http://<redacted>@127.0.0.1' in answers[1][1], answers[1][1]
+                assert "<redacted>@" in answers[0][1]
+            else:
+                assert answers[2][0] == 503 and answers[3][0] == 502, answers
+                assert "<redacted>@" in answers[3][1]
+    finally:
+        for r in routers:
+            r.kill()
+            seen.append(r.communicate()[0])
+        worker.shutdown()
+        worker.server_close()
+    assert all(pw not in text for text in seen), [t for t in seen if pw in t]

@@ -57,7 +57,7 @@ class Recorder:
         st, cfg = self.store, self.cfg
         row = save_load_point(st, cfg, lp, res, label=self.label) if st is not None else None
         if line is None:
-            report_point(self.console, res, f"{lp.key}  ({cfg.base_url}, {cfg.api})"
+            report_point(self.console, res, f"{lp.key}  ({cfg.shown_url}, {cfg.api})"
                          + (f"  stored as #{row}" if row else ""), full=True)
         else:
             report_point(self.console, res, line(row), full=False)

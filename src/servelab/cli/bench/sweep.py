@@ -44,7 +44,7 @@ def measure_sweep(plan: Plan, rec: Recorder, quiet: bool) -> None:
         rec.write_output()
 
     console.print(f"sweep {sweep_id}" + (f" under {slos.describe()}" if slos else "")
-                  + f" against {cfg.base_url}", markup=False, highlight=False)
+                  + f" against {cfg.shown_url}", markup=False, highlight=False)
     result = run_sweep(measure, plan.sweep, on_point)
     console.print(sweep_table(result, slos))
     sweep_doc.update({"synchronous_req_s": result.synchronous_req_s,

@@ -5,11 +5,14 @@ process, local.py; or one on a Ray node, ray_hosts.py), and the host helpers bot
 from __future__ import annotations
 
 import os
+import shlex
 import threading
 from pathlib import Path
-from typing import Any, Protocol
+from typing import IO, Any, Protocol
 
+from servelab import atomic
 from servelab.engines.base import ProcessPlan
+from servelab.redaction import redact, redact_text
 
 
 class DeployError(Exception):
@@ -21,7 +24,8 @@ class DeployError(Exception):
 
 
 def tail(path: Path, lines: int = 40, max_bytes: int = 16384) -> str:
-    """The last lines of a log file ('' when missing)."""
+    """The last lines of a log file ('' when missing), secrets redacted: tails go into errors,
+    console lines and the store."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -29,7 +33,7 @@ def tail(path: Path, lines: int = 40, max_bytes: int = 16384) -> str:
             data = f.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(data.splitlines()[-lines:])
+    return redact_text("\n".join(data.splitlines()[-lines:])) or ""
 
 
 def descendants(pid: int) -> list[int]:
@@ -67,3 +71,15 @@ class Running(Protocol):
 def on_main_thread() -> bool:
     """Signal handlers can only be set on the main thread."""
     return threading.current_thread() is threading.main_thread()
+
+
+def open_log(path: Path) -> IO[bytes]:
+    """A process's log file for appending, readable by its owner only (0600, like the reports:
+    an engine may print its own arguments, secrets included); a link there is refused."""
+    return atomic.open_append(path)
+
+
+def launch_line(argv: list[str]) -> bytes:
+    """The `$ command` line a log starts with, secrets redacted, quoted as a shell would read it."""
+    return f"$ {shlex.join(str(a) for a in redact(list(argv)))}\n".encode()
+

@@ -27,7 +27,9 @@ from servelab.experiment.deploy.base import (
     DeployError,
     Running,
     descendants,
+    launch_line,
     on_main_thread,
+    open_log,
     tail,
 )
 from servelab.experiment.deploy.ports import free_port, wait_port_free
@@ -73,8 +75,8 @@ class LocalProcess:
                 f"port {plan.port} of the {plan.role} process is still in use "
                 f"after {port_free_s:.0f} s"
             )
-        log_file = open(log_path, "ab")  # noqa: SIM115 (closed in terminate)
-        log_file.write(f"$ {' '.join(plan.argv)}\n".encode())
+        log_file = open_log(log_path)  # closed in terminate
+        log_file.write(launch_line(plan.argv))
         log_file.flush()
         try:
             proc = subprocess.Popen(

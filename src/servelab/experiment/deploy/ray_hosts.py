@@ -24,7 +24,7 @@ from typing import IO, Any
 from servelab.engines.base import Engine, ProcessConfig, ProcessPlan
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
-from servelab.experiment.deploy.base import DeployError, Running, tail
+from servelab.experiment.deploy.base import DeployError, Running, launch_line, open_log, tail
 from servelab.experiment.deploy.local import Site
 from servelab.experiment.deploy.ray_actor import EngineHost
 from servelab.experiment.deploy.ray_nodes import cluster_text, connect, nodes, unplaceable
@@ -188,8 +188,8 @@ class RayProcess:
         self.offset = 0
         self._lost: str | None = None
         self._lock = threading.Lock()
-        self._log: IO[bytes] | None = open(log_path, "ab")  # noqa: SIM115 (closed in terminate)
-        self._log.write(f"$ {' '.join(plan.argv)}\n# on node {site.short()}\n".encode())
+        self._log: IO[bytes] | None = open_log(log_path)  # closed in terminate
+        self._log.write(launch_line(plan.argv) + f"# on node {site.short()}\n".encode())
         self._log.flush()
         self._stop = threading.Event()
         self._follower = threading.Thread(target=self._follow, daemon=True)

@@ -12,6 +12,9 @@ from servelab.bench.config import BenchConfig, WorkloadConfig
 from servelab.experiment.design.base import Strict
 from servelab.experiment.design.sweep import SWEEP_KEY, SweepSpec
 
+# more streams than any client machine opens; a typo beyond it would fail at run time
+MAX_CONCURRENCY = 1_000_000
+
 
 class LoadSpec(Strict):
     concurrency: list[int] = []
@@ -23,15 +26,16 @@ class LoadSpec(Strict):
     @field_validator("concurrency")
     @classmethod
     def _pos_c(cls, v: list[int]) -> list[int]:
-        if any(c < 1 for c in v):
-            raise ValueError("concurrency values must be >= 1")
+        if any(not 1 <= c <= MAX_CONCURRENCY for c in v):
+            raise ValueError(f"concurrency values must be between 1 and {MAX_CONCURRENCY:,}")
         return v
 
     @field_validator("request_rate")
     @classmethod
     def _pos_r(cls, v: list[float]) -> list[float]:
-        if any(r <= 0 for r in v):
-            raise ValueError("request rates must be > 0 (requests per second)")
+        if any(not r > 0 for r in v):    # NaN too: it compares false with everything
+            raise ValueError("request rates must be numbers > 0 (requests per second; inf sends "
+                             "all at once)")
         return v
 
     @model_validator(mode="after")

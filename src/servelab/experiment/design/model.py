@@ -34,6 +34,7 @@ from servelab.experiment.design.placement import (
     check_placement,
     drop_unset_placement,
 )
+from servelab.redaction import redact
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$"
 
@@ -238,6 +239,18 @@ class ExperimentSpec(Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _adaptive_needs_auto(self, info: ValidationInfo) -> ExperimentSpec:
+        # an [adaptive] table under fixed repetitions was silently ignored: say so instead
+        # (a table equal to the defaults changes nothing: a spec written back by to_json has one)
+        if (not is_stored(info) and self.adaptive != AdaptiveSpec()
+                and self.repetitions != "auto"):
+            raise ValueError(
+                f'[adaptive] is read only with repetitions = "auto" (this file says '
+                f"repetitions = {self.repetitions}): set it to \"auto\" or remove [adaptive]"
+            )
+        return self
+
     @property
     def uses_ray(self) -> bool:
         """Whether any process of any arm may run on a Ray cluster."""
@@ -282,4 +295,6 @@ class ExperimentSpec(Strict):
         for arm in d["arms"].values():
             arm.pop("description", None)
         drop_unset_placement(d)
-        return hashlib.sha256(orjson.dumps(d, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+        # over the redacted form: a secret is no part of the design, and a hash of it would let
+        # anyone holding the store test guesses of a short password offline
+        return hashlib.sha256(orjson.dumps(redact(d), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]

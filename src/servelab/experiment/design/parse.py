@@ -8,6 +8,7 @@ one place, with the tolerance an older store needs (design/base.py).
 
 from __future__ import annotations
 
+import stat
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -40,8 +41,39 @@ def _loc(loc: tuple[Any, ...]) -> tuple[str, bool]:
     return ".".join(parts), False
 
 
+# an experiment file is a page of settings; past this it is not one (/dev/zero, a log)
+MAX_FILE_BYTES = 1 << 20
+# what SQLite, orjson and the engines' own parsers can hold; a value past it would fail late,
+# inside the design hash or a launch, instead of here
+_INT_RANGE = (-(1 << 63), (1 << 63) - 1)
+
+
+def _out_of_range(data: Any, path: str = "") -> str | None:
+    """The dotted key of the first integer no store or engine can hold, or None."""
+    if isinstance(data, bool):
+        return None
+    if isinstance(data, int):
+        return path or "(top level)" if not _INT_RANGE[0] <= data <= _INT_RANGE[1] else None
+    if isinstance(data, float):
+        return None
+    items = (data.items() if isinstance(data, dict)
+             else enumerate(data) if isinstance(data, list) else ())
+    for k, v in items:
+        found = _out_of_range(v, f"{path}.{k}" if path else str(k))
+        if found:
+            return found
+    return None
+
+
 def parse(data: dict[str, Any], source: str = "<experiment>") -> ExperimentSpec:
     """Validate a dict; a problem becomes ONE line: `source: key.path: problem`."""
+    try:
+        where = _out_of_range(data)
+    except RecursionError:
+        raise UserError(f"{source}: nested too deeply to be an experiment file") from None
+    if where is not None:
+        raise UserError(f"{source}: {where}: a number beyond 64-bit integers; no engine or "
+                        "store takes it")
     try:
         return ExperimentSpec.model_validate(data)
     except ValidationError as exc:
@@ -74,13 +106,27 @@ def read(path: str | Path, transform: Callable[[dict], dict] | None = None) -> E
     rewrites the parsed TOML before validation (the demo's quick variant)."""
     p = Path(path)
     try:
-        text = p.read_text()
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise UserError(f"{p} is not a regular file; give an experiment file (.toml)")
+        if st.st_size > MAX_FILE_BYTES:
+            raise UserError(f"{p} is {st.st_size:,} bytes: an experiment file is at most "
+                            f"{MAX_FILE_BYTES:,}")
+        with p.open("rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)     # the file may grow between stat and read
+        if len(raw) > MAX_FILE_BYTES:
+            raise UserError(f"{p} is over {MAX_FILE_BYTES:,} bytes: not an experiment file")
+        text = raw.decode()
     except OSError as exc:
         raise UserError(f"cannot read experiment file {p}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{p}: not UTF-8 text (byte {exc.start}); an experiment file is TOML") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UserError(f"{p}: invalid TOML: {exc}") from None
+    except RecursionError:
+        raise UserError(f"{p}: nested too deeply to be an experiment file") from None
     if transform is not None:
         data = transform(data)
     return parse(data, str(p))

@@ -16,13 +16,14 @@ from typing import Any
 from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan import placement, processes
 from servelab.experiment.plan.schedule import plan
+from servelab.redaction import redact
 
 
 def collect(spec: ExperimentSpec, source: str | None = None) -> dict[str, Any]:
     """The plan as data: arms -> processes (role, argv, env, verdict, node), and the run
     schedule. `node` is None for a process on this host, else the Ray node it would land on
     ({node_id, ip, candidates}: how many nodes could take it); UserError when the cluster
-    cannot place a process."""
+    cannot place a process. Secret values (flags, env, URLs) are redacted."""
     nodes: dict[str, list[dict | None]] = {}
     if spec.uses_ray:
         nodes = placement.predict(spec, source)
@@ -37,10 +38,11 @@ def collect(spec: ExperimentSpec, source: str | None = None) -> dict[str, Any]:
             for c, n in zip(processes.planned(spec, arm, [n and n["ip"] for n in where]),
                             where, strict=True)
         ]
-    return {"name": spec.name, "engine": spec.engine, "model": spec.model, "arms": arms,
-            "ports_note": "ports are allocated again at launch; these show the layout",
-            "schedule": [{"seq": p.seq, "block": p.block, "deploy": p.group,
-                          "run": p.describe()} for p in plan(spec)]}
+    # redacted here, so the text lines and the --json document both show no secret
+    return redact({"name": spec.name, "engine": spec.engine, "model": spec.model, "arms": arms,
+                   "ports_note": "ports are allocated again at launch; these show the layout",
+                   "schedule": [{"seq": p.seq, "block": p.block, "deploy": p.group,
+                                 "run": p.describe()} for p in plan(spec)]})
 
 
 def lines(data: dict[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from servelab import engines
 from servelab.engines import recipe as recipes
+from servelab.engines.base import ProcessConfig
 from servelab.errors import UserError
 from servelab.experiment.deploy.ray_nodes import require_ray
 from servelab.experiment.design.model import ExperimentSpec
@@ -81,6 +82,7 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
             if problems:
                 more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
                 raise UserError(f"{source}: arms.{name} ({proc.role}): {problems[0]}{more}")
+        _check_ports_and_roles(resolve(spec, name), f"{source}: arms.{name}")
         if spec.base.check_flags and eng.parser is not None:
             for cmd in planned(spec, name):
                 v = cmd.verdict
@@ -89,3 +91,36 @@ def preflight(spec: ExperimentSpec, source: str = "<experiment>") -> None:
                         f"{source}: arms.{name} ({cmd.role}): {v.error} [judged by {v.by}]; "
                         "fix the flag, or set base.check_flags = false"
                     )
+
+
+# the flags of one speculative setup: SGLang's PD requires them on prefill and decode alike (the
+# prefill drafts the first step's tokens and sends the draft layer's KV); with them on one role
+# only the run fails after launch with a 502
+_SPEC_PREFIX = "speculative-"
+
+
+def _check_ports_and_roles(procs: list[ProcessConfig], where: str) -> None:
+    """What a deployment's processes would collide on or disagree about, caught before launch
+    (else the run fails only after its launch timeouts): two processes given the same port, a
+    bootstrap port equal to a process's HTTP port, speculative decoding on one PD role only."""
+    taken: dict[int, str] = {}
+    for i, p in enumerate(procs):
+        ports = [(p.port, "port")] if p.port else []
+        boot = p.flags.get("disaggregation-bootstrap-port")
+        if isinstance(boot, int) and not isinstance(boot, bool):
+            ports.append((boot, "disaggregation-bootstrap-port"))
+        for port, what in ports:
+            here = f"process {i + 1} ({p.role}) {what}"
+            if port in taken:
+                raise UserError(f"{where}: {here} {port} is also {taken[port]}; give each "
+                                "process its own ports (or leave them out to have them allocated)")
+            taken[port] = here
+    spec_flags = {p.role: {k: v for k, v in p.flags.items() if k.startswith(_SPEC_PREFIX)}
+                  for p in procs if p.role in ("prefill", "decode")}
+    if len(spec_flags) == 2 and spec_flags["prefill"] != spec_flags["decode"]:
+        only = "decode" if spec_flags["decode"] and not spec_flags["prefill"] else (
+            "prefill" if spec_flags["prefill"] and not spec_flags["decode"] else None)
+        what = f"on the {only} process only" if only else "differ between prefill and decode"
+        raise UserError(f"{where}: speculative flags {what}: a PD deployment needs the same "
+                        "--speculative-* flags on both (apply the arm to roles = [\"prefill\", "
+                        "\"decode\"])")

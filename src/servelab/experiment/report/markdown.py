@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from servelab.experiment.report import sections
 from servelab.experiment.report.noise import stopping_lines
 from servelab.experiment.report.tables import (
@@ -64,4 +66,15 @@ def markdown(data: Evidence) -> str:
         ),
         "",
     ]
-    return "\n".join(lines)
+    return no_raw_html("\n".join(lines))
+
+
+# what CommonMark reads as raw HTML: '<' followed by a tag name, '/', '!' or '?'
+_TAG_START = re.compile(r"<(?=[A-Za-z/!?])")
+
+
+def no_raw_html(text: str) -> str:
+    """`text` with every raw-HTML opening escaped: the hypothesis, arm names, server errors
+    and log lines are other people's words, and a markdown viewer must show them, not run them
+    (`p < 0.05` and `ttft <= 75` stay as written)."""
+    return _TAG_START.sub("&lt;", text)

@@ -122,8 +122,40 @@ def validate_entry(entry: Mapping[str, Any], where: str) -> Entry:
         low = OPTIONAL_INT_KEYS.get(key, 1)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             raise ValueError(f"{where}: {key}={v!r} is not an integer >= {low}")
+        _check_limit(key, v, where)
         out[key] = v
+    tile = (out["BLOCK_SIZE_M"] + out["BLOCK_SIZE_N"]) * out["BLOCK_SIZE_K"]
+    if tile > SHARED_MEMORY_BYTES:
+        raise ValueError(f"{where}: one stage's A and B tiles need {tile:,} bytes of shared "
+                         f"memory ((BLOCK_SIZE_M + BLOCK_SIZE_N) x BLOCK_SIZE_K, FP8), more than "
+                         f"any GPU gives a block ({SHARED_MEMORY_BYTES:,})")
     return out
+
+
+# The engines' real limits, so that a file no engine could launch is refused at install:
+# Triton's block shapes are powers of two (tl.arange, tl.dot), a CTA runs at most 16 warps in
+# the engines' launchers, and one pipeline stage's FP8 A and B tiles live in shared memory, of
+# which Hopper and Blackwell give a block at most 227 KiB. (Stages are not multiplied in: how
+# many buffers a stage count takes differs between Triton's NVIDIA and AMD pipeliners, and a
+# shipped file must never be refused.)
+SHARED_MEMORY_BYTES = 232_448
+_POWER_OF_TWO_UP_TO = {"BLOCK_SIZE_M": 512, "BLOCK_SIZE_N": 512, "BLOCK_SIZE_K": 512,
+                       "SPLIT_K": 64}
+_RANGE = {"GROUP_SIZE_M": (1, 1024), "num_stages": (1, 8), "waves_per_eu": (0, 8)}
+_CHOICES = {"num_warps": (1, 2, 4, 8, 16), "kpack": (1, 2), "matrix_instr_nonkdim": (0, 16, 32)}
+
+
+def _check_limit(key: str, v: int, where: str) -> None:
+    if key in _POWER_OF_TWO_UP_TO:
+        top = _POWER_OF_TWO_UP_TO[key]
+        if v > top or v & (v - 1):
+            raise ValueError(f"{where}: {key}={v} is not a power of two <= {top}")
+    elif key in _RANGE:
+        lo, hi = _RANGE[key]
+        if not lo <= v <= hi:
+            raise ValueError(f"{where}: {key}={v} is outside {lo}..{hi}")
+    elif key in _CHOICES and v not in _CHOICES[key]:
+        raise ValueError(f"{where}: {key}={v} is not one of {', '.join(map(str, _CHOICES[key]))}")
 
 
 def read_config_file(path: str | Path) -> dict[int, Entry]:

@@ -93,8 +93,9 @@ def check(h: KVHandoff, prompt: list[int], room: int | None, *, cfg: ModelConfig
                             f"KV of room {h.room}")
     if h.fingerprint != model_fingerprint:
         raise TransferError(f"the prefill server serves another model (fingerprint "
-                            f"{h.fingerprint}, this decode server {model_fingerprint}): give "
-                            "both the same --config, --weights and --seed")
+                            f"{ascii(h.fingerprint[:40])}, this decode server "
+                            f"{model_fingerprint}): give both the same --config, --weights "
+                            "and --seed")
     if h.prompt != prompt:
         raise TransferError(f"the KV of bootstrap_room {h.room} is for another prompt "
                             f"({len(h.prompt)} tokens, this request {len(prompt)})")
@@ -112,9 +113,25 @@ def check(h: KVHandoff, prompt: list[int], room: int | None, *, cfg: ModelConfig
     if bad:
         raise TransferError(f"KV handoff names token ids {bad[:4]} outside this model's "
                             f"vocabulary of {cfg.vocab_size}")
-    if h.gen_state is not None and len(h.gen_state) != _GEN_STATE_BYTES:
-        raise TransferError(f"KV handoff's sampler state is {len(h.gen_state)} bytes, this "
+    if h.gen_state is not None:
+        _check_gen_state(h.gen_state)
+    if not (torch.isfinite(h.kv).all() and torch.isfinite(h.ik).all()):
+        raise TransferError(f"the KV of bootstrap_room {h.room} holds NaN or infinite values")
+
+
+def _check_gen_state(state: bytes) -> None:
+    """The sampler state must be one torch accepts: the right length is not enough (an invalid
+    mt19937 state of 5056 bytes passed, then failed install() inside the engine step, taking
+    the valid requests installed in the same step with it)."""
+    if len(state) != _GEN_STATE_BYTES:
+        raise TransferError(f"KV handoff's sampler state is {len(state)} bytes, this "
                             f"server's is {_GEN_STATE_BYTES}: run the same torch on both sides")
+    try:
+        torch.Generator().set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    except (RuntimeError, ValueError) as exc:
+        raise TransferError(f"KV handoff's sampler state is not a valid generator state "
+                            f"({str(exc).splitlines()[0][:80] if str(exc) else 'refused'})"
+                            ) from None
 
 
 def install(cache: KVCache, r: Request, layers: int, k: int) -> None:

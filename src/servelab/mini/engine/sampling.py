@@ -15,6 +15,11 @@ import torch
 
 from servelab.mini.model.tokenizer import BOS, EOS
 
+# Below this temperature a request is greedy, as vLLM rules (its _SAMPLING_EPS; SGLang's is
+# 1e-6): logits / 1e-40 overflow float32 to inf and softmax turns them into NaN, so no float32
+# sampler can compute such a temperature, and its limit is the argmax anyway.
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -30,7 +35,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < GREEDY_BELOW
 
 
 def mask_logits(logits: torch.Tensor, allow_eos: torch.Tensor) -> torch.Tensor:
@@ -43,11 +48,17 @@ def mask_logits(logits: torch.Tensor, allow_eos: torch.Tensor) -> torch.Tensor:
 
 
 def target_probs(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Masked logits [n, V] -> the distribution to sample from (temperature, then top-p)."""
-    probs = torch.softmax(logits / p.temperature, dim=-1)
+    """Masked logits [n, V] -> the distribution to sample from (temperature, then top-p).
+
+    Safe in float32 for every temperature >= GREEDY_BELOW and every top_p in (0, 1]: the
+    largest logit is subtracted first (the top token's weight is exp(0) = 1, so the sum is never
+    0 or inf), and the top token is always kept (a top_p of 1e-300 is 0 in float32)."""
+    top = logits.max(dim=-1, keepdim=True).values
+    probs = torch.softmax((logits - top) / p.temperature, dim=-1)  # [n, V]
     if p.top_p < 1.0:
         sp, si = probs.sort(dim=-1, descending=True)
-        keep = (sp.cumsum(-1) - sp) < p.top_p  # always keeps the top token
+        keep = (sp.cumsum(-1) - sp) < p.top_p
+        keep[..., 0] = True
         sp = sp * keep
         probs = torch.zeros_like(probs).scatter_(-1, si, sp)
         probs = probs / probs.sum(-1, keepdim=True)

@@ -30,6 +30,7 @@ from servelab.errors import UserError
 from servelab.mini.router import proxy, status
 from servelab.mini.router.args import RouterConfig
 from servelab.mini.router.state import RouterState
+from servelab.redaction import redact_url
 
 MAX_BODY_BYTES = 64 << 20
 
@@ -69,7 +70,8 @@ def run_router(cfg: RouterConfig, host: str, port: int) -> None:
             fix = "check --host" if isinstance(exc, socket.gaierror) else "pick another --port"
             raise UserError(f"cannot listen on {host}:{port} ({exc.strerror}); {fix}") from exc
         print(f"servelab router ready: http://{host}:{port} prefill="
-              f"{','.join(p.url for p in cfg.prefills)} decode={','.join(cfg.decodes)} "
+              f"{','.join(redact_url(p.url) for p in cfg.prefills)} "
+              f"decode={','.join(redact_url(d) for d in cfg.decodes)} "
               f"policy={cfg.policy} startup_s={time.perf_counter() - t0:.1f}", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

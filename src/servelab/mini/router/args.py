@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from servelab.errors import UserError
+from servelab.redaction import redact_url
 
 POLICIES = ("round_robin", "random")
 MAX_TIMEOUT_S = 7 * 86400.0  # a week: finite, as aiohttp's timers need
@@ -48,7 +49,8 @@ def _url(value: str, flag: str) -> str:
     except ValueError:
         ok = False
     if not ok:
-        raise UserError(f"{flag} {value}: give a worker URL such as http://127.0.0.1:30000")
+        raise UserError(f"{flag} {redact_url(value)}: give a worker URL such as "
+                        "http://127.0.0.1:30000")
     return value.rstrip("/")
 
 

@@ -14,7 +14,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from aiohttp import web
 
-from servelab.mini.router.state import RouterState, error
+from servelab.mini.router.state import RouterState, error, wrong_role
+from servelab.redaction import redact_text
 
 GENERATE_PATHS = ("/v1/completions", "/v1/chat/completions", "/generate")
 FORWARD_GET = ("/v1/models",)
@@ -55,7 +56,7 @@ async def _stream_decode(state: RouterState, request: web.Request, dresp: aiohtt
             counters.done(path, 502)
             if out.content_type != "text/event-stream":
                 raise  # drop the connection: a cut JSON body must not look complete
-            msg = f"decode server {d_url} broke off: {type(exc).__name__}: {exc}"
+            msg = redact_text(f"decode server {d_url} broke off: {type(exc).__name__}: {exc}")
             await out.write(b"data: " + json.dumps({"error": {  # as vLLM ends a failed
                 "message": msg, "type": "server_error", "param": None,  # stream
                 "code": 502}}).encode() + b"\n\ndata: [DONE]\n\n")
@@ -125,6 +126,10 @@ def add_routes(app: web.Application, state: RouterState) -> None:
             counters.done(path, 400)
             return error(400, "request body must be a JSON object", "invalid_request_error")
         p, d = cfg.prefills[state.pick_p()], cfg.decodes[state.pick_d()]
+        wrong = await wrong_role(state, p.url, "prefill") or await wrong_role(state, d, "decode")
+        if wrong:
+            counters.done(path, 503)
+            return error(503, f"worker in the wrong role: {wrong}; swap --prefill and --decode")
         body = {**body, "bootstrap_host": host_of(p.url), "bootstrap_port": p.bootstrap_port,
                 "bootstrap_room": random.getrandbits(63)}
         counters.in_flight += 1

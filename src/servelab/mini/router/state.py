@@ -5,6 +5,7 @@ client session to the workers (opened when the app starts)."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from dataclasses import dataclass, field
 
@@ -12,6 +13,7 @@ import aiohttp
 from aiohttp import web
 
 from servelab.mini.router.args import RouterConfig
+from servelab.redaction import redact_text
 
 
 @dataclass(slots=True)
@@ -49,6 +51,7 @@ class RouterState:
     pick_p: Picker = field(init=False)
     pick_d: Picker = field(init=False)
     session: aiohttp.ClientSession | None = None
+    modes: dict[str, str] = field(default_factory=dict)  # worker URL -> the role it reported
 
     def __post_init__(self) -> None:
         self.pick_p = Picker(len(self.cfg.prefills), self.cfg.policy)
@@ -69,7 +72,33 @@ class RouterState:
             return None
 
 
+def mode_of(got: tuple[int, bytes] | None) -> str | None:
+    """The `disaggregation_mode` a worker's /server_info reports (None when it says none)."""
+    if got is None or got[0] != 200:
+        return None
+    try:
+        info = json.loads(got[1])
+    except ValueError:
+        return None
+    mode = info.get("disaggregation_mode") if isinstance(info, dict) else None
+    return mode if isinstance(mode, str) else None
+
+
+async def wrong_role(state: RouterState, url: str, role: str) -> str | None:
+    """Why `url` cannot serve as `role` (it reports another disaggregation mode), or None. A
+    worker swapped with its peer would answer every request with one token and finish_reason
+    "length"; a role once reported is remembered, one not reported is asked again next time."""
+    mode = state.modes.get(url)
+    if mode is None:
+        mode = mode_of(await state.get(url + "/server_info", 2.0))
+        if mode is not None:
+            state.modes[url] = mode
+    if mode is not None and mode != role:
+        return f"{url} runs --disaggregation-mode {mode}, routed as {role}"
+    return None
+
+
 def error(status: int, message: str, kind: str = "server_error") -> web.Response:
-    """An OpenAI-style JSON error answer."""
-    return web.json_response({"error": {"message": message, "type": kind,
+    """An OpenAI-style JSON error answer; worker URLs in it keep no credentials."""
+    return web.json_response({"error": {"message": redact_text(message), "type": kind,
                                         "param": None, "code": status}}, status=status)

@@ -15,19 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.parser import text_string_to_metric_families
 
-from servelab.mini.router.state import Counters, RouterState, error
-
-
-def _mode(got: tuple[int, bytes] | None) -> str | None:
-    """The `disaggregation_mode` a worker's /server_info reports (None when it says none)."""
-    if got is None or got[0] != 200:
-        return None
-    try:
-        info = json.loads(got[1])
-    except ValueError:
-        return None
-    mode = info.get("disaggregation_mode") if isinstance(info, dict) else None
-    return mode if isinstance(mode, str) else None
+from servelab.mini.router.state import Counters, RouterState, error, mode_of
+from servelab.redaction import redact_url
 
 
 class _RouterCollector:
@@ -60,7 +49,7 @@ class _RouterCollector:
             for fam in fams:
                 m = merged.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type))
                 for smp in fam.samples:
-                    m.add_sample(smp.name, {**smp.labels, "worker": url}, smp.value)
+                    m.add_sample(smp.name, {**smp.labels, "worker": redact_url(url)}, smp.value)
         yield from merged.values()
 
 
@@ -79,7 +68,7 @@ def add_routes(app: web.Application, state: RouterState) -> None:
         infos = await asyncio.gather(*(state.get(u + "/server_info", 2.0) for u, _ in roles))
         wrong = [f"{u} runs --disaggregation-mode {mode}, routed as {role}"
                  for (u, role), g in zip(roles, infos, strict=True)
-                 if (mode := _mode(g)) is not None and mode != role]
+                 if (mode := mode_of(g)) is not None and mode != role]
         if wrong:
             return error(503, f"worker(s) in the wrong role: {'; '.join(wrong)}")
         return web.Response(status=200)
@@ -96,8 +85,8 @@ def add_routes(app: web.Application, state: RouterState) -> None:
                 info = {}
         info = info if isinstance(info, dict) else {"value": info}
         info["router"] = {"pd_disaggregation": True, "policy": cfg.policy,
-                          "prefill": [[p.url, p.bootstrap_port] for p in cfg.prefills],
-                          "decode": list(cfg.decodes)}
+                          "prefill": [[redact_url(p.url), p.bootstrap_port] for p in cfg.prefills],
+                          "decode": [redact_url(d) for d in cfg.decodes]}
         return web.json_response(info)
 
     async def metrics(_request: web.Request) -> web.Response:

@@ -29,6 +29,7 @@ from servelab.errors import UserError
 from servelab.mini.engine.args import EngineArgs
 from servelab.mini.engine.engine import Engine
 from servelab.mini.server.http import error
+from servelab.mini.server.pd.allow import BootstrapHosts
 from servelab.mini.server.pd.role import PD
 from servelab.mini.server.protocol import ApiError
 from servelab.mini.server.routes import generate, info, openai, profile, tokens
@@ -59,10 +60,12 @@ def build_app(engine: Engine, model_name: str, server_args: dict, pd: PD | None 
 
 def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = None,
                log_level: str = "warning", bootstrap_port: int = 8998,
-               waiting_timeout_s: float = 300.0) -> None:
+               waiting_timeout_s: float = 300.0,
+               allowed_bootstrap_hosts: list[str] | None = None) -> None:
     """Load the model, warm it up, serve until SIGINT/SIGTERM, then stop the engine. A prefill
     server (args.disaggregation_mode) also serves its bootstrap port; a decode server waits up
-    to `waiting_timeout_s` for each request's KV."""
+    to `waiting_timeout_s` for each request's KV, fetched only from loopback, this machine and
+    `allowed_bootstrap_hosts` (pd/allow.py)."""
     with socket.socket() as s:
         # as uvicorn binds: SO_REUSEADDR, so TIME_WAIT leftovers of a previous server on this
         # port (an experiment runner restarting us) do not count as busy
@@ -79,7 +82,8 @@ def run_server(args: EngineArgs, host: str, port: int, model_name: str | None = 
     engine = Engine(args)
     engine.warmup()
     engine.start()
-    pd = PD(engine, args.disaggregation_mode, host, bootstrap_port, waiting_timeout_s)
+    pd = PD(engine, args.disaggregation_mode, host, bootstrap_port, waiting_timeout_s,
+            allowed=BootstrapHosts.of(allowed_bootstrap_hosts or []))
     try:
         pd.start()
     except OSError as exc:

@@ -27,6 +27,7 @@ from pydantic import (
 
 from servelab.errors import UserError
 from servelab.mini.model.config import CONFIGS
+from servelab.mini.server.pd.allow import parse_entry
 
 # --speculative-algorithm spellings SGLang accepts for an MTP (NextN) head -> the one we run
 SPEC_ALGORITHMS = {"EAGLE": "EAGLE", "NEXTN": "EAGLE", "MTP": "EAGLE"}
@@ -68,6 +69,16 @@ def _device(v: str) -> str:
     return v
 
 
+def _hosts(v: str) -> str:
+    """HOST[,HOST...]: host names, addresses, networks or `*` (pd/allow.py)."""
+    return ",".join(parse_entry(e) for e in v.split(","))
+
+
+def host_list(v: str | None) -> list[str]:
+    """The entries of --disaggregation-allowed-bootstrap-hosts (none when unset)."""
+    return v.split(",") if v else []
+
+
 def _lower(v: Any) -> Any:
     return v.lower() if isinstance(v, str) else v
 
@@ -104,6 +115,9 @@ class ServeArgs(BaseModel):
     disaggregation_mode: Literal[DISAGGREGATION_MODES] = "null"  # type: ignore[valid-type]
     disaggregation_bootstrap_port: Port = DEFAULT_BOOTSTRAP_PORT
     disaggregation_waiting_timeout: Num = Field(DEFAULT_WAITING_TIMEOUT_S, gt=0, le=86400)
+    # decode: bootstrap hosts fetched from besides loopback and this machine's (pd/allow.py)
+    disaggregation_allowed_bootstrap_hosts: Annotated[str, AfterValidator(_hosts)] | None = Field(
+        None, min_length=1, max_length=8192)
 
     @model_validator(mode="after")
     def _consistent(self) -> ServeArgs:

@@ -1,11 +1,14 @@
 """The HTTP plumbing every route shares: OpenAI-shaped JSON error bodies, the bounded body reader,
-SSE framing, and the stream of one request's engine events into the event loop."""
+SSE framing, the stream of one request's engine events into the event loop, and the watch that
+cancels a request's work when its client goes away."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import orjson
 from fastapi import Request
@@ -16,6 +19,37 @@ from servelab.mini.engine.engine import Engine
 from servelab.mini.engine.request import Event
 from servelab.mini.engine.sampling import SamplingParams
 from servelab.mini.server.protocol import MAX_BODY_BYTES, ApiError
+
+T = TypeVar("T")
+CLIENT_GONE = 499  # nginx's "client closed request": nobody reads the answer
+
+
+async def _gone(request: Request) -> None:
+    """Return once the client has closed its connection (the body was read already: the ASGI
+    server answers `receive()` only with http.disconnect from then on)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_gone(request: Request, work: Awaitable[T]) -> T:
+    """`work`'s result, or ApiError(499) once the client goes away first, `work` cancelled:
+    uvicorn does not cancel a handler whose client left, so a non-streaming request ran to its
+    last token (8 x 1,000 tokens for nobody) and a decode server's KV fetch waited out its
+    timeout. Cancelling EngineStream.collect aborts the request in the engine (its slot is
+    freed at the next step); cancelling a fetch closes its long poll."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(_gone(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise ApiError(CLIENT_GONE, "the client went away; the request was aborted")
+    return task.result()
 
 
 def error(status: int, message: str, kind: str, param: str | None = None) -> JSONResponse:

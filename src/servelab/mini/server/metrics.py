@@ -93,6 +93,19 @@ def _transfer_series(t, lab: list[str], val: list[str]):
                                 "first byte of their KV.", labels=lab)
         w.add_metric(val, t.wait_seconds)
         yield w
+        q = CounterMetricFamily("servelab:kv_fetch_queued", "Decode requests that waited for a "
+                                "KV fetch slot (their prefill had the most fetches in flight).",
+                                labels=lab)
+        q.add_metric(val, t.queued)
+        yield q
+        qs = CounterMetricFamily("servelab:kv_fetch_queue_seconds",
+                                 "Seconds decode requests waited for a KV fetch slot.", labels=lab)
+        qs.add_metric(val, t.queue_seconds)
+        yield qs
+        qw = GaugeMetricFamily("servelab:kv_fetches_queued",
+                               "Decode requests waiting for a KV fetch slot now.", labels=lab)
+        qw.add_metric(val, t.queue_waiting)
+        yield qw
 
 
 def render_metrics(engine, model_name: str, transfers=None) -> tuple[bytes, str]:

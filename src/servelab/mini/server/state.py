@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from fastapi import Request
+
 from servelab.mini.engine.engine import Engine
-from servelab.mini.server.http import EngineStream
+from servelab.mini.server.http import EngineStream, until_gone
 from servelab.mini.server.pd.role import PD
 from servelab.mini.server.protocol import ApiError
 
@@ -36,15 +38,18 @@ class ServerState:
             raise ApiError(404, f"model {m!r} does not exist; this server serves "
                                 f"{self.model_name!r}", "model_not_found")
 
-    async def open_stream(self, body: dict, parse_body: Callable[[], tuple]
+    async def open_stream(self, request: Request, body: dict, parse_body: Callable[[], tuple]
                           ) -> tuple[EngineStream, tuple]:
         """Parse a generation request and submit it, through the server's PD role: a prefill
-        server records a refusal in the request's room, a decode server waits for its KV."""
+        server records a refusal in the request's room, a decode server waits for its KV (the
+        wait ends if the client goes away)."""
         pd = self.pd
         boot = pd.room(body)
         try:
             parsed = parse_body()
-            kw = await pd.submit_kwargs(boot, parsed[0])
+            client = request.client.host if request.client else ""
+            kw = pd.submit_kwargs(boot, parsed[0], client)
+            kw = await (until_gone(request, kw) if pd.mode == "decode" else kw)
             return EngineStream(self.engine, parsed[0], parsed[1],
                                 on_error=lambda why: pd.failed(boot, why), **kw), parsed
         except ApiError as exc:

@@ -60,3 +60,32 @@ def test_a_broken_or_hostile_handoff_is_refused_with_its_reason():
         dec.check_handoff(decode(_reframe(seeded, tail=b"\0" * 10, bytes=[kv_b, ik_b, 10])),
                         prompt, room=7)
     dec.check_handoff(decode(wire), prompt, room=5)  # the unbroken one passes
+
+
+@pytest.mark.parametrize("dim", [2**63, 2**62, 10**30, 2**31])
+def test_every_size_is_checked_before_anything_is_allocated(dim):
+    """`kv_shape [0, S, 2^63]` with zero bytes is self-consistent (0 elements), and
+    torch.empty refused it with a C++ traceback: a 500 instead of the decode server's 502."""
+    pre = engine("micro")
+    prompt = tk.encode("hello")
+    wire, _ = prefill(pre, prompt, SamplingParams(max_tokens=4, temperature=0.0), room=5)
+    hostile = _reframe(wire, tail=b"", bytes=[0, 0, 0], kv_shape=[0, len(prompt), dim],
+                       ik_shape=[0, len(prompt), dim])
+    hostile = hostile[:8 + int.from_bytes(hostile[4:8], "big")]  # no tensor bytes at all
+    with pytest.raises(TransferError, match="malformed") as ei:
+        decode(hostile)
+    assert "\n" not in str(ei.value) and len(str(ei.value)) < 400
+
+
+def test_a_peers_text_never_brings_control_characters_into_an_error():
+    pre, dec = engine("micro"), engine("micro")
+    prompt = tk.encode("hello")
+    wire, _ = prefill(pre, prompt, SamplingParams(max_tokens=4, temperature=0.0), room=5)
+    evil = "\x1b]0;pwned\x07\x1b[31m\nX: 1\r\x00"
+    for hostile, check in ((_reframe(wire, version=evil), False),
+                           (_reframe(wire, fingerprint=evil), True)):
+        with pytest.raises(TransferError) as ei:
+            h = decode(hostile)
+            if check:
+                dec.check_handoff(h, prompt, room=5)
+        assert not any(c in str(ei.value) for c in evil if not c.isprintable()), str(ei.value)

@@ -26,11 +26,14 @@ import aiohttp
 from aiohttp import web
 
 from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
-from servelab.mini.server.pd.wire import ROOM_MAX, TransferStats, decode, encode
+from servelab.mini.server.pd.wire import ROOM_MAX, TransferStats, decode, encode, one_line
 
 # marks the bootstrap server's own "not within the wait" 404, told apart from any other
 # server's 404 (a decode pointed at the wrong port must not report a timeout)
 _WAITED = "X-Servelab-KV-Waited"
+# marks every answer of the bootstrap server's own: only such an answer's `error` is relayed
+# into the decode server's 502 (any other body could be anything a client aimed us at)
+_OURS = "X-Servelab-Bootstrap"
 MAX_WAIT_S = 3600.0  # a long poll never outlives this, whatever the decode side asks for
 
 
@@ -56,6 +59,7 @@ class BootstrapServer:
         self._pending_bytes = 0  # KV held for rooms not fetched yet
         self._rooms: dict[int, _Room] = {}  # insertion order = age: the oldest go first
         self._ready: dict[int, asyncio.Event] = {}
+        self._pollers: dict[int, int] = {}  # long polls waiting per room
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
         self._expiry: asyncio.Task | None = None
@@ -107,36 +111,37 @@ class BootstrapServer:
             ev = self._ready[room] = asyncio.Event()
         return ev
 
+    @property
+    def polls_waiting(self) -> int:
+        """Long polls waiting for their room now."""
+        return sum(self._pollers.values())
+
     async def _kv(self, request: web.Request) -> web.StreamResponse:
         raw_room = request.match_info["room"]
         try:
             wait_s = min(float(request.query.get("timeout_s", "30")), MAX_WAIT_S)
         except ValueError:
             wait_s = math.nan
-        if not (raw_room.isascii() and raw_room.isdigit() and int(raw_room) <= ROOM_MAX
+        # at most 20 digits before int(): 8,000 of them raised ValueError (a plain-text 500)
+        if not (raw_room.isascii() and raw_room.isdigit() and len(raw_room) <= 20
+                and int(raw_room) <= ROOM_MAX
                 and 0 <= wait_s <= MAX_WAIT_S):  # nan too: asyncio would wait for it forever
-            return web.json_response({"error": f"GET /kv/ROOM?timeout_s=T: ROOM an integer in "
-                                               f"[0, 2^64), T seconds in [0, {MAX_WAIT_S:g}]"},
-                                     status=400)
+            return _answer(400, f"GET /kv/ROOM?timeout_s=T: ROOM an integer in [0, 2^64), T "
+                                f"seconds in [0, {MAX_WAIT_S:g}]")
         room = int(raw_room)
-        if room not in self._rooms:
-            try:
-                await asyncio.wait_for(self._event(room).wait(), wait_s)
-            except TimeoutError:
-                self._ready.pop(room, None)
-                self.stats.add("timeout")
-                return web.json_response(
-                    {"error": f"no prefill for bootstrap_room {room} within {wait_s:g} s"},
-                    status=404, headers={_WAITED: "1"})
+        if room not in self._rooms and not await self._poll(room, wait_s):
+            self.stats.add("timeout")
+            return _answer(404, f"no prefill for bootstrap_room {room} within {wait_s:g} s",
+                           {_WAITED: "1"})
         entry = self._drop(room)
-        self._ready.pop(room, None)
+        if not self._pollers.get(room):
+            self._ready.pop(room, None)
         if entry is None:  # another fetch of the same room took it first
             self.stats.add("duplicate")
-            return web.json_response({"error": f"bootstrap_room {room} was already fetched"},
-                                     status=409)
+            return _answer(409, f"bootstrap_room {room} was already fetched")
         if entry.error is not None:
             self.stats.add("prefill_failed")
-            return web.json_response({"error": entry.error}, status=409)
+            return _answer(409, entry.error)
         t0 = time.perf_counter()
         body = encode(entry.handoff)
         resp = web.StreamResponse(headers={"Content-Type": "application/octet-stream",
@@ -147,8 +152,27 @@ class BootstrapServer:
         self.stats.add("ok", len(body), time.perf_counter() - t0)
         return resp
 
+    async def _poll(self, room: int, wait_s: float) -> bool:
+        """Wait up to `wait_s` for `room` (False when it did not come). A poll whose client
+        went away is cancelled here (the runner's handler_cancellation): abandoned polls used
+        to run until their timeout, up to an hour, about 115 MB per 10,000 of them."""
+        ev = self._event(room)
+        self._pollers[room] = self._pollers.get(room, 0) + 1
+        try:
+            await asyncio.wait_for(ev.wait(), wait_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._pollers[room] -= 1
+            if not self._pollers[room]:
+                del self._pollers[room]
+                if room not in self._rooms:
+                    self._ready.pop(room, None)
+
     async def _route(self, _request: web.Request) -> web.Response:
-        return web.json_response({"rooms_pending": len(self._rooms), "ttl_s": self.ttl_s})
+        return web.json_response({"rooms_pending": len(self._rooms), "ttl_s": self.ttl_s,
+                                  "polls_waiting": self.polls_waiting})
 
     async def _expire(self) -> None:
         while True:
@@ -172,7 +196,8 @@ class BootstrapServer:
             app.router.add_get("/kv/{room}", self._kv)
             app.router.add_get("/route", self._route)
             # a stop must not wait for long polls: they are cut (their decode sides fail at once)
-            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+            self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5,
+                                         handler_cancellation=True)
             try:
                 loop.run_until_complete(self._runner.setup())
                 site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
@@ -209,6 +234,11 @@ class BootstrapServer:
         self._loop = None
 
 
+def _answer(status: int, error: str, headers: dict[str, str] | None = None) -> web.Response:
+    """One of the bootstrap server's own JSON answers (marked as such for the decode side)."""
+    return web.json_response({"error": error}, status=status, headers={_OURS: "1", **(headers or {})})
+
+
 def host_port(host: str, port: int) -> str:
     """host:port as a URL writes it ([::1]:8998 for an IPv6 address)."""
     try:
@@ -228,7 +258,7 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
     url = f"http://{where}/kv/{room}"
     t0 = time.perf_counter()
     try:
-        async with session.get(url, params={"timeout_s": f"{timeout_s:g}"},
+        async with session.get(url, params={"timeout_s": f"{timeout_s:g}"}, allow_redirects=False,
                                timeout=aiohttp.ClientTimeout(total=timeout_s + 10)) as resp:
             t1 = time.perf_counter()
             if resp.status == 404 and resp.headers.get(_WAITED) == "1":
@@ -240,11 +270,17 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
                 raise TransferError(f"{where} is not a prefill server's bootstrap port (it "
                                     f"answers GET /kv/{room} with 404): give the port of its "
                                     "--disaggregation-bootstrap-port")
-            if resp.status != 200:
-                why = _reason(await resp.read(), resp.reason)
+            if resp.status != 200 and resp.headers.get(_OURS) == "1":
+                why = _reason(await _read_at_most(resp, 1 << 16))
                 stats.add("prefill_failed", wait_seconds=t1 - t0)
                 raise TransferError(f"the prefill server at {where} failed bootstrap_room "
                                     f"{room}: {why}")
+            if resp.status != 200:  # not our protocol: neither its body nor a redirect is used
+                stats.add("unreachable", wait_seconds=t1 - t0)
+                raise TransferError(f"{where} is not a prefill server's bootstrap port (it "
+                                    f"answers GET /kv/{room} with HTTP {resp.status}; its body "
+                                    "is not shown): give the port of its "
+                                    "--disaggregation-bootstrap-port")
             body = await _read_at_most(resp, max_bytes)
             if body is None:
                 stats.add("malformed", wait_seconds=t1 - t0)
@@ -260,8 +296,8 @@ async def fetch(session: aiohttp.ClientSession, host: str, port: int, room: int,
     except (aiohttp.ClientError, OSError, ValueError) as exc:
         stats.add("unreachable", wait_seconds=time.perf_counter() - t0)
         raise TransferError(f"the prefill server's bootstrap port at {where} cannot be reached "
-                            f"({type(exc).__name__}: {str(exc)[:150]}); is the prefill server "
-                            "up?") from None
+                            f"({type(exc).__name__}: {one_line(str(exc))[:150]}); is the "
+                            "prefill server up?") from None
     t2 = time.perf_counter()
     try:
         handoff = decode(body)
@@ -285,10 +321,12 @@ async def _read_at_most(resp: aiohttp.ClientResponse, max_bytes: int) -> bytes |
     return bytes(buf)
 
 
-def _reason(body: bytes, fallback: str | None) -> str:
-    """The `error` of a bootstrap server's JSON answer (its text if it is not one)."""
+def _reason(body: bytes | None) -> str:
+    """The `error` of a bootstrap server's JSON answer, on one printable line (ESC, BEL and
+    newlines never reach an error message)."""
     try:
-        data = json.loads(body)
-    except ValueError:
-        return body.decode(errors="replace")[:200] or str(fallback)
-    return str(data.get("error", fallback)) if isinstance(data, dict) else str(data)[:200]
+        data = json.loads(body or b"")
+    except (ValueError, RecursionError):
+        data = None
+    err = data.get("error") if isinstance(data, dict) else None
+    return one_line(err)[:300] if isinstance(err, str) else "(no reason given)"

@@ -7,7 +7,9 @@ room, and the answer ends after the first token. `decode`: the request also carr
 `bootstrap_host` / `bootstrap_port`; the server fetches the room's KV first (no slot is held
 while waiting), checks it fits this model and prompt, then submits the request with it. A
 transfer that fails fails that request alone (502, or 504 when the KV never came), with the
-reason; the server keeps serving.
+reason; the server keeps serving. A decode server fetches only from the hosts its allow-list
+names (allow.py: a client's `bootstrap_host` outside it is a 400, and no request goes there),
+and at most so many fetches at once per prefill (fetch_queue.py).
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ import aiohttp
 
 from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
 from servelab.mini.server.args import DEFAULT_BOOTSTRAP_PORT
-from servelab.mini.server.pd.bootstrap import BootstrapServer, fetch
+from servelab.mini.server.pd.allow import BootstrapHosts
+from servelab.mini.server.pd.bootstrap import BootstrapServer, fetch, host_port
+from servelab.mini.server.pd.fetch_queue import (
+    DEFAULT_PER_CLIENT,
+    DEFAULT_PER_PREFILL,
+    FetchQueue,
+)
 from servelab.mini.server.pd.wire import ROOM_MAX, TransferStats
 from servelab.mini.server.protocol import ApiError
 
@@ -83,11 +91,15 @@ class PD:
     submitted to the engine, and what happens when it fails."""
 
     def __init__(self, engine: Engine, mode: str, host: str, bootstrap_port: int,
-                 waiting_timeout_s: float) -> None:
+                 waiting_timeout_s: float, allowed: BootstrapHosts | None = None,
+                 fetch_per_prefill: int = DEFAULT_PER_PREFILL,
+                 fetch_per_client: int = DEFAULT_PER_CLIENT) -> None:
         self.engine, self.mode = engine, mode
         self.waiting_timeout_s = waiting_timeout_s
         self.stats: TransferStats | None = None
         self.bootstrap: BootstrapServer | None = None
+        self.queue: FetchQueue | None = None
+        self.allowed = allowed
         self._session = None
         self.max_handoff_bytes = 0  # (a server of no PD role receives no handoff)
         # the largest handoff one request can make: every layer (+ MTP) of a full context, plus
@@ -105,6 +117,9 @@ class PD:
                 max_pending_bytes=4 * engine.args.max_running_requests * self.max_handoff_bytes)
         elif mode == "decode":
             self.stats = TransferStats("received")
+            self.queue = FetchQueue(fetch_per_prefill, self.stats, fetch_per_client)
+            if self.allowed is None:
+                self.allowed = BootstrapHosts.of([])
 
     def start(self) -> None:
         if self.bootstrap is not None:
@@ -128,6 +143,11 @@ class PD:
         if self.mode == "decode" and boot.host is None:
             raise ApiError(400, "'bootstrap_host' is missing: the decode server cannot tell "
                                 "where the prefill server is", param="bootstrap_host")
+        if self.mode == "decode" and not self.allowed.allows(boot.host):
+            raise ApiError(400, f"'bootstrap_host' {boot.host} is not a host this decode server "
+                                "fetches KV from (loopback, this machine's addresses and "
+                                "--disaggregation-allowed-bootstrap-hosts); no request was "
+                                "made there", param="bootstrap_host")
         return boot
 
     def failed(self, boot: Bootstrap | None, message: str) -> None:
@@ -135,22 +155,26 @@ class PD:
         if boot is not None and self.bootstrap is not None:
             self.bootstrap.put_error(boot.room, message)
 
-    async def submit_kwargs(self, boot: Bootstrap | None, prompt: list[int]) -> dict[str, Any]:
+    async def submit_kwargs(self, boot: Bootstrap | None, prompt: list[int],
+                            client: str = "") -> dict[str, Any]:
         """Keyword arguments of Engine.submit for this request (empty on an ordinary server);
-        on a decode server this waits for the room's KV."""
+        on a decode server this waits for the room's KV (`client`: the peer, whose turn in
+        the fetch queue this is)."""
         if boot is None:
             return {}
         if self.mode == "prefill":
             return {"room": boot.room, "export": self.bootstrap.put}
-        handoff = await self._fetch(boot, prompt)
+        handoff = await self._fetch(boot, prompt, client)
         return {"room": boot.room, "handoff": handoff}
 
-    async def _fetch(self, boot: Bootstrap, prompt: list[int]) -> KVHandoff:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
+    async def _fetch(self, boot: Bootstrap, prompt: list[int], client: str) -> KVHandoff:
+        if self._session is None:  # no pool limit: the fetch queue limits per prefill
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         try:
-            handoff = await fetch(self._session, boot.host, boot.port, boot.room,
-                                  self.waiting_timeout_s, self.stats, self.max_handoff_bytes)
+            async with self.queue.slot(host_port(boot.host, boot.port), client):
+                handoff = await fetch(self._session, boot.host, boot.port, boot.room,
+                                      self.waiting_timeout_s, self.stats,
+                                      self.max_handoff_bytes)
             self.engine.check_handoff(handoff, prompt, boot.room)
         except TransferError as exc:
             raise ApiError(exc.status, str(exc), "server_error") from None

@@ -28,6 +28,11 @@ from servelab.mini.engine.kv_handoff import KVHandoff, TransferError
 MAGIC = b"SLKV"
 VERSION = 1
 ROOM_MAX = 2**64 - 1  # SGLang's router draws rooms in [0, 2^63 - 1]; any u64 is accepted
+# every dimension of a received tensor is at most this before anything is allocated: a header
+# of kv_shape [0, S, 2^63] with zero bytes is consistent (0 elements) yet torch.empty refuses
+# it with a C++ traceback. 2^24 is far past any layer count, context or row width served here,
+# and three such dimensions multiply to less than 2^63 (no stride overflows).
+DIM_MAX = 1 << 24
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -56,8 +61,8 @@ def decode(buf: bytes) -> KVHandoff:
     try:
         hd = json.loads(buf[8:8 + n])
         if hd["version"] != VERSION:
-            raise TransferError(f"KV handoff version {hd['version']}, this server reads "
-                                f"{VERSION}: run the same servelab on both sides")
+            raise TransferError(f"KV handoff version {ascii(hd['version'])[:40]}, this server "
+                                f"reads {VERSION}: run the same servelab on both sides")
         dtype = _DTYPES[hd["dtype"]]
         kv_shape, ik_shape = _shape(hd["kv_shape"]), _shape(hd["ik_shape"])
         nkv, nik, ngen = (_count(x) for x in hd["bytes"])
@@ -70,7 +75,7 @@ def decode(buf: bytes) -> KVHandoff:
         raise
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise TransferError(f"malformed KV handoff header ({type(exc).__name__}: "
-                            f"{str(exc)[:150]})") from None
+                            f"{one_line(str(exc))[:150]})") from None
     itemsize = torch.empty((), dtype=dtype).element_size()
     if (8 + n + nkv + nik + ngen != len(buf) or nkv != _numel(kv_shape) * itemsize
             or nik != _numel(ik_shape) * itemsize or kv_shape[:2] != ik_shape[:2]
@@ -79,8 +84,12 @@ def decode(buf: bytes) -> KVHandoff:
                             f"(shapes {kv_shape} and {ik_shape}, {hd['dtype']}, "
                             f"{len(prompt)} prompt tokens)")
     off = 8 + n
-    kv = _tensor(buf[off:off + nkv], dtype, kv_shape)
-    ik = _tensor(buf[off + nkv:off + nkv + nik], dtype, ik_shape)
+    try:
+        kv = _tensor(buf[off:off + nkv], dtype, kv_shape)
+        ik = _tensor(buf[off + nkv:off + nkv + nik], dtype, ik_shape)
+    except (RuntimeError, ValueError, OverflowError) as exc:  # not expected past the checks
+        raise TransferError(f"KV handoff tensors cannot be built ({type(exc).__name__}: "
+                            f"{one_line(str(exc))[:150]})") from None
     gen = buf[off + nkv + nik:] or None
     return KVHandoff(room=room, prompt=prompt, first_token=first, drafts=drafts, kv=kv, ik=ik,
                      fingerprint=fingerprint, gen_state=gen)
@@ -89,14 +98,22 @@ def decode(buf: bytes) -> KVHandoff:
 def _count(x: object) -> int:
     """A non-negative JSON integer (token id, room, byte count, dimension)."""
     if type(x) is not int or x < 0:
-        raise ValueError(f"{x!r} is not a non-negative integer")
+        raise ValueError(f"{str(x)[:40]!r} is not a non-negative integer")
     return x
 
 
 def _shape(xs: object) -> list[int]:
     if not isinstance(xs, list) or len(xs) != 3:
-        raise ValueError(f"shape {xs!r} is not [layers, tokens, dim]")
-    return [_count(x) for x in xs]
+        raise ValueError(f"shape {str(xs)[:60]} is not [layers, tokens, dim]")
+    out = [_count(x) for x in xs]
+    if max(out) > DIM_MAX:
+        raise ValueError(f"shape {str(out)[:60]} has a dimension over {DIM_MAX:,}")
+    return out
+
+
+def one_line(text: str) -> str:
+    """`text` on one line of printable characters (a peer's text goes into error messages)."""
+    return "".join(c if c.isprintable() else " " for c in text)
 
 
 def _numel(shape: list[int]) -> int:
@@ -119,7 +136,9 @@ class TransferStats:
     direction: "sent" on a prefill server (bytes written to decode servers, seconds spent
     encoding and writing them), "received" on a decode server (bytes read, seconds from the
     first byte of the answer to the last; the wait before it, while the prefill computes, is
-    `wait_seconds`). `outcomes` counts transfers by how they ended.
+    `wait_seconds`). `outcomes` counts transfers by how they ended. A decode server's requests
+    that waited for a fetch slot (pd/fetch_queue.py): `queued` of them, `queue_seconds` waited,
+    `queue_waiting` waiting now.
     """
 
     direction: str
@@ -127,7 +146,17 @@ class TransferStats:
     seconds: float = 0.0
     wait_seconds: float = 0.0
     outcomes: dict[str, int] = field(default_factory=dict)
+    queued: int = 0
+    queue_seconds: float = 0.0
+    queue_waiting: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def queue(self, waiting: int, seconds: float = 0.0) -> None:
+        """A request starts (`waiting` 1) or stops (-1, after `seconds`) waiting for a slot."""
+        with self._lock:
+            self.queued += max(waiting, 0)
+            self.queue_waiting += waiting
+            self.queue_seconds += seconds
 
     def add(self, outcome: str, nbytes: int = 0, seconds: float = 0.0,
             wait_seconds: float = 0.0) -> None:

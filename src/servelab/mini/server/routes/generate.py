@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servelab.mini.engine.request import Event
-from servelab.mini.server.http import failed, read_body, sse, stream_error
+from servelab.mini.server.http import failed, read_body, sse, stream_error, until_gone
 from servelab.mini.server.protocol import parse_generate
 from servelab.mini.server.state import ServerState
 
@@ -34,10 +34,10 @@ def routes(state: ServerState) -> APIRouter:
     async def generate(request: Request) -> Response:
         body = await read_body(request)
         st, (prompt, params, stream) = await state.open_stream(
-            body, lambda: parse_generate(body, state.engine.args.context_length))
+            request, body, lambda: parse_generate(body, state.engine.args.context_length))
         rid = uuid.uuid4().hex
         if not stream:
-            text, last = await st.collect()
+            text, last = await until_gone(request, st.collect())
             if last.finish_reason == "error":
                 return failed(last)
             return JSONResponse({"text": text, "meta_info": meta(rid, last)})

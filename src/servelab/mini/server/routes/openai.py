@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from servelab.mini.engine.request import Event
-from servelab.mini.server.http import failed, read_body, sse, stream_error
+from servelab.mini.server.http import failed, read_body, sse, stream_error, until_gone
 from servelab.mini.server.protocol import parse_chat, parse_completion
 from servelab.mini.server.state import ServerState
 
@@ -22,20 +22,22 @@ def usage(ev: Event) -> dict:
             "total_tokens": ev.prompt_tokens + ev.completion_tokens}
 
 
-async def answer(state: ServerState, body: dict, chat: bool) -> Response:
-    """One completion (`chat`: a chat completion), whole or streamed as the body asks."""
+async def answer(state: ServerState, request: Request, body: dict, chat: bool) -> Response:
+    """One completion (`chat`: a chat completion), whole or streamed as the body asks (a whole
+    one is aborted if its client goes away first)."""
     model_name, ctx = state.model_name, state.engine.args.context_length
 
     def parse_body() -> tuple:
         state.check_model(body)
         return (parse_chat if chat else parse_completion)(body, ctx)
 
-    st, (prompt, params, stream, include_usage) = await state.open_stream(body, parse_body)
+    st, (prompt, params, stream, include_usage) = await state.open_stream(
+        request, body, parse_body)
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
     created = int(time.time())
     obj = "chat.completion" if chat else "text_completion"
     if not stream:
-        content, last = await st.collect()
+        content, last = await until_gone(request, st.collect())
         if last.finish_reason == "error":
             return failed(last)
         choice = ({"index": 0, "message": {"role": "assistant", "content": content},
@@ -83,11 +85,11 @@ def routes(state: ServerState) -> APIRouter:
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await answer(state, await read_body(request), chat=False)
+        return await answer(state, request, await read_body(request), chat=False)
 
     @api.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await answer(state, await read_body(request), chat=True)
+        return await answer(state, request, await read_body(request), chat=True)
 
     @api.get("/v1/models")
     async def models() -> dict:
