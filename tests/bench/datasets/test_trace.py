@@ -67,3 +67,21 @@ def test_unknown_files_say_what_is_expected(tmp_path):
     p.write_text("a,b\n1,2\n")
     with pytest.raises(UserError, match="Azure CSV"):
         read_window(str(p))
+
+
+def test_broken_rows_are_refused_in_one_line_and_empty_ones_skipped(tmp_path):
+    p = tmp_path / "t.jsonl"
+    rows = [{"timestamp": 0, "input_length": 5, "output_length": 2},
+            {"timestamp": 1, "input_length": 0, "output_length": 2},  # nothing to send: skipped
+            {"timestamp": 2, "input_length": 5, "output_length": 2}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = read_window(str(p))
+    assert len(w.rows) == 2 and w.skipped == 1
+    p.write_text(json.dumps({"timestamp": 0, "input_length": 10**12, "output_length": 2}) + "\n")
+    with pytest.raises(UserError, match="token counts within"):
+        read_window(str(p))
+    c = tmp_path / "b.csv"
+    c.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                 "nan,GPT-4,5,5,10,API log\n")
+    with pytest.raises(UserError, match="must be finite"):
+        read_window(str(c))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +41,9 @@ import orjson
 from servelab.errors import UserError
 
 FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
+# 16M tokens: past any model's context; a larger count is a broken file, refused before a prompt
+# of that size is built in memory
+MAX_TOKENS = 1 << 24
 BLOCK_SIZE = {"mooncake": 512, "bailian": 16}
 _AZURE = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _BURST = ("Timestamp", "Request tokens", "Response tokens")
@@ -69,7 +73,7 @@ class TraceWindow:
     format: str
     rows: tuple[TraceRow, ...]
     arrivals_s: tuple[float, ...]
-    skipped: int  # rows of the window dropped as failed requests (BurstGPT, 0 output tokens)
+    skipped: int  # rows dropped: failed requests (BurstGPT, 0 output tokens), 0 input tokens
     read: int  # rows read from the file
 
 
@@ -179,9 +183,14 @@ def read_window(path: str, fmt: str | None = None, start_s: float = 0.0,
     skipped = read = in_window = 0
     for row in source:
         read += 1
-        if row is None:
+        if row is None or row.input_len < 1:  # a failed request, or nothing to send
             skipped += 1
             continue
+        if not math.isfinite(row.t_s) or not 0 <= row.output_len <= MAX_TOKENS \
+                or row.input_len > MAX_TOKENS:
+            raise UserError(f"--dataset-path {path}: row {read}: timestamp {row.t_s}, "
+                            f"input {row.input_len}, output {row.output_len} tokens: a timestamp "
+                            f"must be finite and token counts within 0..{MAX_TOKENS}")
         if t_first is None:
             t_first = row.t_s
         if row.t_s < prev:
