@@ -9,7 +9,7 @@ the real ones are):
   system-prompt block and some share a document, as the toolagent trace does;
 - bailian_sample.jsonl: Qwen Bailian (alibaba-edu/qwen-bailian-usagetraces-anon): chat_id,
   parent_chat_id, timestamp in seconds, input_length, output_length, type, turn, hash_ids of
-  16-token blocks; multi-turn chats whose every turn resends the history;
+  16-token blocks; multi-turn chats whose every turn resends the history (its full blocks);
 - azure_sample.csv: Azure LLM inference trace (Azure/AzurePublicDataset): TIMESTAMP as a date
   and time with 7 fractional digits, ContextTokens, GeneratedTokens;
 - burstgpt_sample.csv: BurstGPT (HPMLL/BurstGPT): Timestamp in seconds, Model, Request tokens,
@@ -69,29 +69,31 @@ def mooncake(rng: random.Random, n: int = 60) -> list[dict]:
 
 
 def bailian(rng: random.Random, n: int = 60) -> list[dict]:
-    """Chats of 1-4 turns; turn k resends turns 1..k-1 (their blocks) and adds its own."""
+    """Chats of 1-4 turns; turn k resends turns 1..k-1 and the answers: the previous turn's full
+    blocks keep their ids, its partial last block does not (grown into a full block of other
+    tokens, it hashes to a new id, as in the real trace)."""
     block, next_id, chat_id = 16, 0, 0
     open_chats: list[dict] = []
     rows = []
     for t in arrivals(rng, n):
         if open_chats and rng.random() < 0.5:
             c = rng.choice(open_chats)
-            parent, turn, ids = c["chat_id"], c["turn"] + 1, list(c["hash_ids"])
+            parent, turn, ids = c["chat_id"], c["turn"] + 1, list(c["full"])
         else:
             parent, turn, ids = -1, 1, []
         new = rng.randint(2, 10)
         ids += list(range(next_id, next_id + new))
         next_id += new
+        length = (len(ids) - 1) * block + rng.randint(1, block)
         row = {"chat_id": chat_id, "parent_chat_id": parent, "timestamp": round(t, 3),
-               "input_length": (len(ids) - 1) * block + rng.randint(1, block),
-               "output_length": rng.randint(4, 64), "type": "text", "turn": turn,
-               "hash_ids": ids}
+               "input_length": length, "output_length": rng.randint(4, 64), "type": "text",
+               "turn": turn, "hash_ids": ids}
         chat_id += 1
         rows.append(row)
         open_chats = [c for c in open_chats if c["chat_id"] != parent] if parent >= 0 else open_chats
         if turn < 4:
-            open_chats.append({**row, "hash_ids": ids + [next_id]})
-            next_id += 1  # the answer's block, resent by the next turn
+            full = ids if length % block == 0 else ids[:-1]
+            open_chats.append({**row, "full": full})
     return rows
 
 

@@ -98,7 +98,10 @@ async def fit_prompt(count: CountFn, target: int, rng: random.Random,
     pieces = [(" ", w) for w in FILLERS + VOCAB[:24]] + [("", ch) for ch in ".x0"]
     unit: tuple[str, str] | None = None
     for sep, w in pieces:
-        if await count(text + sep + w if text else w) == c + 1:
+        one = text + sep + w if text else w
+        # twice too: from an empty text the first piece has no separator, so a byte-level
+        # tokenizer's " a" (two tokens) would pass a one-piece test and fail every top-up
+        if await count(one) == c + 1 and await count(one + sep + w) == c + 2:
             unit = (sep, w)
             break
     if unit is None:
@@ -154,4 +157,6 @@ async def fit_piece(count: CountFn | None, special: int, target: int,
     async def bare(text: str) -> int:
         return await count(lead + text) - special
 
+    if await bare("") == target:  # the lead alone is the piece (a byte-level tokenizer's space)
+        return "", target, True
     return await fit_prompt(bare, target, rng)
