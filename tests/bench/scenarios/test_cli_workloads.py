@@ -12,7 +12,7 @@ import pytest
 from cli_inproc import cli
 
 from servelab.bench.datasets.trace import read_window
-from servelab.bench.scripted.harness import serve_in_thread
+from servelab.bench.scripted.harness import serve_in_thread, serve_subprocess
 from servelab.bench.scripted.script import Script
 
 TRACES = Path(__file__).resolve().parents[3] / "examples" / "traces"
@@ -23,7 +23,8 @@ TRACES = Path(__file__).resolve().parents[3] / "examples" / "traces"
 def test_each_sample_trace_replays_on_its_clock(monkeypatch, capsys, name):
     path = str(TRACES / name)
     win = read_window(path, speed=4.0, cap=40)
-    with serve_in_thread(Script(ttft_ms=2, gap_ms=0.2, cache_block=16)) as h:
+    # the server in its own process: on a thread it would share the client's GIL and clock
+    with serve_subprocess(Script(ttft_ms=2, gap_ms=0.2, cache_block=16)) as h:
         code, out, err = cli(monkeypatch, capsys, "bench", "--base-url", h.url,
                              "--dataset-name", "trace", "--dataset-path", path,
                              "--trace-speed", "4", "--num-prompts", "40", "--json", "--no-store")
@@ -39,7 +40,7 @@ def test_each_sample_trace_replays_on_its_clock(monkeypatch, capsys, name):
     seen = [(a - arr[0]) / 1e9 for a in arr]
     worst = max(abs(x - y) for x, y in zip(seen, win.arrivals_s, strict=True))
     assert worst < 0.05, worst
-    assert s["dispatch_lag_ms"]["median"] < 5.0 and s["dispatch_behind"] is False
+    assert s["dispatch_lag_ms"]["median"] < 5.0  # (whether it fell behind: test_replay.py)
     assert "dispatch lag ms" in err and "replay" in err
     if win.format in ("mooncake", "bailian"):  # hash ids: shared blocks found in the cache
         assert s["cached_tokens_reported"] > 0 and s["prefix_share"] > 0
