@@ -105,3 +105,29 @@ def test_goodput_parsing_accepts_vllm_names():
     assert parse_goodput("ttft=500, tpot_ms=50,e2el=9000") == {"ttft_ms": 500.0, "tpot_ms": 50.0,
                                                                "e2e_ms": 9000.0}
     assert parse_goodput(None) == {}
+
+
+def lagged(lags_ms: list[float]) -> list:
+    """Records of requests sent 100 ms apart, each `lag` ms after its due time."""
+    out = []
+    for i, lag in enumerate(lags_ms):
+        r = raw([(5, 1, "x"), (7, 1, "y")], 8)
+        r.t_start_ns += i * 100 * MS
+        r.t_due_ns = r.t_start_ns - int(lag * MS)
+        out.append(make_record(r, spec(2), t0_ns=1000 * MS))
+    return out
+
+
+def test_dispatch_lag_and_when_the_client_is_behind():
+    s = summarize(lagged([0.5] * 59 + [40.0]), 6.0, None)  # one hiccup in 60: not a trend
+    lag = s["dispatch_lag_ms"]
+    assert lag["median"] == pytest.approx(0.5) and lag["max"] == pytest.approx(40.0)
+    assert lag["late"] == 1 and s["dispatch_behind"] is False
+    s = summarize(lagged([0.5] * 96 + [12.0] * 4), 10.0, None)  # 4% sent > 10 ms late
+    assert s["dispatch_lag_ms"]["late"] == 4 and s["dispatch_behind"] is True
+    s = summarize(lagged([0.1 * i for i in range(100)]), 10.0, None)  # a lag that keeps growing
+    assert s["dispatch_lag_ms"]["growth"] == pytest.approx(9.0, abs=0.01)
+    assert s["dispatch_behind"] is False  # up to 9.9 ms: still on time
+    s = summarize(lagged([0.12 * i for i in range(100)]), 10.0, None)  # the last 16 over 10 ms
+    assert s["dispatch_lag_ms"]["late"] == 16 and s["dispatch_behind"] is True
+    assert summarize(lagged([]), 1.0, None)["dispatch_lag_ms"] is None  # closed loop: no lag

@@ -11,10 +11,11 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
+from servelab.bench.datasets import build_workload
+from servelab.bench.datasets.text import VOCAB, fit_prompt, local_counter
 from servelab.bench.run import run_load_point
 from servelab.bench.scripted.harness import serve_in_thread
 from servelab.bench.scripted.script import Script
-from servelab.bench.workload import VOCAB, build_workload, fit_prompt, local_counter
 from servelab.errors import UserError
 
 

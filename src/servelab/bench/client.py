@@ -42,6 +42,8 @@ class RawResult:
     spec_verify_ct: int | None = None
     response_id: str | None = None
     warmup: bool = False
+    cached_tokens: int | None = None  # prompt tokens the server reused (usage / meta_info)
+    t_due_ns: int | None = None  # open loop: when the schedule wanted it sent (load.py)
 
 
 class _Malformed(Exception):
@@ -246,6 +248,11 @@ class Client:
         if usage:
             res.completion_tokens = usage.get("completion_tokens", res.completion_tokens)
             res.prompt_tokens = usage.get("prompt_tokens", res.prompt_tokens)
+            # vLLM (--enable-prompt-tokens-details) and SGLang (--enable-cache-report); vLLM
+            # leaves prompt_tokens_details out when nothing was cached (docs/METRICS.md)
+            details = usage.get("prompt_tokens_details")
+            if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+                res.cached_tokens = details["cached_tokens"]
         if res.response_id is None:
             res.response_id = obj.get("id")
 
@@ -271,6 +278,8 @@ class Client:
             res.prompt_tokens = meta["prompt_tokens"]
         if isinstance(meta.get("spec_verify_ct"), int):
             res.spec_verify_ct = meta["spec_verify_ct"]
+        if isinstance(meta.get("cached_tokens"), int):  # SGLang's /generate, always reported
+            res.cached_tokens = meta["cached_tokens"]
         if res.response_id is None:
             res.response_id = meta.get("id")
 

@@ -24,10 +24,22 @@ _GOODPUT_ALIASES = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2e
                     "e2el_ms": "e2e_ms"}
 
 
+DATASETS = ("random", "sharegpt", "trace", "generated-shared-prefix")
+TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
+
+
 @dataclass(frozen=True, slots=True)
 class WorkloadConfig:
-    """What to send: fixed input/output lengths (exact when a tokenizer is at hand) or a
-    ShareGPT-format dataset file; `seed` makes the prompts and the arrival times reproducible."""
+    """What to send (servelab.bench.datasets): fixed input/output lengths (exact when a tokenizer
+    is at hand), a ShareGPT-format file, a replayed trace, or generated shared-prefix groups;
+    `seed` makes the prompts and the arrival times reproducible. `dataset_name` None means
+    'sharegpt' when a file is given, else 'random' (the behaviour before names existed).
+
+    A trace (`dataset_name="trace"`, `dataset` its path): `trace_format` (None: detected),
+    `trace_speed` (2.0 replays twice as fast), `trace_start_s` / `trace_duration_s` (the window,
+    seconds after the file's first request), `trace_block_size` (tokens per hash id; None: the
+    format's own, Mooncake 512, Bailian 16); `num_prompts` caps the requests.
+    Shared-prefix groups: `gsp_*`, SGLang's flags and defaults."""
 
     input_len: int = 256
     output_len: int = 256
@@ -35,8 +47,25 @@ class WorkloadConfig:
     dataset: str | None = None
     seed: int = 0
     tokenizer: str | None = None
+    dataset_name: str | None = None
+    trace_format: str | None = None
+    trace_speed: float = 1.0
+    trace_start_s: float = 0.0
+    trace_duration_s: float | None = None
+    trace_block_size: int | None = None
+    gsp_num_groups: int = 64
+    gsp_prompts_per_group: int = 16
+    gsp_system_prompt_len: int = 2048
+    gsp_question_len: int = 128
+    gsp_output_len: int = 256
+
+    @property
+    def kind(self) -> str:
+        """The dataset: random, sharegpt, trace or generated-shared-prefix."""
+        return self.dataset_name or ("sharegpt" if self.dataset else "random")
 
     def __post_init__(self) -> None:
+        self._check_kind()
         if self.input_len < 1:
             raise UserError(f"--input-len must be >= 1, got {self.input_len}")
         if self.output_len < 1:
@@ -46,7 +75,8 @@ class WorkloadConfig:
         if self.seed < 0:  # numpy's generators (arrival times) take only non-negative seeds
             raise UserError(f"--seed must be >= 0, got {self.seed}")
         if self.dataset is not None and not Path(self.dataset).is_file():
-            raise UserError(f"--dataset {self.dataset}: no such file; pass a ShareGPT-format JSON file")
+            what = "a trace file" if self.kind == "trace" else "a ShareGPT-format JSON file"
+            raise UserError(f"--dataset {self.dataset}: no such file; pass {what}")
         if self.tokenizer is not None and not Path(self.tokenizer).exists():
             raise UserError(
                 f"--tokenizer {self.tokenizer}: no such file or folder; pass a tokenizer.json "
@@ -54,19 +84,48 @@ class WorkloadConfig:
             )
 
 
+    def _check_kind(self) -> None:
+        if self.kind not in DATASETS:
+            raise UserError(f"--dataset-name {self.kind!r} is not one of {', '.join(DATASETS)}")
+        if self.kind in ("sharegpt", "trace") and not self.dataset:
+            raise UserError(f"--dataset-name {self.kind} needs --dataset-path FILE")
+        if self.kind in ("random", "generated-shared-prefix") and self.dataset:
+            raise UserError(f"--dataset-name {self.kind} takes no --dataset-path; for a file "
+                            "use --dataset-name sharegpt or trace")
+        if self.trace_format is not None and self.trace_format not in TRACE_FORMATS:
+            raise UserError(f"--trace-format {self.trace_format!r} is not one of "
+                            f"{', '.join(TRACE_FORMATS)}")
+        if not (self.trace_speed > 0 and math.isfinite(self.trace_speed)):
+            raise UserError(f"--trace-speed must be a number > 0 (2 = twice as fast), got "
+                            f"{self.trace_speed}")
+        if not (self.trace_start_s >= 0 and math.isfinite(self.trace_start_s)):
+            raise UserError(f"--trace-start must be >= 0 seconds, got {self.trace_start_s}")
+        if self.trace_duration_s is not None and not self.trace_duration_s > 0:
+            raise UserError(f"--trace-duration must be > 0 seconds, got {self.trace_duration_s}")
+        if self.trace_block_size is not None and self.trace_block_size < 1:
+            raise UserError(f"--trace-block-size must be >= 1 tokens, got {self.trace_block_size}")
+        for flag, v in (("--gsp-num-groups", self.gsp_num_groups),
+                        ("--gsp-prompts-per-group", self.gsp_prompts_per_group),
+                        ("--gsp-system-prompt-len", self.gsp_system_prompt_len),
+                        ("--gsp-question-len", self.gsp_question_len),
+                        ("--gsp-output-len", self.gsp_output_len)):
+            if v < 1:
+                raise UserError(f"{flag} must be >= 1, got {v}")
+
+
 @dataclass(frozen=True, slots=True)
 class LoadPoint:
-    """One load: closed loop with `concurrency` requests in flight, or open loop at
-    `request_rate` requests/s (Poisson when `burstiness` is 1, gamma otherwise; `inf` sends every
-    request at once)."""
+    """One load: closed loop with `concurrency` requests in flight, open loop at `request_rate`
+    requests/s (Poisson when `burstiness` is 1, gamma otherwise; `inf` sends every request at
+    once), or neither: a replay, every request at its own time (a trace's clock; key 'replay')."""
 
     concurrency: int | None = None
     request_rate: float | None = None
     burstiness: float = 1.0
 
     def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.request_rate is None):
-            raise UserError("give exactly one of --concurrency or --request-rate for a load point")
+        if self.concurrency is not None and self.request_rate is not None:
+            raise UserError("give one of --concurrency or --request-rate for a load point")
         if self.concurrency is not None and self.concurrency < 1:
             raise UserError(f"--concurrency must be >= 1, got {self.concurrency}")
         # inf: every request sent at once (SGLang's and vLLM's default, GuideLLM's "throughput")
@@ -78,12 +137,16 @@ class LoadPoint:
 
     @property
     def key(self) -> str:
-        """`c=8`, `rate=4` or `rate=inf` (the store's load_key)."""
+        """`c=8`, `rate=4`, `rate=inf` or `replay` (the store's load_key)."""
         if self.concurrency is not None:
             return f"c={self.concurrency}"
         r = self.request_rate
-        assert r is not None
-        return f"rate={r:g}"
+        return "replay" if r is None else f"rate={r:g}"
+
+    @property
+    def replay(self) -> bool:
+        """Every request at its own arrival time (the workload's clock)."""
+        return self.concurrency is None and self.request_rate is None
 
 
 @dataclass(frozen=True, slots=True)

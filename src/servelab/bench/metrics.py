@@ -14,6 +14,13 @@ is defined here, once (docs/METRICS.md gives the same definitions in prose).
   Where the API does not say how many tokens a chunk holds, the count is spread over the chunks
   in proportion to their text length (exact when tokens have equal length, as in the scripted
   server; an estimate for real text).
+- Dispatch lag (open loop): request sent - its due time on the schedule; the client is behind
+  when more than 1% of the requests (and at least 2: one hiccup of the machine is not a trend)
+  left more than LAG_LIMIT_MS late, i.e. the p99 lag exceeds it, or when the lag grows by more
+  than LAG_GROWTH_LIMIT_MS from the first tenth of the requests to the last.
+- Cached tokens: the prompt tokens the server says it reused from its prefix cache
+  (`usage.prompt_tokens_details.cached_tokens`, SGLang `meta_info.cached_tokens`); the cached
+  token share of a load point is their sum over the input tokens of the completed requests.
 """
 
 from __future__ import annotations
@@ -30,6 +37,11 @@ from servelab.bench.client import RawResult
 from servelab.bench.workload import RequestSpec
 
 STAT_KEYS = ("mean", "median", "p90", "p95", "p99", "std")
+# Behind the schedule: a dispatch lag over 10 ms is a tenth of a typical TTFT under load (~100
+# ms) and twice this client's p99 on a busy 2-core box for a trace with bursts of 20 (5-7 ms,
+# docs/METRICS.md): past it, the load measured is no longer the load asked for.
+LAG_LIMIT_MS = 10.0
+LAG_GROWTH_LIMIT_MS = 10.0
 LATENCY_METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "chunk_gap_ms", "e2e_ms")
 
 
@@ -57,6 +69,13 @@ class RequestRecord:
     requested_output_tokens: int
     spec_verify_ct: int | None
     response_id: str | None
+    cached_tokens: int | None = None  # as the server reported; None when it did not say
+    dispatch_lag_ms: float | None = None  # open loop: sent - due; None in closed loop
+    scheduled_s: float | None = None  # the workload's own arrival time (trace), if any
+    session_id: str | None = None
+    turn: int | None = None
+    prefix_group: int | None = None
+    prefix_len: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (dataclasses.asdict deep-copies every float: 10x slower here)."""
@@ -138,7 +157,10 @@ def make_record(raw: RawResult, spec: RequestSpec, t0_ns: int,
         output_tokens=out if counted else None,
         output_tokens_source=out_src if counted else None,
         requested_output_tokens=spec.output_len, spec_verify_ct=raw.spec_verify_ct,
-        response_id=raw.response_id,
+        response_id=raw.response_id, cached_tokens=raw.cached_tokens,
+        dispatch_lag_ms=(raw.t_start_ns - raw.t_due_ns) * ms if raw.t_due_ns is not None else None,
+        scheduled_s=spec.arrival_s, session_id=spec.session_id, turn=spec.turn,
+        prefix_group=spec.prefix_group, prefix_len=spec.prefix_len,
     )
 
 
@@ -153,6 +175,44 @@ def stats(values: Iterable[float]) -> dict[str, float | None]:
             "p90": float(np.percentile(a, 90)), "p95": float(np.percentile(a, 95)),
             "p99": float(np.percentile(a, 99)),
             "std": float(a.std())}
+
+
+def dispatch_lag(records: list[RequestRecord]) -> dict[str, Any]:
+    """Median, p99, max dispatch lag (ms) of the open loop's requests, in send order, and whether
+    the client fell behind the schedule (module docstring); all None in a closed loop."""
+    lags = [r.dispatch_lag_ms for r in sorted(records, key=lambda r: r.t_start_ns)
+            if r.dispatch_lag_ms is not None]
+    if not lags:
+        return {"dispatch_lag_ms": None, "dispatch_behind": None}
+    a = np.asarray(lags)
+    tenth = max(1, a.size // 10)
+    growth = float(np.median(a[-tenth:]) - np.median(a[:tenth])) if a.size >= 20 else 0.0
+    late = int((a > LAG_LIMIT_MS).sum())
+    return {"dispatch_lag_ms": {"median": float(np.median(a)), "p99": float(np.percentile(a, 99)),
+                                "max": float(a.max()), "growth": growth, "late": late},
+            "dispatch_behind": bool((late >= 2 and late > 0.01 * a.size)
+                                    or growth > LAG_GROWTH_LIMIT_MS)}
+
+
+def prefix_cache(done: list[RequestRecord]) -> dict[str, Any]:
+    """Cached prompt tokens as the server reported them, beside what the workload shares.
+
+    vLLM omits `prompt_tokens_details` when it cached nothing, so once any request of the load
+    point reports cached tokens, a completed request that reports none counts as 0 in the share
+    (its record keeps None). `prefix_share` is the workload's own upper bound: the share of
+    input tokens an earlier request already sent as a prefix (shared-prefix groups, trace hash
+    ids), what a perfect, never-evicting prefix cache would reuse."""
+    rep = [r.cached_tokens for r in done if r.cached_tokens is not None]
+    inp = sum(r.input_tokens or 0 for r in done)
+    known = [r.prefix_len for r in done if r.prefix_len is not None]
+    return {
+        "cached_tokens_reported": len(rep),
+        "cached_tokens_total": sum(rep) if rep else None,
+        "cached_token_share": sum(rep) / inp if rep and inp else None,
+        "cached_tokens": stats(rep),
+        "prefix_share": (sum(known) / inp if known and len(known) == len(done) and inp
+                         else None),
+    }
 
 
 def meets_slo(r: RequestRecord, slo: dict[str, float]) -> bool:
@@ -203,4 +263,6 @@ def summarize(records: list[RequestRecord], duration_s: float,
         "output_len_mismatch": sum(1 for r in done if r.output_tokens is not None
                                    and r.output_tokens != r.requested_output_tokens),
     }
+    s.update(dispatch_lag(records))
+    s.update(prefix_cache(done))
     return s

@@ -53,6 +53,9 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
     for key, name in NAMES.items():
         st = s.get(key) if isinstance(s.get(key), dict) else {}
         t.add_row(name, *(_f(st.get(k)) for k in cols))
+        if key == "ttft_ms" and s.get("cached_tokens_reported"):  # the cache beside the TTFT
+            ct = s.get("cached_tokens") or {}
+            t.add_row("cached tokens/req", *(_f(ct.get(k), 1) for k in cols))
     t.add_section()
     rows = [
         ("completed / failed", f"{_f(s.get('completed'))} / {_f(s.get('failed'))}"),
@@ -62,6 +65,8 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
         ("requests/s", _f(s.get("request_throughput_req_s"), 3)),
         ("goodput req/s", _f(s.get("goodput_req_s"), 3)),
         ("accept length", f"{_f(s.get('accept_length'))} ({s.get('accept_length_source') or 'n/a'})"),
+        ("cached token share", cache_text(s)),
+        ("dispatch lag ms", lag_text(s)),
         ("duration s", _f(s.get("duration_s"), 2)),
         ("input lengths", "exact" if s.get("input_len_exact") else
          f"APPROXIMATE ({s.get('input_len_source') or 'unknown'})"),
@@ -69,6 +74,31 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
     for name, val in rows:
         t.add_row(name, val, *([""] * (len(cols) - 1)))
     return t
+
+
+def _pct(x: Any) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def cache_text(s: dict[str, Any]) -> str:
+    """'42.0% (reported by 90 of 100; workload prefix share 50.0%)', or '-' when unreported."""
+    n = s.get("cached_tokens_reported")
+    ideal = s.get("prefix_share")
+    tail = f"workload prefix share {_pct(ideal)}" if ideal is not None else ""
+    if not n:
+        return "not reported" + (f" ({tail})" if tail else "") if tail else "-"
+    return (f"{_pct(s.get('cached_token_share'))} (reported by {n} of {s.get('completed')}"
+            + (f"; {tail}" if tail else "") + ")")
+
+
+def lag_text(s: dict[str, Any]) -> str:
+    """'median 0.41, p99 1.20, max 3.10' (open loop), '-' in a closed loop; BEHIND when the
+    client fell behind its schedule."""
+    lag = s.get("dispatch_lag_ms")
+    if not isinstance(lag, dict):
+        return "-"
+    txt = f"median {_f(lag.get('median'))}, p99 {_f(lag.get('p99'))}, max {_f(lag.get('max'))}"
+    return txt + ("  BEHIND SCHEDULE" if s.get("dispatch_behind") else "")
 
 
 def list_table(rows: list[Any]) -> Table:

@@ -21,9 +21,18 @@ from servelab import provenance
 from servelab.bench import spec_metrics
 from servelab.bench.client import Client, RawResult, get_json, get_text
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
-from servelab.bench.load import arrival_offsets_s, closed_loop, open_loop
+from servelab.bench.datasets import build_workload
+from servelab.bench.datasets.text import local_counter
+from servelab.bench.load import (
+    arrival_offsets_s,
+    closed_loop,
+    largest_burst,
+    open_connections,
+    open_loop,
+    replay_offsets_s,
+)
 from servelab.bench.metrics import make_record, summarize
-from servelab.bench.workload import CountFn, Workload, build_workload, local_counter
+from servelab.bench.workload import CountFn, Workload
 from servelab.errors import UserError
 
 _WORKLOADS: dict[tuple[Any, ...], Workload] = {}  # built once per (server, workload, load point)
@@ -189,10 +198,19 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         count = local_counter(cfg.workload.tokenizer) if cfg.workload.tokenizer else None
         client = Client(session, root, cfg.api, model, cfg.request_timeout_s)
 
+        if load.replay and not wl.timed:
+            raise UserError(f"load point 'replay' sends each request at its own time, but the "
+                            f"{cfg.workload.kind} dataset has none: use --dataset-name trace, or "
+                            "give --concurrency / --request-rate")
         if wl.warmup:
             conc = load.concurrency or min(len(wl.warmup), 8)
             await closed_loop(wl.warmup, conc, lambda s: client.send(s, warmup=True))
 
+        offs = None
+        if load.concurrency is None:  # open loop: the schedule, and connections for its bursts
+            offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
+                len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
+            await open_connections(session, root + "/v1/models", min(largest_burst(offs), 512))
         before = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
         prog = _Progress(progress, len(wl.requests), load.key)
         cpu0 = time.process_time()
@@ -202,9 +220,7 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
             if load.concurrency is not None:
                 raws = await closed_loop(wl.requests, load.concurrency, client.send, deadline, prog)
             else:
-                assert load.request_rate is not None
-                offs = arrival_offsets_s(len(wl.requests), load.request_rate, load.burstiness,
-                                         cfg.workload.seed)
+                assert offs is not None
                 raws = await open_loop(wl.requests, offs, client.send, deadline, prog)
         finally:
             prog.close()
@@ -226,9 +242,10 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         "num_prompts": cfg.workload.num_prompts, "issued": len(raws), "warmup": len(wl.warmup),
         "stopped_by_duration": len(raws) < len(wl.requests),
         "input_len_exact": wl.input_len_exact, "input_len_source": wl.input_len_source,
-        "input_len": None if cfg.workload.dataset else cfg.workload.input_len,
-        "output_len": None if cfg.workload.dataset else cfg.workload.output_len,
-        "dataset": cfg.workload.dataset, "seed": cfg.workload.seed,
+        "input_len": cfg.workload.input_len if cfg.workload.kind == "random" else None,
+        "output_len": cfg.workload.output_len if cfg.workload.kind == "random" else None,
+        "dataset": cfg.workload.dataset, "dataset_name": cfg.workload.kind,
+        "seed": cfg.workload.seed, **(wl.info or {}),
         "metrics_scraped": bool(before or after),
         # the client's own CPU time over the load (all threads of this process); near
         # duration_s means the client, not the server, may be the bottleneck

@@ -36,6 +36,8 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
                    help="slots: at most this many requests served at once, the rest queue")
     p.add_argument("--gap-per-running-ms", type=float, default=0.0,
                    help="added to each decode step per other request in a slot")
+    p.add_argument("--cache-block", type=int, default=None,
+                   help="simulate a prefix cache of this block size and report cached_tokens")
     a = p.parse_args(argv)
     try:
         script = Script(ttft_ms=a.ttft_ms, gap_ms=a.gap_ms, tokens_per_chunk=a.tokens_per_chunk,
@@ -44,7 +46,7 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
                         stall_s=a.stall_s, seed=a.seed, model=a.model, flavor=a.flavor,
                         tokenize=not a.no_tokenize, metrics=not a.no_metrics,
                         record_log=not a.no_log, api_key=a.api_key, max_running=a.max_running,
-                        gap_per_running_ms=a.gap_per_running_ms)
+                        gap_per_running_ms=a.gap_per_running_ms, cache_block=a.cache_block)
     except ValueError as exc:
         p.error(str(exc))
     return script, a.host, a.port

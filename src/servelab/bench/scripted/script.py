@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -66,6 +67,7 @@ class Script:
     api_key: str | None = None  # when set, generation endpoints need `Authorization: Bearer KEY`
     max_running: int | None = None  # slots (the load law above); None: no queue
     gap_per_running_ms: float = 0.0  # added to each decode step per other request in a slot
+    cache_block: int | None = None  # prefix cache of this block size; None: no cache reported
 
     def step_ms(self, batch: int) -> float:
         """Duration of one decode step with `batch` requests in slots (the slowdown law)."""
@@ -76,6 +78,8 @@ class Script:
             raise ValueError("ttft_ms and gap_ms must be >= 0")
         if self.max_running is not None and self.max_running < 1:
             raise ValueError("max_running must be >= 1 (or None: no queue)")
+        if self.cache_block is not None and self.cache_block < 1:
+            raise ValueError("cache_block must be >= 1 (or None: no prefix cache)")
         if self.gap_per_running_ms < 0:
             raise ValueError("gap_per_running_ms must be >= 0")
         if self.tokens_per_chunk < 1:
@@ -149,6 +153,7 @@ class RequestRecord:
     max_tokens: int
     completion_tokens: int
     fail: str | None
+    cached_tokens: int | None = None  # what the prefix cache reused (Script.cache_block)
     admit_ns: int | None = None  # when it got a slot (the end of its queue wait)
     send_ns: list[int] = field(default_factory=list)  # after each content chunk left the server
     chunk_tokens: list[int] = field(default_factory=list)
@@ -158,6 +163,38 @@ class RequestRecord:
 def count_tokens(text: str) -> int:
     """The scripted tokenizer: one token per whitespace-separated word."""
     return len(text.split())
+
+
+def token_ids(text: str) -> list[int]:
+    """The scripted tokenizer's ids: one per word, equal words equal ids (a stable hash), so
+    that prompts sharing a prefix share token ids, as with a real tokenizer."""
+    return [zlib.crc32(w.encode()) & 0x7FFFFFFF for w in text.split()]
+
+
+class PrefixCache:
+    """A prefix cache for the scripted server: the longest prefix of a prompt's token ids that
+    an earlier prompt had, counted in whole blocks of `block` tokens as SGLang (page size) and
+    vLLM (block size) count `cached_tokens`. Unbounded: nothing is evicted."""
+
+    def __init__(self, block: int) -> None:
+        self.block = block
+        self.seen: set[int] = set()
+
+    def lookup_insert(self, ids: list[int]) -> int:
+        """Cached tokens of this prompt; then its blocks are cached."""
+        b = self.block
+        h = 0
+        hashes = []
+        for i in range(0, len(ids) - len(ids) % b, b):
+            h = hash((h, tuple(ids[i:i + b])))
+            hashes.append(h)
+        hit = 0
+        for h in hashes:
+            if h not in self.seen:
+                break
+            hit += b
+        self.seen.update(hashes)
+        return hit
 
 
 def requested_failure(prompt: str) -> str | None:

@@ -9,9 +9,9 @@ It speaks the APIs real engines speak, with no model behind them:
 - `POST /generate`: SGLang native; streamed `data:` lines carry cumulative `text` and `meta_info`
   (`prompt_tokens`, `completion_tokens`, `spec_verify_ct`, `finish_reason`).
 - `GET /v1/models`, `GET /health`, `POST /tokenize` (`{"prompt"}` -> `{"tokens", "count"}`; one
-  token per whitespace-separated word), `GET /metrics` (Prometheus text: running and
-  queued requests, generated tokens, vLLM `spec_decode_*` counters or SGLang `spec_accept_length`
-  gauges, in the flavour's names), `GET /get_server_info` (sglang flavour).
+  token per whitespace-separated word, equal words equal ids), `GET /metrics` (Prometheus text:
+  running and queued requests, generated tokens, vLLM `spec_decode_*` counters or SGLang
+  `spec_accept_length` gauges, in the flavour's names), `GET /get_server_info` (sglang flavour).
 - Test hooks: `GET /_scripted/log` (per-request server-side record: arrival and the send time of
   every chunk, `time.perf_counter_ns()`, i.e. CLOCK_MONOTONIC, the same clock in every process of
   the host) and `POST /_scripted/reset`.
@@ -26,7 +26,11 @@ Command line (stable; the experiment runner uses it as a fake engine; __main__.p
         [--fail-rate 0] [--fail-modes http500] [--stall-s 3600] [--seed 0] \
         [--model scripted-model] [--flavor vllm|sglang] [--no-tokenize] [--no-metrics] \
         [--no-log] [--default-max-tokens 16] [--api-key KEY] [--max-running C]
-        [--gap-per-running-ms K]
+        [--gap-per-running-ms K] [--cache-block B]
+
+With `--cache-block B` it keeps a prefix cache (whole blocks of B tokens, never evicted) and
+reports the prompt tokens it found there as vLLM and SGLang do: `usage.prompt_tokens_details.
+cached_tokens` (left out when 0, as vLLM does) and `meta_info.cached_tokens` on /generate.
 
 It prints one line `scripted-server ready http://HOST:PORT` on stdout when it accepts
 connections (port 0 picks a free one) and serves until SIGTERM/SIGINT.
@@ -48,11 +52,13 @@ from aiohttp import web
 
 from servelab.bench.scripted.script import (
     FAIL_MODES,
+    PrefixCache,
     RequestRecord,
     Script,
     Slots,
     count_tokens,
     requested_failure,
+    token_ids,
 )
 
 __all__ = ["FAIL_MODES", "Script", "ScriptedServer", "count_tokens", "start_server"]
@@ -74,6 +80,7 @@ class ScriptedServer:
         self.generated = 0  # every streamed token, the first included (generation_tokens_total)
         self.running = 0
         self.slots = Slots(script.max_running)
+        self.cache = PrefixCache(script.cache_block) if script.cache_block else None
 
     def app(self) -> web.Application:
         key = self.script.api_key
@@ -117,8 +124,8 @@ class ScriptedServer:
         text = body.get("prompt") or body.get("text") or ""
         if isinstance(text, list):
             text = " ".join(str(t) for t in text)
-        n = count_tokens(text)
-        return web.json_response({"tokens": list(range(n)), "count": n, "max_model_len": 1 << 20})
+        ids = token_ids(text)
+        return web.json_response({"tokens": ids, "count": len(ids), "max_model_len": 1 << 20})
 
     async def server_info(self, request: web.Request) -> web.Response:
         tau = self.tokens_out / self.steps_out if self.steps_out else None
@@ -185,7 +192,8 @@ class ScriptedServer:
             fail = s.fail_modes[(self.n - 1) % len(s.fail_modes)]
         req = RequestRecord(id=f"scripted-{self.n}", path=path, stream=stream, arrival_ns=now,
                    prompt_tokens=count_tokens(prompt), max_tokens=mt, completion_tokens=n_out,
-                   fail=fail)
+                   fail=fail,
+                   cached_tokens=self.cache.lookup_insert(token_ids(prompt)) if self.cache else None)
         if s.record_log:
             self.log.append(req)
         return req
@@ -240,8 +248,11 @@ class ScriptedServer:
         if err is not None:
             return err
         chunks = self._chunks(req.completion_tokens)
-        usage = {"prompt_tokens": req.prompt_tokens, "completion_tokens": req.completion_tokens,
-                 "total_tokens": req.prompt_tokens + req.completion_tokens}
+        usage: dict[str, Any] = {"prompt_tokens": req.prompt_tokens,
+                                 "completion_tokens": req.completion_tokens,
+                                 "total_tokens": req.prompt_tokens + req.completion_tokens}
+        if req.cached_tokens:  # as vLLM: left out when nothing was cached
+            usage["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
         finish = "length" if req.completion_tokens >= req.max_tokens else "stop"
         created = int(time.time())
         obj = "chat.completion" if chat else "text_completion"
@@ -300,7 +311,7 @@ class ScriptedServer:
             last = i == len(chunks) - 1
             meta: dict[str, Any] = {
                 "id": req.id, "prompt_tokens": req.prompt_tokens, "completion_tokens": done,
-                "cached_tokens": 0,
+                "cached_tokens": req.cached_tokens or 0,
                 "finish_reason": ({"type": "length", "length": done} if last and done >= req.max_tokens
                                   else {"type": "stop", "matched": None} if last else None),
             }

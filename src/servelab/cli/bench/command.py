@@ -33,6 +33,17 @@ def register(app: typer.Typer) -> None:
         input_len: str = o.INPUT_LEN,
         output_len: str = o.OUTPUT_LEN,
         dataset: str = o.DATASET,
+        dataset_name: str = o.DATASET_NAME,
+        trace_format: str = o.TRACE_FORMAT,
+        trace_speed: str = o.TRACE_SPEED,
+        trace_start: str = o.TRACE_START,
+        trace_duration: str = o.TRACE_DURATION,
+        trace_block_size: str = o.TRACE_BLOCK_SIZE,
+        gsp_num_groups: str = o.GSP_NUM_GROUPS,
+        gsp_prompts_per_group: str = o.GSP_PROMPTS_PER_GROUP,
+        gsp_system_prompt_len: str = o.GSP_SYSTEM_PROMPT_LEN,
+        gsp_question_len: str = o.GSP_QUESTION_LEN,
+        gsp_output_len: str = o.GSP_OUTPUT_LEN,
         seed: str = o.SEED,
         warmup: str = o.WARMUP,
         max_duration: str = o.MAX_DURATION,
@@ -56,6 +67,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Measure a running OpenAI-compatible or SGLang server under load: at the load points
         given, or a capacity sweep under SLOs (--sweep --slo ttft_p99_ms=2000,tpot_p99_ms=50).
+        A trace (--dataset-name trace --dataset-path FILE) replays on its own clock unless
+        --concurrency or --request-rate is given.
 
         Sends `Authorization: Bearer $SERVELAB_API_KEY` (or $OPENAI_API_KEY) when set.
         """
@@ -71,5 +84,10 @@ def register(app: typer.Typer) -> None:
             result_dir=result_dir, result_filename=result_filename, sweep=sweep, slo=slo,
             sweep_precision=sweep_precision, sweep_rates=sweep_rates,
             sweep_max_points=sweep_max_points, store=store, label=label, no_store=no_store,
-            quiet=quiet, as_json=as_json,
+            quiet=quiet, as_json=as_json, dataset_name=dataset_name, trace_format=trace_format,
+            trace_speed=trace_speed, trace_start=trace_start, trace_duration=trace_duration,
+            trace_block_size=trace_block_size, gsp_num_groups=gsp_num_groups,
+            gsp_prompts_per_group=gsp_prompts_per_group,
+            gsp_system_prompt_len=gsp_system_prompt_len, gsp_question_len=gsp_question_len,
+            gsp_output_len=gsp_output_len,
         ))

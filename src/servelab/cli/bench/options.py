@@ -26,7 +26,23 @@ INPUT_LEN = typer.Option("256", "--input-len", "--random-input-len",
 OUTPUT_LEN = typer.Option("256", "--output-len", "--random-output-len",
                           help="Output tokens (max_tokens + ignore_eos).")
 DATASET = typer.Option(None, "--dataset", "--dataset-path",
-                       help="ShareGPT-format JSON file instead of fixed lengths.")
+                       help="A ShareGPT-format JSON file, or with --dataset-name trace a trace.")
+DATASET_NAME = typer.Option(None, "--dataset-name", help="random | sharegpt | trace | "
+                            "generated-shared-prefix (default: sharegpt with a file, else random).")
+TRACE_FORMAT = typer.Option(None, "--trace-format", help="mooncake | bailian | azure | burstgpt "
+                            "(default: detected from the file).")
+TRACE_SPEED = typer.Option("1.0", "--trace-speed", help="Replay speed: 2 = twice as fast.")
+TRACE_START = typer.Option("0", "--trace-start", help="Skip the trace's first S seconds.")
+TRACE_DURATION = typer.Option(None, "--trace-duration", help="Replay S seconds of the trace "
+                              "(with --num-prompts as a cap on the requests).")
+TRACE_BLOCK_SIZE = typer.Option(None, "--trace-block-size", help="Tokens per hash id (default: "
+                                "Mooncake 512, Bailian 16).")
+GSP_NUM_GROUPS = typer.Option("64", "--gsp-num-groups", help="Shared-prefix groups (G).")
+GSP_PROMPTS_PER_GROUP = typer.Option("16", "--gsp-prompts-per-group", help="Prompts per group (P).")
+GSP_SYSTEM_PROMPT_LEN = typer.Option("2048", "--gsp-system-prompt-len",
+                                     help="Tokens of each group's shared system prompt (S).")
+GSP_QUESTION_LEN = typer.Option("128", "--gsp-question-len", help="Tokens of each question (Q).")
+GSP_OUTPUT_LEN = typer.Option("256", "--gsp-output-len", help="Output tokens of each request.")
 SEED = typer.Option("0", "--seed", help="Seed of prompts and arrival times.")
 WARMUP = typer.Option("0", "--warmup", "--num-warmups", "--warmup-requests",
                       help="Requests sent first and excluded from the metrics.")
@@ -95,3 +111,15 @@ class BenchArgs:
     no_store: bool
     quiet: bool
     as_json: bool
+    # the workload's dataset (no defaults here: the options above hold them)
+    dataset_name: str | None
+    trace_format: str | None
+    trace_speed: str
+    trace_start: str
+    trace_duration: str | None
+    trace_block_size: str | None
+    gsp_num_groups: str
+    gsp_prompts_per_group: str
+    gsp_system_prompt_len: str
+    gsp_question_len: str
+    gsp_output_len: str

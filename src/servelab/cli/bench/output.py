@@ -78,6 +78,13 @@ def report_point(console: Any, res: Any, title: str, full: bool) -> None:
         console.print(f"warning: the client used {util:.0%} of a core during this "
                       "load point: it may limit what was measured (see docs/METRICS.md)",
                       style="yellow")
+    lag = s.get("dispatch_lag_ms")
+    if s.get("dispatch_behind") and isinstance(lag, dict):
+        console.print(f"warning: the client fell behind the arrival schedule ({lag['late']} of "
+                      f"{s['issued']} requests sent over 10 ms late; dispatch lag p99 "
+                      f"{lag['p99']:.1f} ms, max {lag['max']:.1f} ms, growth "
+                      f"{lag['growth']:.1f} ms): the load sent was gentler than asked "
+                      "(see docs/METRICS.md)", style="yellow")
     mism = s.get("output_len_mismatch")
     if mism:  # e.g. a server that ignores ignore_eos/min_tokens
         by_chunks = "chunks" in (s.get("output_tokens_source") or {})

@@ -60,7 +60,8 @@ def make_plan(a: BenchArgs) -> Plan:
         if slos is not None:
             raise UserError("--slo sets the objectives of a capacity sweep: add --sweep (for "
                             "goodput at given load points use --goodput)")
-        loads = load_points(a.concurrency, a.request_rate, b)
+        replay = a.dataset_name == "trace" and a.concurrency is None and a.request_rate is None
+        loads = [LoadPoint()] if replay else load_points(a.concurrency, a.request_rate, b)
     gp = parse_goodput(a.goodput)
     if slos is not None:
         if gp and slos.per_request and gp != slos.per_request:
@@ -72,6 +73,16 @@ def make_plan(a: BenchArgs) -> Plan:
         output_len=parse_number(a.output_len, int, "--output-len"),
         num_prompts=parse_number(a.num_prompts, int, "--num-prompts"),
         dataset=a.dataset, seed=parse_number(a.seed, int, "--seed"), tokenizer=a.tokenizer,
+        dataset_name=a.dataset_name, trace_format=a.trace_format,
+        trace_speed=parse_number(a.trace_speed, float, "--trace-speed"),
+        trace_start_s=parse_number(a.trace_start, float, "--trace-start"),
+        trace_duration_s=parse_number(a.trace_duration, float, "--trace-duration"),
+        trace_block_size=parse_number(a.trace_block_size, int, "--trace-block-size"),
+        gsp_num_groups=parse_number(a.gsp_num_groups, int, "--gsp-num-groups"),
+        gsp_prompts_per_group=parse_number(a.gsp_prompts_per_group, int, "--gsp-prompts-per-group"),
+        gsp_system_prompt_len=parse_number(a.gsp_system_prompt_len, int, "--gsp-system-prompt-len"),
+        gsp_question_len=parse_number(a.gsp_question_len, int, "--gsp-question-len"),
+        gsp_output_len=parse_number(a.gsp_output_len, int, "--gsp-output-len"),
     )
     cfg = BenchConfig(
         base_url=a.base_url, workload=wl, model=a.model, api=a.api,
@@ -99,7 +110,7 @@ def load_points(concurrency: str | None, request_rate: str | None,
         return [LoadPoint(concurrency=c) for c in parse_list(concurrency, int, "--concurrency")]
     if rates is None:
         raise UserError("give --concurrency (e.g. 1,8,16), --request-rate (e.g. 4,8 or inf) or "
-                        "--sweep")
+                        "--sweep (a trace, --dataset-name trace, replays on its own clock)")
     return [LoadPoint(request_rate=r, burstiness=burstiness) for r in rates]
 
 

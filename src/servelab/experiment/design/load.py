@@ -21,6 +21,7 @@ class LoadSpec(Strict):
     request_rate: list[float] = []
     burstiness: float = Field(1.0, gt=0)
     sweep: SweepSpec | None = None
+    replay: bool = False  # one load point on the workload's own clock (a trace): key "replay"
 
     @field_validator("concurrency")
     @classmethod
@@ -39,10 +40,10 @@ class LoadSpec(Strict):
 
     @model_validator(mode="after")
     def _some(self) -> LoadSpec:
-        if not self.concurrency and not self.request_rate and self.sweep is None:
+        if not self.concurrency and not self.request_rate and self.sweep is None and not self.replay:
             raise ValueError(
-                "give at least one load point: concurrency = [...], request_rate = [...] "
-                'or sweep = { slo = "ttft_p99_ms=2000" }'
+                "give at least one load point: concurrency = [...], request_rate = [...], "
+                'replay = true (a trace) or sweep = { slo = "ttft_p99_ms=2000" }'
             )
         return self
 
@@ -52,18 +53,40 @@ class LoadSpec(Strict):
             (f"c={c}", c, None) for c in self.concurrency
         ]
         out += [(f"rate={r:g}", None, r) for r in self.request_rate]
+        if self.replay:  # LoadPoint() with neither: every request at its own time
+            out.append(("replay", None, None))
         if self.sweep is not None:  # one capacity search per run, after the fixed load points
             out.append((SWEEP_KEY, None, None))
         return out
 
 
+class SharedPrefixSpec(Strict):
+    """`[workload.shared_prefix]`: SGLang's generated-shared-prefix groups (--gsp-*)."""
+
+    num_groups: int = Field(64, ge=1)
+    prompts_per_group: int = Field(16, ge=1)
+    system_prompt_len: int = Field(2048, ge=1)
+    question_len: int = Field(128, ge=1)
+    output_len: int = Field(256, ge=1)
+
+
 class WorkloadSpec(Strict):
-    """As `servelab bench`: request lengths, prompts per run, dataset, seed."""
+    """As `servelab bench`: request lengths, prompts per run, dataset, seed; or a trace
+    (`trace = "file"`, `trace_speed`, `trace_start_s`, `trace_duration_s`, `trace_format`,
+    `trace_block_size`; with `[load] replay = true` it runs on its own clock), or shared-prefix
+    groups (`[workload.shared_prefix]`)."""
 
     input_len: int = Field(256, ge=1)
     output_len: int = Field(256, ge=1)
     num_prompts: int = Field(100, ge=1)
     dataset: str | None = None
+    trace: str | None = None
+    trace_format: Literal["mooncake", "bailian", "azure", "burstgpt"] | None = None
+    trace_speed: float = Field(1.0, gt=0)
+    trace_start_s: float = Field(0.0, ge=0)
+    trace_duration_s: float | None = Field(None, gt=0)
+    trace_block_size: int | None = Field(None, ge=1)
+    shared_prefix: SharedPrefixSpec | None = None
     seed: int = 0
     tokenizer: str | None = None
     api: Literal["completions", "chat", "sglang"] = "completions"
@@ -72,18 +95,38 @@ class WorkloadSpec(Strict):
     request_timeout_s: float = Field(600.0, gt=0)
     goodput: dict[str, float] = {}
 
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        given = [k for k in ("dataset", "trace", "shared_prefix") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of dataset, trace, shared_prefix; got {', '.join(given)}")
+        return self
+
     def bench_config(self, base_url: str, model: str | None = None) -> BenchConfig:
         """This workload as the servelab.bench configuration that measures it at `base_url`
         (BenchConfig runs the bench's own checks: dataset and tokenizer files, goodput keys)."""
+        g = self.shared_prefix
+        gsp = {} if g is None else {
+            "gsp_num_groups": g.num_groups, "gsp_prompts_per_group": g.prompts_per_group,
+            "gsp_system_prompt_len": g.system_prompt_len, "gsp_question_len": g.question_len,
+            "gsp_output_len": g.output_len}
+        name = "trace" if self.trace else "generated-shared-prefix" if g is not None else None
         return BenchConfig(
             base_url=base_url,
             workload=WorkloadConfig(
                 input_len=self.input_len,
                 output_len=self.output_len,
                 num_prompts=self.num_prompts,
-                dataset=self.dataset,
+                dataset=self.trace or self.dataset,
                 seed=self.seed,
                 tokenizer=self.tokenizer,
+                dataset_name=name,
+                trace_format=self.trace_format,
+                trace_speed=self.trace_speed,
+                trace_start_s=self.trace_start_s,
+                trace_duration_s=self.trace_duration_s,
+                trace_block_size=self.trace_block_size,
+                **gsp,
             ),
             model=model,
             api=self.api,

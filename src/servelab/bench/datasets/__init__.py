@@ -1,0 +1,72 @@
+"""The datasets a load point can send, each building the records of servelab.bench.workload:
+
+- `random` (synthetic.py): prompts of exact lengths, unique so that no cache hits;
+- `sharegpt` (sharegpt.py): first turns of ShareGPT-format conversations;
+- `trace` (trace.py reads Mooncake/Bailian JSONL, Azure and BurstGPT CSV; blocks.py turns the
+  rows into prompts whose shared hash_id blocks are identical text): requests due on the file's
+  clock;
+- `generated-shared-prefix` (shared_prefix.py): G groups x P prompts sharing a system prompt.
+
+text.py fits a prompt to an exact token count; every dataset uses it.
+"""
+
+from __future__ import annotations
+
+import random
+
+from servelab.bench.config import WorkloadConfig
+from servelab.bench.datasets.blocks import trace_specs
+from servelab.bench.datasets.shared_prefix import SharedPrefix, shared_prefix_specs
+from servelab.bench.datasets.sharegpt import sharegpt_specs
+from servelab.bench.datasets.synthetic import random_specs
+from servelab.bench.datasets.text import counter
+from servelab.bench.datasets.trace import BLOCK_SIZE, read_window
+from servelab.bench.workload import CountFn, RequestSpec, Workload
+
+
+async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn | None,
+                         concurrency: int = 32) -> Workload:
+    """The request specs of a run: the dataset's measured requests plus `warmup` more. Warmup
+    requests of a trace or of shared-prefix groups are unique random prompts of `input_len` /
+    `output_len`: they warm the server without filling its prefix cache with the measured
+    prefixes."""
+    count, source = counter(remote_count, cfg.tokenizer)
+    rng = random.Random(cfg.seed)
+    info: dict | None = None
+    kind = cfg.kind
+    if kind == "random":
+        specs = await random_specs(cfg.input_len, cfg.output_len, cfg.num_prompts + warmup, rng,
+                                   count, concurrency)
+        # warmup requests come last in the draw so that measured prompts do not depend on --warmup
+        return Workload(tuple(specs[: cfg.num_prompts]), tuple(specs[cfg.num_prompts:]), source)
+    if kind == "sharegpt":
+        assert cfg.dataset is not None
+        specs = await sharegpt_specs(cfg.dataset, cfg.num_prompts + warmup, rng, count, concurrency)
+        return Workload(tuple(specs[: cfg.num_prompts]), tuple(specs[cfg.num_prompts:]), source)
+    measured: list[RequestSpec]
+    if kind == "trace":
+        assert cfg.dataset is not None
+        win = read_window(cfg.dataset, cfg.trace_format, cfg.trace_start_s, cfg.trace_duration_s,
+                          cfg.trace_speed, cfg.num_prompts)
+        block = cfg.trace_block_size or BLOCK_SIZE.get(win.format, 512)
+        measured = await trace_specs(win, block, cfg.seed, count, concurrency)
+        span = win.arrivals_s[-1] if win.arrivals_s else 0.0
+        info = {"trace_format": win.format, "trace_rows": len(win.rows),
+                "trace_rows_read": win.read, "trace_rows_skipped": win.skipped,
+                "trace_block_size": block if any(r.hash_ids for r in win.rows) else None,
+                "trace_span_s": span, "trace_speed": cfg.trace_speed,
+                "trace_start_s": cfg.trace_start_s, "trace_duration_s": cfg.trace_duration_s}
+    else:
+        g = SharedPrefix(cfg.gsp_num_groups, cfg.gsp_prompts_per_group, cfg.gsp_system_prompt_len,
+                         cfg.gsp_question_len, cfg.gsp_output_len)
+        measured = await shared_prefix_specs(g, rng, count, concurrency)
+        info = {"gsp_num_groups": g.num_groups, "gsp_prompts_per_group": g.prompts_per_group,
+                "gsp_system_prompt_len": g.system_prompt_len, "gsp_question_len": g.question_len,
+                "gsp_output_len": g.output_len}
+    warm = await random_specs(cfg.input_len, cfg.output_len, warmup,
+                              random.Random(cfg.seed + 0x5EED), count, concurrency,
+                              first=len(measured))
+    return Workload(tuple(measured), tuple(warm), source, info)
+
+
+__all__ = ["build_workload"]
