@@ -1,0 +1,156 @@
+"""The prefix cache (engine/prefix_cache.py) in the engine: a shared prefix is reused (reported
+as cached tokens, and the forward computes only the rest), greedy output and MTP drafting are
+the same with the cache on and off, eviction under a pool of two blocks keeps outputs right,
+whole blocks only with the last prompt token always computed, least recently used leaves
+evicted first, and a prefill server's handoff carries the whole prompt's rows."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from mini_engines import GREEDY, engine, run_all
+from mini_pd import prefill
+from mini_pd import run as run_pd
+
+from servelab.mini.engine.prefix_cache import PrefixCache
+from servelab.mini.engine.sampling import SamplingParams
+from servelab.mini.model import tokenizer as tk
+from servelab.mini.model.config import get_config
+from servelab.mini.model.model import KVCache
+from servelab.mini.server.pd.wire import decode
+
+SYSTEM = "# a shared system prompt\nimport os\nimport sys\n\nLIMIT = 10\n"
+QUESTIONS = ["def f(x):\n    return", "class A:\n    pass\n", "x = [1, 2, 3]", "while True:"]
+
+
+def _expected_cached(prompt: list[int], seen: list[list[int]], page: int = 16) -> int:
+    """Whole blocks of the longest common prefix with a prompt seen before, last token left
+    out."""
+    best = 0
+    for s in seen:
+        n = next((i for i, (a, b) in enumerate(zip(prompt, s, strict=False)) if a != b),
+                 min(len(prompt), len(s)))
+        best = max(best, n)
+    return min(best, len(prompt) - 1) // page * page
+
+
+def test_a_shared_prefix_is_reused_and_the_forward_computes_the_rest_only():
+    eng = engine("tiny")
+    one = SamplingParams(max_tokens=1, **GREEDY)  # prefill only: no decode step follows
+    p1, p2 = tk.encode(SYSTEM + QUESTIONS[0]), tk.encode(SYSTEM + QUESTIONS[1])
+    _, _, ev1 = eng.generate(p1, one)
+    assert ev1.cached_tokens == 0
+    before = eng.stats.forward_tokens
+    _, _, ev2 = eng.generate(p2, one)
+    want = _expected_cached(p2, [p1])
+    assert want >= 48, "the test's prompts must share whole blocks"
+    assert ev2.cached_tokens == want
+    assert eng.stats.forward_tokens - before == len(p2) - want
+    assert eng.stats.prefix_cache_queries == len(p1) + len(p2)
+    assert eng.stats.prefix_cache_hits == want
+
+
+def test_the_same_prompt_again_reuses_all_but_its_last_token():
+    eng = engine("micro")
+    one = SamplingParams(max_tokens=1, **GREEDY)
+    for n in (32, 33, 47):  # a whole number of blocks, one past, one short of the next
+        p = [tk.BOS] + [65 + (n + i) % 26 for i in range(n - 1)]
+        assert eng.generate(p, one)[2].cached_tokens == 0
+        assert eng.generate(p, one)[2].cached_tokens == (n - 1) // 16 * 16
+
+
+@pytest.mark.parametrize(("config", "steps"), [("micro", 0), ("tiny", 0), ("tiny", 1),
+                                               ("tiny", 3)])
+def test_greedy_output_and_drafts_are_the_same_with_the_cache_on_and_off(config, steps):
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": steps} if steps else {}
+    prompts = [tk.encode(SYSTEM + q) for q in QUESTIONS]
+    prompts += [tk.encode(SYSTEM * 2 + QUESTIONS[0]), prompts[0]]
+    params = [SamplingParams(max_tokens=24 + 3 * i, **GREEDY) for i in range(len(prompts))]
+    off = engine(config, disable_radix_cache=True, **spec)
+    on = engine(config, **spec)
+    assert off.prefix is None and on.prefix is not None
+    # one at a time (each request reuses the ones before), then all at once (batched)
+    want = [run_all(off, [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    got = [run_all(on, [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    assert got == want
+    assert on.stats.prefix_cache_hits >= 48 * (len(prompts) - 1)
+    # the MTP layer's reused rows draft exactly as computed ones: same acceptance per position
+    assert on.stats.spec_accepted_per_pos == off.stats.spec_accepted_per_pos
+    # the same decode and verify steps: the main forward skipped exactly the reused tokens
+    assert off.stats.forward_tokens - on.stats.forward_tokens == on.stats.prefix_cache_hits
+    assert run_all(on, prompts, params) == want
+
+
+@pytest.mark.parametrize("steps", [0, 1])
+def test_eviction_under_a_pool_of_two_blocks_keeps_outputs_right(steps):
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": steps} if steps else {}
+    systems = [f"# system {i}\n" + "import os\n" * 3 for i in range(3)]
+    # two questions per system (the second reuses the first's blocks), then the first again
+    # (its blocks were evicted: the pool holds two blocks, less than one system prompt + one
+    # question)
+    prompts = [tk.encode(s + q) for s in systems for q in QUESTIONS[:2]]
+    prompts.append(prompts[0])
+    params = [SamplingParams(max_tokens=16, **GREEDY)] * len(prompts)
+    off = engine("tiny", disable_radix_cache=True, **spec)
+    small = engine("tiny", prefix_cache_tokens=32, **spec)
+    want = [run_all(off, [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    got = [run_all(small, [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    assert got == want
+    assert small.stats.spec_accepted_per_pos == off.stats.spec_accepted_per_pos
+    assert small.prefix is not None and small.prefix.evictions > 0
+    assert small.prefix.cached_blocks <= 2
+    assert small.stats.prefix_cache_hits == 3 * 32  # each second question: two blocks
+    assert run_all(small, prompts, params) == want  # batched: loads come before evictions
+
+
+def test_least_recently_used_leaves_go_first_and_keys_are_exact():
+    cfg = get_config("micro")
+    cache = KVCache(cfg, 1, 80, "cpu", torch.float32)
+    pc = PrefixCache(cfg, cfg.n_layers, page_size=4, num_blocks=3, device="cpu",
+                     dtype=torch.float32, keep_hidden=False)
+    a = list(range(1, 14))  # 3 whole blocks + 1 token
+    assert pc.insert(cache, 0, a, 0, None) == 3
+    assert pc.match(a).tokens == 12
+    b = [99] + a[1:5]  # one block, differing in its first token: shares nothing
+    assert pc.match(b).tokens == 0
+    assert pc.insert(cache, 0, b, 0, None) == 1  # pool full: evicts a's leaf, not its root
+    assert pc.evictions == 1
+    assert pc.match(a).tokens == 8 and pc.match(b).tokens == 4
+    c = a[:4] + [77] * 5  # a's root, then its own block: a's second block is the oldest leaf
+    assert pc.insert(cache, 0, c, 0, None) == 1
+    assert pc.match(a).tokens == 4 and pc.match(c).tokens == 8 and pc.match(b).tokens == 4
+    assert pc.insert(cache, 0, [1, 2, 3], 0, None) == 0  # no whole block
+    # rows go in and come back where they belong
+    cache.kv[0][0:12] = torch.arange(12.0)[:, None]
+    pc2 = PrefixCache(cfg, 1, page_size=4, num_blocks=3, device="cpu", dtype=torch.float32,
+                      keep_hidden=False)
+    pc2.insert(cache, 0, a, 0, None)
+    cache.kv[0].zero_()
+    pc2.load(cache, [(0, pc2.match(a))])
+    assert torch.equal(cache.kv[0][0:12, 0], torch.arange(12.0))
+    assert not cache.kv[0][12:].any()
+
+
+@pytest.mark.parametrize("steps", [0, 1])
+def test_a_prefill_server_with_the_cache_hands_off_the_whole_prompt(steps):
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": steps} if steps else {}
+    one = engine("tiny", disable_radix_cache=True, **spec)
+    pre = engine("tiny", **spec)
+    dec = engine("tiny", disaggregation_mode="decode", **spec)
+    assert dec.prefix is None  # a decode server never prefills: nothing to reuse
+    sp = SamplingParams(max_tokens=30, **GREEDY)
+    for i, q in enumerate(QUESTIONS[:3]):
+        prompt = tk.encode(SYSTEM + q)
+        wire, _ = prefill(pre, prompt, sp, room=i)
+        h = decode(wire)
+        assert h.kv.shape[1] == len(prompt)
+        assert h.cached_tokens == (0 if i == 0 else _expected_cached(
+            prompt, [tk.encode(SYSTEM + QUESTIONS[0])]))
+        dec.check_handoff(h, prompt)
+        events = []
+        dec.submit(prompt, sp, events.append, room=h.room, handoff=h)
+        while not events or events[-1].finish_reason is None:
+            dec.step()
+        assert [t for e in events for t in e.token_ids] == run_pd(one, prompt, sp)
+        assert events[-1].cached_tokens == h.cached_tokens  # the prefill's reuse, reported
+    assert pre.stats.prefix_cache_hits > 0 and dec.stats.prompt_tokens == 0
