@@ -34,8 +34,13 @@ def _expected_cached(prompt: list[int], seen: list[list[int]], page: int = 16) -
     return min(best, len(prompt) - 1) // page * page
 
 
-def test_a_shared_prefix_is_reused_and_the_forward_computes_the_rest_only():
-    eng = engine("tiny")
+@pytest.mark.parametrize("steps", [0, 1])
+def test_a_shared_prefix_is_reused_and_the_forward_computes_the_rest_only(steps):
+    """Requests that end at their first token (max_tokens 1) free their slot before their
+    blocks are cached: the rows are read from the slot they had (an insert from slot -1 once
+    failed the step silently and left blocks without their rows)."""
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": steps} if steps else {}
+    eng = engine("tiny", **spec)
     one = SamplingParams(max_tokens=1, **GREEDY)  # prefill only: no decode step follows
     p1, p2 = tk.encode(SYSTEM + QUESTIONS[0]), tk.encode(SYSTEM + QUESTIONS[1])
     _, _, ev1 = eng.generate(p1, one)
@@ -48,6 +53,11 @@ def test_a_shared_prefix_is_reused_and_the_forward_computes_the_rest_only():
     assert eng.stats.forward_tokens - before == len(p2) - want
     assert eng.stats.prefix_cache_queries == len(p1) + len(p2)
     assert eng.stats.prefix_cache_hits == want
+    longer = SamplingParams(max_tokens=30, **GREEDY)
+    p3 = tk.encode(SYSTEM + QUESTIONS[2])
+    off = engine("tiny", disable_radix_cache=True, **spec)
+    assert eng.generate(p3, longer)[0] == off.generate(p3, longer)[0]
+    assert eng.last_failure is None and eng.stats.finished["error"] == 0
 
 
 def test_the_same_prompt_again_reuses_all_but_its_last_token():

@@ -76,6 +76,8 @@ class Phases:
     def _prefill(self, reqs: list[Request]) -> None:
         """Prefill each prompt past its cached prefix (copied into its slot first), sample its
         first token, draft with the MTP head, then cache the prompt's whole blocks."""
+        slot_of = [r.slot for r in reqs]  # a request that ends at its first token frees its
+        # slot at once; its rows stay there until the next admission, for MTP and the insert
         if self.prefix is not None:
             self.prefix.load(self.cache, [(r.slot, r.match) for r in reqs])
         tokens, slots, positions, last_rows = [], [], [], []
@@ -101,20 +103,21 @@ class Phases:
             if r.export is None:  # a prefill server's requests end in _export, after drafting
                 self._append(r, [t])
         if self.k:
-            self._prefill_mtp(reqs, firsts, hidden, slots, positions, fb, last_rows)
+            self._prefill_mtp(reqs, slot_of, firsts, hidden, slots, positions, fb, last_rows)
         if self.prefix is not None:
             start = 0
-            for r in reqs:
+            for r, slot in zip(reqs, slot_of, strict=True):
                 n = len(r.prompt) - r.match.tokens
-                self.prefix.insert(self.cache, r.slot, r.prompt, r.match.tokens,
+                self.prefix.insert(self.cache, slot, r.prompt, r.match.tokens,
                                    hidden[start:start + n])
                 start += n
         for r in reqs:
             if r.export is not None and r.finish is None:
                 self._export(r)
 
-    def _prefill_mtp(self, reqs: list[Request], firsts: list[int | None], hidden: torch.Tensor,
-                     slots: list[int], positions: list[int], fb, last_rows: list[int]) -> None:
+    def _prefill_mtp(self, reqs: list[Request], slot_of: list[int], firsts: list[int | None],
+                     hidden: torch.Tensor, slots: list[int], positions: list[int], fb,
+                     last_rows: list[int]) -> None:
         """MTP over every computed prompt position i: (h_i, t_{i+1}); the last row drafts
         t_{S+1}. With a cached prefix of c tokens position c - 1 is computed too (its token
         c + 1 lies past the matched blocks), from the hidden state the cache kept."""
@@ -128,7 +131,7 @@ class Phases:
             return
         assert self.prefix is not None
         hs, nxt, m_slots, m_pos, m_last, start = [], [], [], [], [], 0
-        for r, t in zip(reqs, firsts, strict=True):
+        for r, slot, t in zip(reqs, slot_of, firsts, strict=True):
             c, n = r.match.tokens, len(r.prompt)
             if c:
                 hs.append(self.prefix.hidden_at_end(r.match))
@@ -136,7 +139,7 @@ class Phases:
             start += n - c
             first = max(c - 1, 0)
             nxt += r.prompt[first + 1:] + [t if t is not None else tk.EOS]
-            m_slots += [r.slot] * (n - first)
+            m_slots += [slot] * (n - first)
             m_pos += range(first, n)
             m_last.append(len(m_pos) - 1)
         drafts, m = self._mtp(torch.cat(hs), nxt, m_slots, m_pos)

@@ -137,6 +137,21 @@ class PrefixCache:
             parent = bid
         if not new:
             return 0
+        try:
+            self._copy_in(cache, slot, new, computed_from, hidden)
+        except BaseException:  # a block registered without its rows would serve garbage
+            for _, bid in reversed(new):
+                self._drop(bid)
+                self._free.append(bid)
+            raise
+        return len(new)
+
+    def _copy_in(self, cache: KVCache, slot: int, new: list[tuple[int, int]], computed_from: int,
+                 hidden: torch.Tensor | None) -> None:
+        """Copy the rows (and hidden states) of new blocks [(block index, block id)] from the
+        slot into the pool."""
+        if slot < 0 or slot >= cache.slots:
+            raise ValueError(f"slot {slot} is not a slot of the KV cache")
         dst = self._block_rows([bid for _, bid in new])
         src = torch.cat([self._slot_rows(cache, slot, b * self.page, self.page) for b, _ in new])
         for i in range(self.layers):
@@ -149,7 +164,13 @@ class PrefixCache:
             self.hidden.index_copy_(0, torch.tensor([bid for _, bid in new],
                                                     device=self.hidden.device),
                                     hidden.index_select(0, idx).to(self.hidden))
-        return len(new)
+
+    def _drop(self, bid: int) -> None:
+        """Forget a leaf block (its id is not freed here)."""
+        blk = self._lru.pop(bid)
+        del self._ids[blk.key]
+        if blk.key[0] >= 0:
+            self._lru[blk.key[0]].children -= 1
 
     def _allocate(self, keep: set[int]) -> int | None:
         """A free block, evicting the least recently used leaf outside `keep` if none is free."""
@@ -159,10 +180,7 @@ class PrefixCache:
                        if blk.children == 0 and bid not in keep), None)
         if victim is None:
             return None
-        blk = self._lru.pop(victim)
-        del self._ids[blk.key]
-        if blk.key[0] >= 0:
-            self._lru[blk.key[0]].children -= 1
+        self._drop(victim)
         self.evictions += 1
         return victim
 
