@@ -167,6 +167,10 @@ def test_transfer_counters_count_the_bytes_sent(pd):
     assert _sum(routed, "servelab:kv_transfer_bytes_total") == _sum(
         after_d, "servelab:kv_transfer_bytes_total")
     assert _sum(routed, "vllm:spec_decode_num_drafts_total") > 0
+    # and the prefill worker's prefix cache (PROMPT * 2 and * 3 reuse PROMPT's whole blocks)
+    assert _sum(routed, "servelab:prefix_cache_hits_total", worker=pd["prefill"]) == _sum(
+        after_p, "servelab:prefix_cache_hits_total") > 0
+    assert _sum(routed, "vllm:prompt_tokens_total") == _sum(after_d, "vllm:prompt_tokens_total")
     assert _sum(routed, "servelab:router_requests_total", path="/v1/completions",
                 code="200") >= n
 
