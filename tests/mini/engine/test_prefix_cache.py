@@ -60,6 +60,28 @@ def test_a_shared_prefix_is_reused_and_the_forward_computes_the_rest_only(steps)
     assert eng.last_failure is None and eng.stats.finished["error"] == 0
 
 
+@pytest.mark.parametrize("steps", [0, 1])
+def test_a_burst_sharing_a_new_prefix_computes_it_once(steps):
+    """Submitted together, the first prompt is prefilled alone and the others, one step later,
+    reuse its blocks (prompts of one step cannot reuse each other's); the queue stays first in,
+    first out (the unrelated prompt behind them waits with them)."""
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": steps} if steps else {}
+    prompts = [tk.encode(SYSTEM + q) for q in QUESTIONS] + [tk.encode("print(1)\n" * 6)]
+    params = [SamplingParams(max_tokens=12, **GREEDY)] * len(prompts)
+    off = engine("tiny", disable_radix_cache=True, max_running_requests=8, **spec)
+    on = engine("tiny", max_running_requests=8, **spec)
+    events: dict[int, list] = {i: [] for i in range(len(prompts))}
+    for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+        on.submit(p, sp, events[i].append)
+    on.step()
+    assert on.num_running == 1 and on.num_waiting == 4  # the others wait for its blocks
+    while any(not e or e[-1].finish_reason is None for e in events.values()):
+        on.step()
+    got = [[t for ev in events[i] for t in ev.token_ids] for i in range(len(prompts))]
+    assert got == run_all(off, prompts, params)
+    assert [events[i][-1].cached_tokens for i in range(len(prompts))] == [0, 48, 48, 48, 0]
+
+
 def test_the_same_prompt_again_reuses_all_but_its_last_token():
     eng = engine("micro")
     one = SamplingParams(max_tokens=1, **GREEDY)

@@ -218,6 +218,8 @@ class Engine(Phases):
                 self._aborts.clear()
             budget = self.args.max_prefill_tokens
             while self._waiting and self._free and (not new or self._cost(self._waiting[0]) <= budget):
+                if new and self._waits_for_prefix(self._waiting[0], new):
+                    break
                 r = self._waiting.popleft()
                 r.slot = self._free.pop()
                 if self.prefix is not None and r.handoff is None:
@@ -242,6 +244,19 @@ class Engine(Phases):
         self.failed_steps = 0 if ok else self.failed_steps + 1
         self.stats.steps += 1
         return True
+
+    def _waits_for_prefix(self, r: Request, admitted: list[Request]) -> bool:
+        """Whether `r` should wait one step because a request admitted in this step computes
+        the next block `r` would reuse (SGLang's in-batch prefix caching): prompts of one step
+        cannot reuse each other's blocks, so a burst sharing a new system prompt would compute
+        it in every one of them. Next step `r` is admitted first, reusing it."""
+        if self.prefix is None or r.handoff is not None:
+            return False
+        n = self.prefix.match(r.prompt).tokens + self.prefix.page
+        if n > len(r.prompt) - 1:
+            return False
+        head = r.prompt[:n]
+        return any(a.handoff is None and a.prompt[:n] == head for a in admitted)
 
     def _cost(self, r: Request) -> int:
         """Prefill tokens a request costs: none when its KV came from a prefill server, its
