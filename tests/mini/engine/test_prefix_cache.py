@@ -186,3 +186,27 @@ def test_a_prefill_server_with_the_cache_hands_off_the_whole_prompt(steps):
         assert [t for e in events for t in e.token_ids] == run_pd(one, prompt, sp)
         assert events[-1].cached_tokens == h.cached_tokens  # the prefill's reuse, reported
     assert pre.stats.prefix_cache_hits > 0 and dec.stats.prompt_tokens == 0
+
+
+@pytest.mark.parametrize("page", [1, 7])
+def test_any_page_size_reuses_whole_pages_with_the_same_output(page):
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 2}
+    prompts = [tk.encode(SYSTEM + q) for q in QUESTIONS[:3]]
+    params = [SamplingParams(max_tokens=16, **GREEDY)] * len(prompts)
+    off = engine("tiny", disable_radix_cache=True, **spec)
+    on = engine("tiny", page_size=page, **spec)
+    want = [run_all(off, [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    got = [run_all(on, [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)]
+    assert got == want
+    assert on.stats.spec_accepted_per_pos == off.stats.spec_accepted_per_pos
+    common = len(tk.encode(SYSTEM))  # the questions differ from their first byte
+    assert on.stats.prefix_cache_hits == 2 * (common // page * page)
+
+
+def test_a_pool_smaller_than_a_page_is_refused():
+    from servelab.errors import UserError
+
+    with pytest.raises(UserError, match="holds no block of --page-size 16"):
+        engine("micro", prefix_cache_tokens=8)
+    with pytest.raises(UserError, match="--page-size 0: must be >= 1"):
+        engine("micro", page_size=0)
