@@ -139,7 +139,7 @@ def test_least_recently_used_leaves_go_first_and_keys_are_exact():
     cfg = get_config("micro")
     cache = KVCache(cfg, 1, 80, "cpu", torch.float32)
     pc = PrefixCache(cfg, cfg.n_layers, page_size=4, num_blocks=3, device="cpu",
-                     dtype=torch.float32, keep_hidden=False)
+                     dtype=torch.float32, mtp=False)
     a = list(range(1, 14))  # 3 whole blocks + 1 token
     assert pc.insert(cache, 0, a, 0, None) == 3
     assert pc.match(a).tokens == 12
@@ -155,7 +155,7 @@ def test_least_recently_used_leaves_go_first_and_keys_are_exact():
     # rows go in and come back where they belong
     cache.kv[0][0:12] = torch.arange(12.0)[:, None]
     pc2 = PrefixCache(cfg, 1, page_size=4, num_blocks=3, device="cpu", dtype=torch.float32,
-                      keep_hidden=False)
+                      mtp=False)
     pc2.insert(cache, 0, a, 0, None)
     cache.kv[0].zero_()
     pc2.load(cache, [(0, pc2.match(a))])
@@ -210,3 +210,30 @@ def test_a_pool_smaller_than_a_page_is_refused():
         engine("micro", prefix_cache_tokens=8)
     with pytest.raises(UserError, match="--page-size 0: must be >= 1"):
         engine("micro", page_size=0)
+
+
+def test_two_prompts_that_part_at_a_block_boundary_keep_their_own_mtp_rows():
+    """X and Y share three whole blocks and differ from the fourth; Z continues Y. The MTP row
+    of position 47 reads token 48, X's or Y's: Z must get Y's (it is kept with Y's fourth
+    block, not with the shared third). Every row Z's prefill server hands off, reused or
+    computed, equals a server's without the cache, up to the summation order of the batched
+    GEMMs (|row| ~ 1, fp32: 1e-4 is 800 units of 1.2e-7; a row from the other prompt is off by
+    O(0.1..1))."""
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 1}
+    base = tk.encode(SYSTEM * 2)[:48]
+    x, y = base + tk.encode("xx = 1\n" * 3)[1:], base + tk.encode("yy = 2\n" * 3)[1:]
+    z = y + tk.encode("# and so on\n")[1:]
+    assert x[48] != y[48] and len(y) > 64
+    sp = SamplingParams(max_tokens=2, **GREEDY)
+    pre = engine("tiny", **spec)
+    cold = engine("tiny", disable_radix_cache=True, **spec)
+    for i, p in enumerate((x, y)):
+        prefill(pre, p, sp, room=i)
+    hz = decode(prefill(pre, z, sp, room=2)[0])
+    assert hz.cached_tokens == 64
+    want = decode(prefill(cold, z, sp, room=3)[0])
+    for got, ref, what in ((hz.kv, want.kv, "kv"), (hz.ik, want.ik, "ik")):
+        err = (got - ref).abs().amax(-1)  # [L, S]
+        bad = (err > 1e-4).nonzero().tolist()
+        assert not bad, f"{what}: {len(bad)} rows differ, first (layer, position) {bad[:4]}, " \
+                        f"max abs error {err.max().item():.3g}"

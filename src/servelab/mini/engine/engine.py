@@ -67,7 +67,7 @@ class Engine(Phases):
         if args.radix_cache_blocks:
             self.prefix = PrefixCache(self.cfg, kv_handoff.layers_sent(self.cfg, self.k),
                                       args.page_size, args.radix_cache_blocks, args.device,
-                                      dtype, keep_hidden=bool(self.k))
+                                      dtype, mtp=bool(self.k))
         self.fingerprint = kv_handoff.fingerprint(self.cfg, self.weights_meta, dtype)
         self.device = torch.device(args.device)
         self.stats = Stats(spec_accepted_per_pos=[0] * self.k)

@@ -14,8 +14,11 @@ reused row, measured in docs/MINI.md ("Prefix cache").
 
 What is cached for a block: every layer's rows (the MTP layer's too when speculating) and, when
 speculating, the main model's hidden state at the block's last position. The MTP row at position
-i reads token i + 1, which for the last reused position is outside the matched blocks: it is
-recomputed from that hidden state, so a reused prefix drafts exactly what a computed one does.
+i reads token i + 1, so a block of positions [b, b + P) keeps the MTP rows of positions
+[b - 1, b + P - 1): each depends on the block's chain alone, whatever follows it (two prompts that
+share a block and differ right after it would otherwise draft from the first one's row). The
+MTP row at the last reused position is recomputed from the hidden state kept, so a reused
+prefix drafts exactly what a computed one does.
 
 The engine calls `match` at admission, `load` before the prefill forward (before any `insert`
 of the same step can evict what was matched) and `insert` after it. This module is given the
@@ -50,10 +53,11 @@ class Match:
 
 
 class PrefixCache:
-    """A pool of `num_blocks` blocks of `page_size` rows in each of `layers` layers."""
+    """A pool of `num_blocks` blocks of `page_size` rows in each of `layers` layers; with `mtp`
+    the last of them is the MTP layer (rows one position earlier, hidden states kept)."""
 
     def __init__(self, cfg: ModelConfig, layers: int, page_size: int, num_blocks: int,
-                 device: torch.device | str, dtype: torch.dtype, keep_hidden: bool) -> None:
+                 device: torch.device | str, dtype: torch.dtype, mtp: bool) -> None:
         if page_size < 1 or num_blocks < 1:
             raise ValueError(f"page_size {page_size} and num_blocks {num_blocks} must be >= 1")
         self.page, self.num_blocks, self.layers = page_size, num_blocks, layers
@@ -64,7 +68,8 @@ class PrefixCache:
                    for _ in range(layers)]
         # the main model's hidden state at each block's last position (for the MTP row there)
         self.hidden = (torch.zeros(num_blocks, cfg.d_model, device=device, dtype=dtype)
-                       if keep_hidden else None)
+                       if mtp else None)
+        self.mtp_layer = layers - 1 if mtp else -1
         self._ids: dict[Key, int] = {}
         self._lru: OrderedDict[int, _Block] = OrderedDict()  # block id -> block, oldest first
         self._free = list(range(num_blocks - 1, -1, -1))
@@ -100,12 +105,16 @@ class PrefixCache:
             return
         dst = torch.cat([self._slot_rows(cache, s, 0, m.tokens) for s, m in loads])
         src = torch.cat([self._block_rows(m.blocks) for _, m in loads])
+        if self.mtp_layer >= 0:  # positions 0..c-2 from rows 1.. (row 0 is position -1)
+            dst_m = torch.cat([self._slot_rows(cache, s, 0, m.tokens - 1) for s, m in loads])
+            src_m = torch.cat([self._block_rows(m.blocks)[1:] for _, m in loads])
         for i in range(self.layers):
-            cache.kv[i].index_copy_(0, dst, self.kv[i].index_select(0, src))
-            cache.ik[i].index_copy_(0, dst, self.ik[i].index_select(0, src))
+            d, s_ = (dst_m, src_m) if i == self.mtp_layer else (dst, src)
+            cache.kv[i].index_copy_(0, d, self.kv[i].index_select(0, s_))
+            cache.ik[i].index_copy_(0, d, self.ik[i].index_select(0, s_))
 
     def hidden_at_end(self, m: Match) -> torch.Tensor:
-        """[1, d] hidden state at the last matched position (a non-empty match, keep_hidden)."""
+        """[1, d] hidden state at the last matched position (a non-empty match, mtp)."""
         assert self.hidden is not None and m.blocks
         return self.hidden[m.blocks[-1]:m.blocks[-1] + 1]
 
@@ -113,7 +122,7 @@ class PrefixCache:
                hidden: torch.Tensor | None) -> int:
         """Cache the whole blocks of `prompt`, whose rows are in `slot` (prefilled); `hidden`
         [len(prompt) - computed_from, d]: the hidden states the prefill computed for positions
-        computed_from.. (needed with keep_hidden). Evicts least recently used leaves when the
+        computed_from.. (needed with mtp). Evicts least recently used leaves when the
         pool is full, never a block of this prompt. Returns the blocks added."""
         parent, chain, new = -1, set(), []
         for b in range(len(prompt) // self.page):
@@ -154,9 +163,12 @@ class PrefixCache:
             raise ValueError(f"slot {slot} is not a slot of the KV cache")
         dst = self._block_rows([bid for _, bid in new])
         src = torch.cat([self._slot_rows(cache, slot, b * self.page, self.page) for b, _ in new])
+        # the MTP layer one position earlier (block 0's first row, position -1, is never read)
+        src_m = (src - 1).clamp_min(slot * cache.ctx)
         for i in range(self.layers):
-            self.kv[i].index_copy_(0, dst, cache.kv[i].index_select(0, src))
-            self.ik[i].index_copy_(0, dst, cache.ik[i].index_select(0, src))
+            s_ = src_m if i == self.mtp_layer else src
+            self.kv[i].index_copy_(0, dst, cache.kv[i].index_select(0, s_))
+            self.ik[i].index_copy_(0, dst, cache.ik[i].index_select(0, s_))
         if self.hidden is not None:
             assert hidden is not None
             ends = [(b + 1) * self.page - 1 - computed_from for b, _ in new]
