@@ -141,22 +141,22 @@ def test_least_recently_used_leaves_go_first_and_keys_are_exact():
     pc = PrefixCache(cfg, cfg.n_layers, page_size=4, num_blocks=3, device="cpu",
                      dtype=torch.float32, mtp=False)
     a = list(range(1, 14))  # 3 whole blocks + 1 token
-    assert pc.insert(cache, 0, a, 0, None) == 3
+    assert pc.insert(cache, 0, a, None) == 3
     assert pc.match(a).tokens == 12
     b = [99] + a[1:5]  # one block, differing in its first token: shares nothing
     assert pc.match(b).tokens == 0
-    assert pc.insert(cache, 0, b, 0, None) == 1  # pool full: evicts a's leaf, not its root
+    assert pc.insert(cache, 0, b, None) == 1  # pool full: evicts a's leaf, not its root
     assert pc.evictions == 1
     assert pc.match(a).tokens == 8 and pc.match(b).tokens == 4
     c = a[:4] + [77] * 5  # a's root, then its own block: a's second block is the oldest leaf
-    assert pc.insert(cache, 0, c, 0, None) == 1
+    assert pc.insert(cache, 0, c, None) == 1
     assert pc.match(a).tokens == 4 and pc.match(c).tokens == 8 and pc.match(b).tokens == 4
-    assert pc.insert(cache, 0, [1, 2, 3], 0, None) == 0  # no whole block
+    assert pc.insert(cache, 0, [1, 2, 3], None) == 0  # no whole block
     # rows go in and come back where they belong
     cache.kv[0][0:12] = torch.arange(12.0)[:, None]
     pc2 = PrefixCache(cfg, 1, page_size=4, num_blocks=3, device="cpu", dtype=torch.float32,
                       mtp=False)
-    pc2.insert(cache, 0, a, 0, None)
+    pc2.insert(cache, 0, a, None)
     cache.kv[0].zero_()
     pc2.load(cache, [(0, pc2.match(a))])
     assert torch.equal(cache.kv[0][0:12, 0], torch.arange(12.0))
@@ -237,3 +237,26 @@ def test_two_prompts_that_part_at_a_block_boundary_keep_their_own_mtp_rows():
         bad = (err > 1e-4).nonzero().tolist()
         assert not bad, f"{what}: {len(bad)} rows differ, first (layer, position) {bad[:4]}, " \
                         f"max abs error {err.max().item():.3g}"
+
+
+@pytest.mark.parametrize("steps", [0, 1, 3])
+def test_a_conversations_next_turn_reuses_the_previous_answer(steps):
+    """Turn 2 resends turn 1's prompt and the model's answer: both were cached when turn 1
+    finished (with MTP only what its MTP rows cover: a request that ends in a verify step
+    skips that step's MTP pass). Greedy answers and accepted drafts equal the cache-off ones."""
+    spec = {"speculative_algorithm": "EAGLE", "speculative_num_steps": steps} if steps else {}
+    off = engine("tiny", disable_radix_cache=True, **spec)
+    on = engine("tiny", **spec)
+    sp = SamplingParams(max_tokens=40, **GREEDY)
+    history, seen = tk.encode(SYSTEM + QUESTIONS[0]), 0
+    for turn in range(3):
+        want = off.generate(history, sp)[0]
+        got, _, last = on.generate(history, sp)
+        assert got == want, f"turn {turn}"
+        # the previous turn's prompt and answer, in whole blocks, but for its last token (never
+        # fed) and, with MTP, up to k more (the MTP rows of the final verify step)
+        assert (seen - 1 - steps) // 16 * 16 <= last.cached_tokens <= seen // 16 * 16
+        seen = len(history) + len(got)
+        history = history + got + tk.encode(f"\n# turn {turn + 2}\n")[1:]
+    assert on.stats.spec_accepted_per_pos == off.stats.spec_accepted_per_pos
+    assert on.last_failure is None

@@ -296,6 +296,7 @@ class Engine(Phases):
         text, taken = r.take(toks)
         self.stats.generation_tokens += len(taken)
         if r.finish is not None:
+            self._cache_finished(r)
             self._release(r)
         if not deliver(r, Event(text, taken, r.finish, len(r.prompt), len(r.out),
                                  r.spec_verify_ct, cached_tokens=r.cached_tokens)

@@ -10,6 +10,7 @@ Kept apart so that the scheduler and the model math each read in one file.
 
 from __future__ import annotations
 
+import traceback
 from typing import TYPE_CHECKING
 
 import torch
@@ -107,13 +108,39 @@ class Phases:
         if self.prefix is not None:
             start = 0
             for r, slot in zip(reqs, slot_of, strict=True):
-                n = len(r.prompt) - r.match.tokens
-                self.prefix.insert(self.cache, slot, r.prompt, r.match.tokens,
-                                   hidden[start:start + n])
-                start += n
+                c = r.match.tokens
+                if self.k:
+                    self._keep_block_hidden(r, hidden[start:start + len(r.prompt) - c], c)
+                    r.mtp_upto = len(r.prompt)
+                self.prefix.insert(self.cache, slot, r.prompt, r.block_hidden)
+                start += len(r.prompt) - c
         for r in reqs:
             if r.export is not None and r.finish is None:
                 self._export(r)
+
+    def _keep_block_hidden(self, r: Request, hidden: torch.Tensor, first: int) -> None:
+        """Keep the hidden states [n, d] of positions first.. that end a prefix-cache block."""
+        assert self.prefix is not None
+        page = self.prefix.page
+        ends = [p for p in range(first, first + hidden.shape[0]) if (p + 1) % page == 0]
+        if ends:
+            rows = hidden.index_select(0, torch.tensor(ends, device=hidden.device) - first)
+            r.block_hidden.update(zip(ends, rows.unbind(0), strict=True))
+
+    def _cache_finished(self, r: Request) -> None:
+        """Cache a finished request's prompt and output, as SGLang caches a finished request:
+        a conversation's next turn resends both. Only rows written with the sequence's own
+        tokens are valid: positions < pos (fed), and with MTP < mtp_upto (a request that
+        ends in a verify step skips that step's MTP pass; chained drafts wrote past it)."""
+        if self.prefix is None or r.slot < 0 or r.pos < 0:
+            return
+        seq = r.prompt + r.out
+        n = min(r.pos, len(seq), r.mtp_upto + 1 if self.k else len(seq))
+        try:
+            self.prefix.insert(self.cache, r.slot, seq[:n], r.block_hidden)
+        except Exception:  # noqa: BLE001 - the request is answered; the cache stays as it was
+            traceback.print_exc()
+        r.block_hidden = {}
 
     def _prefill_mtp(self, reqs: list[Request], slot_of: list[int], firsts: list[int | None],
                      hidden: torch.Tensor, slots: list[int], positions: list[int], fb,
@@ -226,6 +253,8 @@ class Phases:
             self.stats.verified(k, a)
             r.spec_verify_ct += 1
             p = r.pos
+            if self.prefix is not None:  # for caching its blocks when it finishes
+                self._keep_block_hidden(r, hidden[i * (k + 1):i * (k + 1) + a + 1], p)
             r.last, r.pos = got[-1], p + len(got)
             self._append(r, got)
             if r.finish is not None:
@@ -241,6 +270,8 @@ class Phases:
             return
         h = hidden[torch.tensor(m_rows, device=hidden.device)]
         drafts, m = self._mtp(h, m_tokens, m_slots, m_pos)
+        for r in live:
+            r.mtp_upto = r.pos  # MTP rows of positions < pos now read the sequence's tokens
         self._set_drafts(live, [drafts[i] for i in last_rows],
                          m[torch.tensor(last_rows, device=m.device)])
 

@@ -1,6 +1,7 @@
 """The prefix cache (SGLang's radix cache, in blocks): the latent KV rows and indexer keys of
-prompt prefixes seen before, kept in a pool of `page_size`-token blocks, reused by any later
-prompt that starts with the same tokens, evicted least recently used when the pool is full.
+token sequences seen before (prompts, and finished requests' prompt + output), kept in a pool
+of `page_size`-token blocks, reused by any later prompt that starts with the same tokens,
+evicted least recently used when the pool is full.
 
 A block is keyed by (its parent block, its tokens): a chain of blocks from the root is one
 prefix, so two prompts share exactly the blocks of their common whole-block prefix (the tree
@@ -21,13 +22,14 @@ MTP row at the last reused position is recomputed from the hidden state kept, so
 prefix drafts exactly what a computed one does.
 
 The engine calls `match` at admission, `load` before the prefill forward (before any `insert`
-of the same step can evict what was matched) and `insert` after it. This module is given the
-KV cache, never the Engine.
+of the same step can evict what was matched), `insert` after it (the prompt) and when a request
+finishes (its prompt and output). This module is given the KV cache, never the Engine.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -118,20 +120,22 @@ class PrefixCache:
         assert self.hidden is not None and m.blocks
         return self.hidden[m.blocks[-1]:m.blocks[-1] + 1]
 
-    def insert(self, cache: KVCache, slot: int, prompt: list[int], computed_from: int,
-               hidden: torch.Tensor | None) -> int:
-        """Cache the whole blocks of `prompt`, whose rows are in `slot` (prefilled); `hidden`
-        [len(prompt) - computed_from, d]: the hidden states the prefill computed for positions
-        computed_from.. (needed with mtp). Evicts least recently used leaves when the
-        pool is full, never a block of this prompt. Returns the blocks added."""
+    def insert(self, cache: KVCache, slot: int, tokens: list[int],
+               hidden: Mapping[int, torch.Tensor] | None) -> int:
+        """Cache the whole blocks of `tokens`, whose rows are in positions 0.. of `slot`;
+        `hidden` (with mtp): the main model's hidden state [d] at block-end positions, where
+        this request computed it (a new block needs its own). Evicts least recently used
+        leaves when the pool is full, never a block of this sequence. Returns the blocks
+        added."""
         parent, chain, new = -1, set(), []
-        for b in range(len(prompt) // self.page):
-            key = (parent, tuple(prompt[b * self.page:(b + 1) * self.page]))
+        for b in range(len(tokens) // self.page):
+            key = (parent, tuple(tokens[b * self.page:(b + 1) * self.page]))
             bid = self._ids.get(key)
             if bid is None:
-                # a matched block evicted since by another prompt of the same prefill: its
-                # rows are in the slot but its hidden state was not computed here
-                if self.hidden is not None and (b + 1) * self.page <= computed_from:
+                # e.g. a matched block evicted since by another prompt of the same prefill:
+                # its rows are in the slot but its hidden state was not computed here
+                if self.hidden is not None and (hidden is None
+                                                or (b + 1) * self.page - 1 not in hidden):
                     break
                 bid = self._allocate(chain)
                 if bid is None:
@@ -147,7 +151,7 @@ class PrefixCache:
         if not new:
             return 0
         try:
-            self._copy_in(cache, slot, new, computed_from, hidden)
+            self._copy_in(cache, slot, new, hidden)
         except BaseException:  # a block registered without its rows would serve garbage
             for _, bid in reversed(new):
                 self._drop(bid)
@@ -155,8 +159,8 @@ class PrefixCache:
             raise
         return len(new)
 
-    def _copy_in(self, cache: KVCache, slot: int, new: list[tuple[int, int]], computed_from: int,
-                 hidden: torch.Tensor | None) -> None:
+    def _copy_in(self, cache: KVCache, slot: int, new: list[tuple[int, int]],
+                 hidden: Mapping[int, torch.Tensor] | None) -> None:
         """Copy the rows (and hidden states) of new blocks [(block index, block id)] from the
         slot into the pool."""
         if slot < 0 or slot >= cache.slots:
@@ -171,11 +175,9 @@ class PrefixCache:
             self.ik[i].index_copy_(0, dst, cache.ik[i].index_select(0, s_))
         if self.hidden is not None:
             assert hidden is not None
-            ends = [(b + 1) * self.page - 1 - computed_from for b, _ in new]
-            idx = torch.tensor(ends, device=hidden.device)
-            self.hidden.index_copy_(0, torch.tensor([bid for _, bid in new],
-                                                    device=self.hidden.device),
-                                    hidden.index_select(0, idx).to(self.hidden))
+            rows = torch.stack([hidden[(b + 1) * self.page - 1] for b, _ in new])
+            ids = torch.tensor([bid for _, bid in new], device=self.hidden.device)
+            self.hidden.index_copy_(0, ids, rows.to(self.hidden))
 
     def _drop(self, bid: int) -> None:
         """Forget a leaf block (its id is not freed here)."""

@@ -57,6 +57,10 @@ class Request:
     # those its prefill server did not compute)
     match: Match = Match()
     cached_tokens: int = 0
+    # what caching its finished sequence needs (with MTP): the MTP layer's rows are valid for
+    # positions < mtp_upto, and the main model's hidden states at block-end positions
+    mtp_upto: int = 0
+    block_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     # prefill/decode disaggregation (kv_handoff.py): the bootstrap room of the request; on a
     # prefill server, where its KV goes once prefilled; on a decode server, the KV it came with
     room: int = -1
