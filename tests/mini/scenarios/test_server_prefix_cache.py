@@ -4,7 +4,7 @@ tokens reported as vLLM and SGLang report them (`usage.prompt_tokens_details.cac
 completions and chat, streamed with include_usage or not; `meta_info.cached_tokens` in
 /generate), greedy text the same with the cache on and off, and /metrics counting the same
 tokens the answers report (servelab's and vLLM's counters, SGLang's hit rate); none of these
-series on the server without the cache."""
+series on the server without the cache; a chat's second turn reuses the first one's answer."""
 
 from __future__ import annotations
 
@@ -105,3 +105,25 @@ def test_cached_tokens_reported_everywhere_and_the_text_unchanged(servers):
     assert counters(off) == {}  # no cache: no series (missing, not 0)
     st, info = call(on, "/server_info")
     assert info["disable_radix_cache"] is False and info["page_size"] == 16
+
+
+def test_a_chats_next_turn_reuses_the_previous_answer(servers):
+    on, off = servers
+    msgs = [{"role": "system", "content": SYSTEM + "# turn one\n"},
+            {"role": "user", "content": "def f(x):"}]
+    body = {"max_tokens": 24, **GREEDY}
+    st, t1 = call(on, "/v1/chat/completions", {"messages": msgs, **body})
+    assert st == 200
+    answer = t1["choices"][0]["message"]["content"]
+    assert answer.isascii(), "one byte per token: the answer resent is the tokens generated"
+    msgs += [{"role": "assistant", "content": answer}, {"role": "user", "content": "again"}]
+    st, t2 = call(on, "/v1/chat/completions", {"messages": msgs, **body})
+    # turn 1's prompt and answer, in whole blocks, but its last token (never fed) and up to
+    # one more (k = 1: the MTP rows of its final verify step)
+    seen = t1["usage"]["prompt_tokens"] + t1["usage"]["completion_tokens"]
+    cached = t2["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert (seen - 2) // 16 * 16 <= cached <= seen // 16 * 16
+    assert cached > t1["usage"]["prompt_tokens"]
+    assert t2["choices"][0]["message"]["content"] == call(
+        off, "/v1/chat/completions", {"messages": msgs, **body})[1]["choices"][0]["message"][
+        "content"]
