@@ -45,6 +45,11 @@ def serve(
     num_threads: int = typer.Option(1, "--num-threads", help="torch CPU threads, 1..1024."),
     served_model_name: str = typer.Option(None, "--served-model-name"),
     log_level: str = typer.Option("warning", "--log-level"),
+    disable_radix_cache: bool = typer.Option(
+        False, "--disable-radix-cache", help="Turn the prefix cache off (it reuses the KV of "
+        "prompt prefixes seen before; on by default, as in SGLang)."),
+    page_size: int = typer.Option(16, "--page-size", help="Tokens per prefix-cache block: "
+                                  "prefixes are reused in whole blocks (1..4096)."),
     disaggregation_mode: str = typer.Option(
         "null", "--disaggregation-mode", help="null (one server), prefill or decode: SGLang's "
         "prefill/decode disaggregation, fronted by `servelab router --pd-disaggregation`."),
@@ -81,7 +86,8 @@ def serve(
         speculative_eagle_topk=a.speculative_eagle_topk,
         speculative_num_draft_tokens=want, cuda_graph=a.cuda_graph,
         attention_backend=a.attention_backend, seed=a.seed, num_threads=a.num_threads,
-        disaggregation_mode=a.disaggregation_mode,
+        disaggregation_mode=a.disaggregation_mode, disable_radix_cache=a.disable_radix_cache,
+        page_size=a.page_size,
     )
     run_server(args, a.host, a.port, a.served_model_name, a.log_level,
                bootstrap_port=a.disaggregation_bootstrap_port,

@@ -69,6 +69,7 @@ def test_adapter_renders_roles_like_sglang():
     ("disaggregation-bootstrap-port", 70000, "--disaggregation-bootstrap-port 70000: must be <= 65535"),
     ("attention-backend", "flash", "--attention-backend 'flash': input should be 'torch'"),
     ("num-threads", True, "--num-threads True: must be an integer, not a boolean"),
+    ("page-size", 0, "--page-size 0: must be >= 1"),
     # what the engine refuses once loaded, judged before: 4096 positions, 1 draft + 2 spare
     ("context-length", 4094, "--context-length 4094 is too long for config tiny: at most 4093"),
 ])
@@ -79,6 +80,16 @@ def test_typed_flags_name_the_flag_the_value_and_the_bound(flag, value, why):
     assert str(ei.value).startswith(why)
     assert any(why in p for p in engines.get("embedded").check("tiny", "server",
                                                                 {flag: value, **spec}))
+
+
+def test_the_radix_cache_flags_pass_the_preflight_and_render_as_sglang_spells_them():
+    eng = engines.get("embedded")
+    flags = {"disable-radix-cache": True, "page-size": 32}
+    assert eng.check("tiny", "server", flags) == []
+    assert eng.check("tiny", "prefill", flags) == []
+    argv = eng.args(ProcessConfig(role="server", flags=flags, port=31), "tiny", {})
+    assert argv[-5:-2] == ["--disable-radix-cache", "--page-size", "32"]
+    assert ServeArgs.from_flags({}).disable_radix_cache is False  # on by default, as SGLang
 
 
 def test_num_threads_minus_4_refused_by_check_and_serve_with_one_message(tmp_path):

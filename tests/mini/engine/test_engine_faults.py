@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from servelab.mini.engine import engine as engine_mod
+from servelab.mini.engine import phases as phases_mod  # where the engine samples
 from servelab.mini.engine.args import EngineArgs
 from servelab.mini.engine.engine import UNHEALTHY_AFTER, Engine
 from servelab.mini.engine.sampling import SamplingParams
@@ -42,14 +42,14 @@ def test_a_failing_sampler_fails_that_request_alone(monkeypatch):
     its batch neighbour's tokens equal those it gets alone; the engine serves the next one."""
     eng = _engine(max_running_requests=2)
     alone = _ids(_run(eng, [(tk.encode("hello"), GREEDY)])[0])
-    real = engine_mod.sample_row
+    real = phases_mod.sample_row
 
     def sample_row(probs, gen):
         if gen is not None and gen.initial_seed() == 13:
             raise RuntimeError("probability tensor contains either inf, nan or element < 0")
         return real(probs, gen)
 
-    monkeypatch.setattr(engine_mod, "sample_row", sample_row)
+    monkeypatch.setattr(phases_mod, "sample_row", sample_row)
     bad = SamplingParams(max_tokens=8, temperature=1.0, seed=13)
     good, failed = _run(eng, [(tk.encode("hello"), GREEDY), (tk.encode("x"), bad)])
     assert failed[-1].finish_reason == "error" and "nan" in failed[-1].error

@@ -120,3 +120,19 @@ def test_graph_capture_orders_input_fills_before_side_stream(monkeypatch):
     for kv, ik in zip(eng.cache.kv, eng.cache.ik, strict=True):
         assert not kv[:live].any() and not ik[:live].any()
     assert all(kv[live:].any() for kv in eng.cache.kv[:-1])  # main layers wrote scratch rows
+
+
+def test_graph_runner_with_reused_prefixes_matches_eager_without():
+    """A prompt whose prefix is cached computes a few tokens: small enough for the graphs, at
+    positions past the copied rows (the graph's candidates are the whole slot)."""
+    system = "import os\nimport sys\n" * 3
+    prompts = [tk.encode(system + p) for p in PROMPTS]
+    params = [SamplingParams(max_tokens=20, **GREEDY)] * 4
+    spec = {"speculative_algorithm": "EAGLE"}
+    ref = [run_all(engine(disable_radix_cache=True, **spec), [p], [sp])[0]
+           for p, sp in zip(prompts, params, strict=True)]
+    eng = engine(max_running_requests=4, **spec)
+    eng.graphs = GraphRunner(eng, max_tokens=32)
+    eng.graphs.capture()
+    assert [run_all(eng, [p], [sp])[0] for p, sp in zip(prompts, params, strict=True)] == ref
+    assert eng.stats.prefix_cache_hits >= 48 * 3

@@ -15,7 +15,8 @@ from servelab.mini.model.config import get_config
 
 def test_a_kv_cache_beyond_the_free_memory_is_refused(monkeypatch):
     cfg = get_config("micro")
-    args = EngineArgs(config="micro", max_running_requests=7, context_length=100)
+    args = EngineArgs(config="micro", max_running_requests=7, context_length=100,
+                      disable_radix_cache=True)
     ctx = 110
     need = 8 * ctx * (cfg.kv_dim + cfg.index_dim) * (cfg.n_layers + 1) * 4  # 8 slots: + scratch
     monkeypatch.setattr(kv_budget, "free_bytes", lambda device: int(need / 0.8) + 1)
@@ -31,3 +32,16 @@ def test_a_kv_cache_beyond_the_free_memory_is_refused(monkeypatch):
 def test_free_bytes_reads_the_machine():
     free = kv_budget.free_bytes("cpu")
     assert free is None or free > 0
+
+
+def test_the_prefix_cache_pool_counts_and_is_named(monkeypatch):
+    cfg = get_config("micro")
+    args = EngineArgs(config="micro", max_running_requests=7, context_length=100, page_size=16)
+    ctx = 110
+    pool = 44 * 16  # 7 x 100 tokens by default, rounded up to whole blocks of 16
+    need = (8 * ctx + pool) * (cfg.kv_dim + cfg.index_dim) * (cfg.n_layers + 1) * 4
+    monkeypatch.setattr(kv_budget, "free_bytes", lambda device: int(need / 0.8) + 1)
+    kv_budget.check_kv_fits(cfg, args, ctx, torch.float32)
+    monkeypatch.setattr(kv_budget, "free_bytes", lambda device: int(need / 0.8) - 64)
+    with pytest.raises(UserError, match="of it the prefix cache: --disable-radix-cache frees it"):
+        kv_budget.check_kv_fits(cfg, args, ctx, torch.float32)

@@ -110,14 +110,20 @@ def test_greedy_through_pd_equals_one_engine(pd, reference, router):
     st, full = call(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, **GREEDY})
     assert st == 200, full
     assert full["choices"][0]["text"] == want
-    assert full["usage"] == {"prompt_tokens": len(tk.encode(PROMPT)), "completion_tokens": 40,
-                             "total_tokens": len(tk.encode(PROMPT)) + 40}
+    n = len(tk.encode(PROMPT))
+    # the prefill server's prefix cache: the prompt seen before (the other router, or the
+    # stream below) is reused in whole 16-token blocks but its last token
+    reused = (n - 1) // 16 * 16
+    cached = full["usage"].pop("prompt_tokens_details")["cached_tokens"]
+    assert cached in (0, reused)
+    assert full["usage"] == {"prompt_tokens": n, "completion_tokens": 40, "total_tokens": n + 40}
     chunks = sse(url, "/v1/completions", {"prompt": PROMPT, "max_tokens": 40, "stream": True,
-                                          **GREEDY})
-    assert "".join(c["choices"][0]["text"] for c in chunks) == want
+                                          "stream_options": {"include_usage": True}, **GREEDY})
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == want
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": reused}
     st, gen = call(url, "/generate", {"text": PROMPT, "sampling_params": {
         "max_new_tokens": 40, "temperature": 0, "ignore_eos": True}})
-    assert st == 200 and gen["text"] == want
+    assert st == 200 and gen["text"] == want and gen["meta_info"]["cached_tokens"] == reused
     if router == "router_mtp":  # the decode server speculated: fewer verify steps than tokens
         assert 0 < gen["meta_info"]["spec_verify_ct"] < 39
         # /server_info through the router is the decode server's (acceptance shows)
@@ -161,6 +167,10 @@ def test_transfer_counters_count_the_bytes_sent(pd):
     assert _sum(routed, "servelab:kv_transfer_bytes_total") == _sum(
         after_d, "servelab:kv_transfer_bytes_total")
     assert _sum(routed, "vllm:spec_decode_num_drafts_total") > 0
+    # and the prefill worker's prefix cache (PROMPT * 2 and * 3 reuse PROMPT's whole blocks)
+    assert _sum(routed, "servelab:prefix_cache_hits_total", worker=pd["prefill"]) == _sum(
+        after_p, "servelab:prefix_cache_hits_total") > 0
+    assert _sum(routed, "vllm:prompt_tokens_total") == _sum(after_d, "vllm:prompt_tokens_total")
     assert _sum(routed, "servelab:router_requests_total", path="/v1/completions",
                 code="200") >= n
 

@@ -30,6 +30,22 @@ class EngineArgs:
     num_threads: int = 1
     max_prefill_tokens: int = 4096
     disaggregation_mode: str = "null"  # "prefill": export KV after prefill; "decode": install it
+    disable_radix_cache: bool = False  # SGLang's flag: the prefix cache is on by default
+    page_size: int = 16  # tokens per prefix-cache block (whole blocks are reused)
+    # prefix-cache pool, in tokens (None: as many as the slots hold, max_running_requests x
+    # context_length); it is memory of its own beside the slots (prefix_cache.py says why)
+    prefix_cache_tokens: int | None = None
+
+    @property
+    def radix_cache_blocks(self) -> int:
+        """Blocks of the prefix-cache pool (0: no prefix cache; a decode server never
+        prefills, so it keeps none)."""
+        if self.disable_radix_cache or self.disaggregation_mode == "decode":
+            return 0
+        tokens = self.prefix_cache_tokens
+        if tokens is None:
+            tokens = self.max_running_requests * self.context_length
+        return -(-tokens // self.page_size)
 
     @property
     def num_drafts(self) -> int:
@@ -48,3 +64,8 @@ class EngineArgs:
                             "use --config tiny on the CPU")
         if self.cuda_graph and not self.device.startswith("cuda"):
             raise UserError("--cuda-graph needs --device cuda")
+        if self.page_size < 1:
+            raise UserError(f"--page-size {self.page_size}: must be >= 1")
+        if self.prefix_cache_tokens is not None and self.prefix_cache_tokens < self.page_size:
+            raise UserError(f"a prefix cache of {self.prefix_cache_tokens} tokens holds no "
+                            f"block of --page-size {self.page_size}")

@@ -29,25 +29,22 @@ from servelab.mini.engine import kv_handoff
 from servelab.mini.engine.args import EngineArgs
 from servelab.mini.engine.graphs import GraphRunner
 from servelab.mini.engine.kv_budget import check_kv_fits
+from servelab.mini.engine.phases import Phases
+from servelab.mini.engine.prefix_cache import PrefixCache
 from servelab.mini.engine.profiler import StepProfiler, step_name
 from servelab.mini.engine.request import FINISH_REASONS, Event, Request, Stats, deliver, generator
-from servelab.mini.engine.sampling import (
-    SamplingParams,
-    accept_drafts,
-    mask_logits,
-    sample_row,
-    target_probs,
-)
+from servelab.mini.engine.sampling import SamplingParams
 from servelab.mini.model import tokenizer as tk
 from servelab.mini.model.attention import get_backend
 from servelab.mini.model.checkpoint import load_model
-from servelab.mini.model.model import KVCache, make_batch
+from servelab.mini.model.model import KVCache
 
 UNHEALTHY_AFTER = 3  # consecutive failed steps before /health reports the engine failed
 
 
-class Engine:
-    """Owns the model, the KV cache and the scheduler thread."""
+class Engine(Phases):
+    """Owns the model, the KV cache, the prefix cache and the scheduler thread; the batched
+    phases of a step are `Phases` (phases.py)."""
 
     def __init__(self, args: EngineArgs) -> None:
         args.check(cuda_available=torch.cuda.is_available())
@@ -66,6 +63,11 @@ class Engine:
         dtype = self.model.head.weight.dtype
         check_kv_fits(self.cfg, args, self.ctx, dtype)
         self.cache = KVCache(self.cfg, args.max_running_requests, self.ctx, args.device, dtype)
+        self.prefix: PrefixCache | None = None
+        if args.radix_cache_blocks:
+            self.prefix = PrefixCache(self.cfg, kv_handoff.layers_sent(self.cfg, self.k),
+                                      args.page_size, args.radix_cache_blocks, args.device,
+                                      dtype, mtp=bool(self.k))
         self.fingerprint = kv_handoff.fingerprint(self.cfg, self.weights_meta, dtype)
         self.device = torch.device(args.device)
         self.stats = Stats(spec_accepted_per_pos=[0] * self.k)
@@ -216,8 +218,13 @@ class Engine:
                 self._aborts.clear()
             budget = self.args.max_prefill_tokens
             while self._waiting and self._free and (not new or self._cost(self._waiting[0]) <= budget):
+                if new and self._waits_for_prefix(self._waiting[0], new):
+                    break
                 r = self._waiting.popleft()
                 r.slot = self._free.pop()
+                if self.prefix is not None and r.handoff is None:
+                    r.match = self.prefix.match(r.prompt)
+                    r.cached_tokens = r.match.tokens
                 budget -= self._cost(r)
                 new.append(r)
                 self._running.append(r)
@@ -238,10 +245,28 @@ class Engine:
         self.stats.steps += 1
         return True
 
-    @staticmethod
-    def _cost(r: Request) -> int:
-        """Prefill tokens a request costs (none when its KV came from a prefill server)."""
-        return 0 if r.handoff is not None else len(r.prompt)
+    def _waits_for_prefix(self, r: Request, admitted: list[Request]) -> bool:
+        """Whether `r` should wait one step because a request admitted in this step computes
+        the next block `r` would reuse (SGLang's in-batch prefix caching): prompts of one step
+        cannot reuse each other's blocks, so a burst sharing a new system prompt would compute
+        it in every one of them. Next step `r` is admitted first, reusing it."""
+        if self.prefix is None or r.handoff is not None:
+            return False
+        n = self.prefix.match(r.prompt).tokens + self.prefix.page
+        if n > len(r.prompt) - 1:
+            return False
+        head = r.prompt[:n]
+        return any(a.handoff is None and a.prompt[:n] == head for a in admitted)
+
+    def _cost(self, r: Request) -> int:
+        """Prefill tokens a request costs: none when its KV came from a prefill server, its
+        prompt past the cached prefix otherwise (as matched now: matching has no side effect
+        but recency)."""
+        if r.handoff is not None:
+            return 0
+        if r.match.tokens or self.prefix is None:
+            return len(r.prompt) - r.match.tokens
+        return len(r.prompt) - self.prefix.match(r.prompt).tokens
 
     def _install(self, reqs: list[Request]) -> None:
         """Decode server: put the received KV in place and emit the prefill's first token."""
@@ -263,157 +288,6 @@ class Engine:
                     self._fail(r, self.last_failure)
             return False
 
-    def _ids(self, xs: list[int]) -> torch.Tensor:
-        """Token ids, slots or positions as a long tensor on the engine's device."""
-        return torch.tensor(xs, dtype=torch.long, device=self.device)
-
-    def _forward(self, tokens: list[int], slots: list[int], positions: list[int]):
-        t, s, p = self._ids(tokens), self._ids(slots), self._ids(positions)
-        if self.graphs is not None and self.graphs.fits(len(tokens)):
-            return self.graphs.forward(t, s, p)
-        fb = make_batch(self.cfg, s, p, self.ctx, max(positions) + 1)
-        return (*self.model.forward_flat(t, fb, self.cache, self.attn_fn), fb)
-
-    def _mtp(self, hidden: torch.Tensor, next_tokens: list[int], slots: list[int],
-             positions: list[int], fb=None) -> tuple[list[int], torch.Tensor]:
-        """MTP head at `positions`; returns (its argmax draft per row, its hidden per row)."""
-        nt = self._ids(next_tokens)
-        if self.graphs is not None and self.graphs.fits(len(next_tokens)):
-            logits, m = self.graphs.mtp(hidden, nt, self._ids(slots), self._ids(positions))
-        else:
-            if fb is None:
-                fb = make_batch(self.cfg, self._ids(slots), self._ids(positions), self.ctx,
-                                max(positions) + 1)
-            logits, m = self.model.mtp_flat(hidden, nt, fb, self.cache, self.attn_fn)
-        logits[:, tk.BOS:] = float("-inf")  # drafts: bytes only (EOS drafts are rare, cheap)
-        return logits.argmax(-1).tolist(), m
-
-    def _prefill(self, reqs: list[Request]) -> None:
-        tokens, slots, positions, last_rows = [], [], [], []
-        for r in reqs:
-            tokens += r.prompt
-            slots += [r.slot] * len(r.prompt)
-            positions += range(len(r.prompt))
-            last_rows.append(len(tokens) - 1)
-        logits, hidden, fb = self._forward(tokens, slots, positions)
-        rows = torch.tensor(last_rows, device=logits.device)
-        firsts = self._sample(reqs, logits[rows])
-        for r, t in zip(reqs, firsts, strict=True):
-            self.stats.prompt_tokens += len(r.prompt)
-            if t is None:
-                continue
-            r.last, r.pos = t, len(r.prompt)
-            if r.export is None:  # a prefill server's requests end in _export, after drafting
-                self._append(r, [t])
-        if self.k:
-            # MTP over every prompt position i: (h_i, t_{i+1}); the last row drafts t_{S+1}.
-            nxt = []
-            for r, t in zip(reqs, firsts, strict=True):
-                nxt += r.prompt[1:] + [t if t is not None else tk.EOS]
-            drafts, m = self._mtp(hidden, nxt, slots, positions, fb)
-            self._set_drafts(reqs, [drafts[i] for i in last_rows], m[rows])
-        for r in reqs:
-            if r.export is not None and r.finish is None:
-                self._export(r)
-
-    def _export(self, r: Request) -> None:
-        """Prefill server: hand the request's KV on, then end it after its first token."""
-        try:
-            layers = kv_handoff.layers_sent(self.cfg, self.k)
-            r.export(kv_handoff.export(self.cache, r, layers, self.fingerprint))
-        except Exception as exc:  # noqa: BLE001 - this request only
-            self._fail(r, f"KV export failed: {type(exc).__name__}: {str(exc)[:200]}")
-            return
-        self._append(r, [r.last])
-        if r.finish is None:
-            self._finish(r, "length")
-
-    def _set_drafts(self, reqs: list[Request], d1: list[int], m: torch.Tensor) -> None:
-        """Store d_1 and run the MTP head k-1 more times (EAGLE chain) for live requests."""
-        live = [i for i, r in enumerate(reqs) if r.finish is None]
-        reqs = [reqs[i] for i in live]
-        for r, d in zip(reqs, [d1[i] for i in live], strict=True):
-            r.drafts = [d]
-        if not reqs or self.k == 1:
-            return
-        m = m[torch.tensor(live, device=m.device)]
-        for j in range(1, self.k):
-            toks = [r.drafts[-1] for r in reqs]
-            d, m = self._mtp(m, toks, [r.slot for r in reqs], [r.pos + j - 1 for r in reqs])
-            for r, t in zip(reqs, d, strict=True):
-                r.drafts.append(t)
-
-    def _allow_eos(self, reqs: list[Request], offsets: list[int]) -> torch.Tensor:
-        allow = [not r.params.ignore_eos and len(r.out) + o >= r.params.min_tokens
-                 for r, o in zip(reqs, offsets, strict=True)]
-        return torch.tensor(allow, device=self.device)
-
-    def _sample(self, reqs: list[Request], logits: torch.Tensor) -> list[int | None]:
-        """One token per request from logits [len(reqs), V]; None for a request whose sampling
-        failed (that request is failed, the others keep their tokens)."""
-        logits = mask_logits(logits, self._allow_eos(reqs, [0] * len(reqs)))
-        out: list[int | None] = list(logits.argmax(-1).tolist())
-        for i, r in enumerate(reqs):
-            if not r.params.greedy:
-                try:
-                    out[i] = sample_row(target_probs(logits[i:i + 1], r.params)[0].cpu(), r.gen)
-                except Exception as exc:  # noqa: BLE001 - this request only
-                    self._fail(r, f"sampling failed: {type(exc).__name__}: {str(exc)[:200]}")
-                    out[i] = None
-        return out
-
-    def _decode(self, reqs: list[Request]) -> None:
-        if not self.k:
-            logits, _, _ = self._forward([r.last for r in reqs], [r.slot for r in reqs],
-                                         [r.pos for r in reqs])
-            for r, t in zip(reqs, self._sample(reqs, logits), strict=True):
-                if t is None:
-                    continue
-                r.last, r.pos = t, r.pos + 1
-                self._append(r, [t])
-            return
-        k = self.k
-        tokens, slots, positions = [], [], []
-        for r in reqs:
-            tokens += [r.last, *r.drafts]
-            slots += [r.slot] * (k + 1)
-            positions += range(r.pos, r.pos + k + 1)
-        logits, hidden, _ = self._forward(tokens, slots, positions)
-        offs = [j for _ in reqs for j in range(k + 1)]
-        rep = [r for r in reqs for _ in range(k + 1)]
-        logits = mask_logits(logits, self._allow_eos(rep, offs))
-        if any(not r.params.greedy for r in reqs):
-            logits = logits.cpu()
-        m_rows, m_tokens, m_slots, m_pos, last_rows, live = [], [], [], [], [], []
-        for i, r in enumerate(reqs):
-            try:
-                got = accept_drafts(logits[i * (k + 1):(i + 1) * (k + 1)], r.drafts, r.params,
-                                    r.gen)
-            except Exception as exc:  # noqa: BLE001 - this request only
-                self._fail(r, f"sampling failed: {type(exc).__name__}: {str(exc)[:200]}")
-                continue
-            a = len(got) - 1
-            self.stats.verified(k, a)
-            r.spec_verify_ct += 1
-            p = r.pos
-            r.last, r.pos = got[-1], p + len(got)
-            self._append(r, got)
-            if r.finish is not None:
-                continue
-            live.append(r)
-            # MTP inputs for positions p..p+a: (h_{p+j}, y_j); the last row drafts t_{p+a+2}.
-            m_rows += range(i * (k + 1), i * (k + 1) + a + 1)
-            m_tokens += got
-            m_slots += [r.slot] * (a + 1)
-            m_pos += range(p, p + a + 1)
-            last_rows.append(len(m_rows) - 1)
-        if not live:
-            return
-        h = hidden[torch.tensor(m_rows, device=hidden.device)]
-        drafts, m = self._mtp(h, m_tokens, m_slots, m_pos)
-        self._set_drafts(live, [drafts[i] for i in last_rows],
-                         m[torch.tensor(last_rows, device=m.device)])
-
     # ---- output ------------------------------------------------------------------------------
     def _append(self, r: Request, toks: list[int]) -> None:
         """Add sampled tokens to a request, detect finish, emit one event."""
@@ -422,15 +296,18 @@ class Engine:
         text, taken = r.take(toks)
         self.stats.generation_tokens += len(taken)
         if r.finish is not None:
+            self._cache_finished(r)
             self._release(r)
         if not deliver(r, Event(text, taken, r.finish, len(r.prompt), len(r.out),
-                                 r.spec_verify_ct)) and r.finish is None:
+                                 r.spec_verify_ct, cached_tokens=r.cached_tokens)
+                       ) and r.finish is None:
             self._fail(r, "its listener failed")
 
     def _finish(self, r: Request, reason: str, error: str | None = None) -> None:
         r.finish = reason
         self._release(r)
-        deliver(r, Event("", [], reason, len(r.prompt), len(r.out), r.spec_verify_ct, error))
+        deliver(r, Event("", [], reason, len(r.prompt), len(r.out), r.spec_verify_ct, error,
+                         cached_tokens=r.cached_tokens))
 
     def _fail(self, r: Request, why: str) -> None:
         """End one request with finish reason "error"; the engine goes on with the others."""

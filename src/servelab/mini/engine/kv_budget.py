@@ -27,12 +27,16 @@ def free_bytes(device: str) -> int | None:
 
 def check_kv_fits(cfg, args, ctx: int, dtype: torch.dtype) -> None:
     """Refuse a KV cache that cannot fit before allocating it (`--max-running-requests 100000`
-    used to start allocating tens of GB and die, or swap the machine)."""
-    rows = (args.max_running_requests + 1) * ctx
+    used to start allocating tens of GB and die, or swap the machine); the prefix cache's pool
+    counts too (its rows have the same width, in at most as many layers)."""
+    pool = args.radix_cache_blocks * args.page_size
+    rows = (args.max_running_requests + 1) * ctx + pool
     need = rows * (cfg.kv_dim + cfg.index_dim) * (cfg.n_layers + 1) * dtype.itemsize
     free = free_bytes(args.device)
     if free is not None and need > 0.8 * free:
+        of_it = (f" ({pool / rows * need / 2**30:.1f} GiB of it the prefix cache: "
+                 "--disable-radix-cache frees it)" if pool else "")
         raise UserError(
             f"--max-running-requests {args.max_running_requests} x --context-length "
-            f"{args.context_length} needs {need / 2**30:.1f} GiB of KV cache; {free / 2**30:.1f} "
-            f"GiB is free on {args.device}: lower one of them")
+            f"{args.context_length} needs {need / 2**30:.1f} GiB of KV cache{of_it}; "
+            f"{free / 2**30:.1f} GiB is free on {args.device}: lower one of them")

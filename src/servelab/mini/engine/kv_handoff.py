@@ -2,7 +2,8 @@
 request's KV rows (`export`), a decode engine checks a received handoff (`check`) and installs it
 into the request's slot (`install`), then goes on decoding as if it had prefilled the prompt.
 
-Rows are copied for positions 0..S-1 of every layer (the MTP layer too when the prefill
+Rows are copied for positions 0..S-1 of every layer (those the prefill reused from its prefix
+cache as well: the slot holds them all) (the MTP layer too when the prefill
 speculates). The MTP layer's rows the prefill wrote beyond S while drafting a chain are not
 sent: a decode step rewrites every such position before any query reads it.
 
@@ -54,6 +55,7 @@ class KVHandoff:
     ik: torch.Tensor  # [L, S, index_dim]
     fingerprint: str  # model config, weights and dtype: both sides must serve the same model
     gen_state: bytes | None = None  # torch.Generator state after sampling the first token
+    cached_tokens: int = 0  # prompt tokens the prefill server reused from its prefix cache
 
     @property
     def layers(self) -> int:
@@ -79,7 +81,8 @@ def export(cache: KVCache, r: Request, layers: int, model_fingerprint: str) -> K
     gen = bytes(r.gen.get_state().numpy().tobytes()) if r.gen is not None else None
     return KVHandoff(room=r.room, prompt=list(r.prompt), first_token=r.last,
                      drafts=list(r.drafts), kv=kv.cpu(), ik=ik.cpu(),
-                     fingerprint=model_fingerprint, gen_state=gen)
+                     fingerprint=model_fingerprint, gen_state=gen,
+                     cached_tokens=r.cached_tokens)
 
 
 def check(h: KVHandoff, prompt: list[int], room: int | None, *, cfg: ModelConfig, k: int,
@@ -142,6 +145,7 @@ def install(cache: KVCache, r: Request, layers: int, k: int) -> None:
     cache.write_rows(r.slot, h.kv[:layers], h.ik[:layers])
     r.last, r.pos = h.first_token, len(r.prompt)
     r.drafts = list(h.drafts[:k])
+    r.cached_tokens = h.cached_tokens  # reported as the prefill server's reuse
     if r.gen is not None and h.gen_state is not None:
         r.gen.set_state(torch.frombuffer(bytearray(h.gen_state), dtype=torch.uint8))
     r.handoff = None  # the rows live in the cache now

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from servelab.errors import UserError
+from servelab.mini.engine.prefix_cache import Match
 from servelab.mini.engine.sampling import SamplingParams
 from servelab.mini.model import tokenizer as tk
 
@@ -28,6 +29,7 @@ class Event:
     completion_tokens: int
     spec_verify_ct: int
     error: str | None = None  # why the engine failed this request (finish_reason "error")
+    cached_tokens: int = 0  # prompt tokens whose KV was reused, not computed (prefix cache)
 
 
 # vLLM's `finished_reason` label values, plus "error" for requests the engine failed
@@ -50,6 +52,15 @@ class Request:
     held: str = ""  # text held back because it may start a stop string
     finish: str | None = None
     spec_verify_ct: int = 0
+    # the prefix cache's blocks this prompt starts with (matched at admission, copied into the
+    # slot before prefill); cached_tokens: the prompt tokens not computed (on a decode server:
+    # those its prefill server did not compute)
+    match: Match = Match()
+    cached_tokens: int = 0
+    # what caching its finished sequence needs (with MTP): the MTP layer's rows are valid for
+    # positions < mtp_upto, and the main model's hidden states at block-end positions
+    mtp_upto: int = 0
+    block_hidden: dict[int, torch.Tensor] = field(default_factory=dict)
     # prefill/decode disaggregation (kv_handoff.py): the bootstrap room of the request; on a
     # prefill server, where its KV goes once prefilled; on a decode server, the KV it came with
     room: int = -1
@@ -102,6 +113,11 @@ class Stats:
     spec_num_draft_tokens: int = 0
     spec_num_accepted_tokens: int = 0
     spec_accepted_per_pos: list[int] = field(default_factory=list)
+    # prefix cache, in tokens (vLLM's prefix_cache_queries/hits): prompt tokens looked up,
+    # and those reused instead of computed
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    forward_tokens: int = 0  # tokens through the main model's forward (prefill, decode, verify)
 
     def verified(self, k: int, accepted: int) -> None:
         """Count one verify step of one request: `k` drafts proposed, the first `accepted` kept."""

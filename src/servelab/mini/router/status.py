@@ -2,7 +2,8 @@
 reports the role it is routed as), `/server_info` and `/get_server_info` (the first decode
 worker's, plus the PD layout), `/metrics` (the router's counters, then each decode worker's
 series labelled `worker`, so a scraper of the endpoint sees the spec-decode and KV-transfer
-counters of the servers that decode)."""
+counters of the servers that decode, and each prefill worker's prefix-cache series, which only
+a prefill server counts)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ from prometheus_client.parser import text_string_to_metric_families
 from servelab.mini.router.state import Counters, RouterState, error, mode_of
 from servelab.redaction import redact_url
 
+# the series of a prefill worker the router re-exports: its prefix cache (a decode server keeps
+# none); the rest of a prefill's series would collide with the decode workers' names
+PREFILL_SERIES = ("prefix_cache_", "cache_hit_rate")
+
 
 class _RouterCollector:
-    def __init__(self, c: Counters, decodes: tuple[str, ...],
+    def __init__(self, c: Counters, workers: list[tuple[str, bool]],
                  texts: list[tuple[int, bytes] | None]) -> None:
-        self.c, self.decodes, self.texts = c, decodes, texts
+        """`workers`: (url, is a prefill) in the order of `texts`, their /metrics answers."""
+        self.c, self.workers, self.texts = c, workers, texts
 
     def collect(self):
         req = CounterMetricFamily("servelab:router_requests", "Requests answered, by path and "
@@ -39,7 +45,7 @@ class _RouterCollector:
         g.add_metric([], self.c.in_flight)
         yield g
         merged: dict[str, Metric] = {}  # one family per name, however many workers
-        for url, got in zip(self.decodes, self.texts, strict=True):
+        for (url, prefill), got in zip(self.workers, self.texts, strict=True):
             if got is None or got[0] != 200:
                 continue
             try:
@@ -47,6 +53,8 @@ class _RouterCollector:
             except ValueError:
                 continue
             for fam in fams:
+                if prefill and not any(k in fam.name for k in PREFILL_SERIES):
+                    continue
                 m = merged.setdefault(fam.name, Metric(fam.name, fam.documentation, fam.type))
                 for smp in fam.samples:
                     m.add_sample(smp.name, {**smp.labels, "worker": redact_url(url)}, smp.value)
@@ -90,9 +98,10 @@ def add_routes(app: web.Application, state: RouterState) -> None:
         return web.json_response(info)
 
     async def metrics(_request: web.Request) -> web.Response:
-        texts = await asyncio.gather(*(state.get(d + "/metrics") for d in cfg.decodes))
+        workers = [(d, False) for d in cfg.decodes] + [(p.url, True) for p in cfg.prefills]
+        texts = await asyncio.gather(*(state.get(u + "/metrics") for u, _ in workers))
         reg = CollectorRegistry(auto_describe=False)
-        reg.register(_RouterCollector(state.counters, cfg.decodes, texts))
+        reg.register(_RouterCollector(state.counters, workers, texts))
         return web.Response(body=generate_latest(reg),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 

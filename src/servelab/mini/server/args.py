@@ -113,6 +113,11 @@ class ServeArgs(BaseModel):
     served_model_name: str | None = Field(None, min_length=1, max_length=256)
     log_level: Annotated[Literal[LOG_LEVELS], BeforeValidator(_lower)] = "warning"  # type: ignore[valid-type]
     disaggregation_mode: Literal[DISAGGREGATION_MODES] = "null"  # type: ignore[valid-type]
+    # the prefix cache (SGLang's radix cache) is on unless this is set, as in SGLang
+    disable_radix_cache: bool = False
+    # tokens per prefix-cache block: prefixes are reused in whole pages (SGLang's --page-size;
+    # its default is 1, ours 16 as vLLM's block size: the cache's bookkeeping is Python per block)
+    page_size: Int = Field(16, ge=1, le=4096)
     disaggregation_bootstrap_port: Port = DEFAULT_BOOTSTRAP_PORT
     disaggregation_waiting_timeout: Num = Field(DEFAULT_WAITING_TIMEOUT_S, gt=0, le=86400)
     # decode: bootstrap hosts fetched from besides loopback and this machine's (pd/allow.py)

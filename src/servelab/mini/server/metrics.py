@@ -6,8 +6,11 @@ completed requests sums stop + length, as it would on vLLM; `vllm:spec_decode_nu
 `..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total{position}`,
 `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_requests_running`) and
 SGLang (`sglang:spec_accept_length`, `sglang:num_running_reqs`, `sglang:num_queue_reqs`), so the
-scrapers written for those engines work unchanged. Spec-decode series exist only when
-speculative decoding is on (missing is missing, not 0).
+scrapers written for those engines work unchanged. The prefix cache: `vllm:prefix_cache_queries_total`
+and `vllm:prefix_cache_hits_total` in prompt tokens, the same values as
+`servelab:prefix_cache_queries_total` / `servelab:prefix_cache_hits_total`, and
+`sglang:cache_hit_rate`. Spec-decode series exist only when speculative decoding is on, prefix
+cache series only while the cache is on (missing is missing, not 0).
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class _EngineCollector:
             for i, v in enumerate(st.spec_accepted_per_pos):
                 per.add_metric([*val, str(i)], v)
             yield per
+        if e.prefix is not None:
+            yield from _prefix_series(st, counter, gauge)
         if self.transfers is not None:
             yield from _transfer_series(self.transfers, lab, val)
         if e.k:
@@ -67,6 +72,19 @@ class _EngineCollector:
                 yield gauge("sglang:spec_accept_length", "Lifetime mean acceptance length.", tau)
                 yield gauge("sglang:spec_accept_rate", "Lifetime draft acceptance rate.",
                             st.spec_num_accepted_tokens / st.spec_num_draft_tokens)
+
+
+def _prefix_series(st, counter, gauge):
+    """The prefix cache, in prompt tokens (present only while it is on; a decode server keeps
+    none): vLLM's names, the same values under servelab's, and SGLang's hit rate (lifetime
+    here; SGLang's gauge is over recent batches)."""
+    q, h = st.prefix_cache_queries, st.prefix_cache_hits
+    for ns in ("vllm", "servelab"):
+        yield counter(f"{ns}:prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                      "cache.", q)
+        yield counter(f"{ns}:prefix_cache_hits", "Prompt tokens served by the prefix cache.", h)
+    if q:
+        yield gauge("sglang:cache_hit_rate", "Prefix cache hits / queries, in tokens.", h / q)
 
 
 def _transfer_series(t, lab: list[str], val: list[str]):

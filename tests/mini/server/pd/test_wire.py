@@ -41,7 +41,8 @@ def test_a_broken_or_hostile_handoff_is_refused_with_its_reason():
     wire, _ = prefill(pre, prompt, SamplingParams(max_tokens=4, temperature=0.0), room=5)
     bad_header = [{"room": None}, {"room": -1}, {"kv_shape": [-1, 1, 1]}, {"kv_shape": [1, 2]},
                   {"prompt": ["a"]}, {"prompt": [1]}, {"drafts": "xy"}, {"fingerprint": 7},
-                  {"bytes": [1, 2]}, {"version": None}, {"first_token": 1.5}]
+                  {"bytes": [1, 2]}, {"version": None}, {"first_token": 1.5},
+                  {"cached_tokens": -1}, {"cached_tokens": 99}, {"cached_tokens": "16"}]
     for change in bad_header:
         with pytest.raises(TransferError, match="malformed|does not match") as ei:
             decode(_reframe(wire, **change))
@@ -60,6 +61,9 @@ def test_a_broken_or_hostile_handoff_is_refused_with_its_reason():
         dec.check_handoff(decode(_reframe(seeded, tail=b"\0" * 10, bytes=[kv_b, ik_b, 10])),
                         prompt, room=7)
     dec.check_handoff(decode(wire), prompt, room=5)  # the unbroken one passes
+    # the prefix cache's count is reported only: a peer that sends none means 0
+    assert decode(_reframe(wire, cached_tokens=None)).cached_tokens == 0
+    assert decode(_reframe(wire, cached_tokens=3)).cached_tokens == 3
 
 
 @pytest.mark.parametrize("dim", [2**63, 2**62, 10**30, 2**31])

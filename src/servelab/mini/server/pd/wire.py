@@ -10,8 +10,8 @@ router -> prefill -> decode therefore equals one server's, token for token.
 
 Wire format (one HTTP body, application/octet-stream): b"SLKV", a 4-byte big-endian header
 length, a JSON header (room, prompt ids, first token, drafts, dtype, shapes, model fingerprint,
-byte counts), then the raw bytes of `kv` [L, S, kv_dim], `ik` [L, S, index_dim] and the
-generator state. Raw tensor bytes, not pickle: the decode side never unpickles what it receives.
+byte counts, the prompt tokens the prefill reused from its prefix cache), then the raw bytes of
+`kv` [L, S, kv_dim], `ik` [L, S, index_dim] and the generator state. Raw tensor bytes, not pickle: the decode side never unpickles what it receives.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def encode(h: KVHandoff) -> bytes:
         "version": VERSION, "room": h.room, "prompt": h.prompt, "first_token": h.first_token,
         "drafts": h.drafts, "dtype": str(kv.dtype).removeprefix("torch."),
         "kv_shape": list(kv.shape), "ik_shape": list(ik.shape), "fingerprint": h.fingerprint,
-        "bytes": [len(kv_b), len(ik_b), len(gen)],
+        "bytes": [len(kv_b), len(ik_b), len(gen)], "cached_tokens": h.cached_tokens,
     }).encode()
     return b"".join((MAGIC, struct.pack(">I", len(header)), header, kv_b, ik_b, gen))
 
@@ -71,6 +71,9 @@ def decode(buf: bytes) -> KVHandoff:
         fingerprint = hd["fingerprint"]
         if not isinstance(fingerprint, str):
             raise TypeError("fingerprint is not a string")
+        cached = _count(hd.get("cached_tokens", 0))  # reported only; absent from older peers
+        if cached > len(prompt):
+            raise ValueError(f"cached_tokens {cached} > {len(prompt)} prompt tokens")
     except TransferError:
         raise
     except (ValueError, KeyError, TypeError, RecursionError) as exc:
@@ -92,7 +95,7 @@ def decode(buf: bytes) -> KVHandoff:
                             f"{one_line(str(exc))[:150]})") from None
     gen = buf[off + nkv + nik:] or None
     return KVHandoff(room=room, prompt=prompt, first_token=first, drafts=drafts, kv=kv, ik=ik,
-                     fingerprint=fingerprint, gen_state=gen)
+                     fingerprint=fingerprint, gen_state=gen, cached_tokens=cached)
 
 
 def _count(x: object) -> int:

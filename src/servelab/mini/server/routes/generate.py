@@ -1,5 +1,5 @@
 """SGLang's `/generate`: cumulative text per event and `meta_info` (finish reason, token counts,
-`spec_verify_ct`), whole or streamed."""
+`cached_tokens`, `spec_verify_ct`), whole or streamed."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ def meta(rid: str, ev: Event) -> dict:
     elif ev.finish_reason is not None:
         fr = {"type": ev.finish_reason}
     return {"id": rid, "finish_reason": fr, "prompt_tokens": ev.prompt_tokens,
-            "completion_tokens": ev.completion_tokens, "spec_verify_ct": ev.spec_verify_ct}
+            "completion_tokens": ev.completion_tokens, "cached_tokens": ev.cached_tokens,
+            "spec_verify_ct": ev.spec_verify_ct}
 
 
 def routes(state: ServerState) -> APIRouter:

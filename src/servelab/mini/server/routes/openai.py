@@ -18,8 +18,11 @@ from servelab.mini.server.state import ServerState
 
 
 def usage(ev: Event) -> dict:
+    """OpenAI's `usage`, with `prompt_tokens_details.cached_tokens` (the prompt tokens the
+    prefix cache served) as vLLM and SGLang report it."""
     return {"prompt_tokens": ev.prompt_tokens, "completion_tokens": ev.completion_tokens,
-            "total_tokens": ev.prompt_tokens + ev.completion_tokens}
+            "total_tokens": ev.prompt_tokens + ev.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": ev.cached_tokens}}
 
 
 async def answer(state: ServerState, request: Request, body: dict, chat: bool) -> Response:
