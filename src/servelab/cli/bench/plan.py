@@ -16,6 +16,8 @@ from pathlib import Path
 from servelab.bench.config import (
     BenchConfig,
     LoadPoint,
+    SessionsConfig,
+    ThinkTime,
     WorkloadConfig,
     parse_goodput,
     parse_list,
@@ -83,6 +85,7 @@ def make_plan(a: BenchArgs) -> Plan:
         gsp_system_prompt_len=parse_number(a.gsp_system_prompt_len, int, "--gsp-system-prompt-len"),
         gsp_question_len=parse_number(a.gsp_question_len, int, "--gsp-question-len"),
         gsp_output_len=parse_number(a.gsp_output_len, int, "--gsp-output-len"),
+        sessions=sessions_config(a),
     )
     cfg = BenchConfig(
         base_url=a.base_url, workload=wl, model=a.model, api=a.api,
@@ -95,6 +98,19 @@ def make_plan(a: BenchArgs) -> Plan:
     if output:
         check_output(output)
     return Plan(cfg=cfg, loads=loads, sweep=scfg, slos=slos, output=output)
+
+
+def sessions_config(a: BenchArgs) -> SessionsConfig | None:
+    """Multi-turn sessions when --num-sessions is given; their other flags need it."""
+    if a.num_sessions is None:
+        if a.max_turns is not None or a.turns != "4" or a.think_time != "0":
+            raise UserError("--turns, --max-turns and --think-time shape multi-turn sessions: "
+                            "add --num-sessions N")
+        return None
+    return SessionsConfig(num_sessions=parse_number(a.num_sessions, int, "--num-sessions"),
+                          turns=parse_number(a.turns, int, "--turns"),
+                          max_turns=parse_number(a.max_turns, int, "--max-turns"),
+                          think_time=ThinkTime.parse(a.think_time))
 
 
 def load_points(concurrency: str | None, request_rate: str | None,
