@@ -246,7 +246,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         "burstiness": load.burstiness if load.request_rate is not None else None,
         "api": cfg.api, "model": model, "base_url": cfg.shown_url,
         "num_prompts": cfg.workload.num_prompts, "issued": len(raws), "warmup": len(wl.warmup),
-        "stopped_by_duration": len(raws) < len(wl.requests),
+        # (a session's failed turn also leaves its later turns unsent: not the duration)
+        "stopped_by_duration": deadline is not None and len(raws) < len(wl.requests),
         "input_len_exact": wl.input_len_exact, "input_len_source": wl.input_len_source,
         "input_len": cfg.workload.input_len if cfg.workload.kind == "random" else None,
         "output_len": cfg.workload.output_len if cfg.workload.kind == "random" else None,

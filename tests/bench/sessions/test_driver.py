@@ -112,6 +112,18 @@ def test_a_failed_turn_ends_its_session():
     assert s["failed"] == 2 and s["completed"] == 0  # no answer to continue from
     assert s["sessions"] == 2 and s["sessions_finished"] == 0
     assert s["turns_completed"]["max"] == 0 and s["by_turn"] is None
+    assert s["stopped_by_duration"] is False  # the unsent turns are the failures' doing
+
+
+def test_max_duration_stops_new_turns_and_says_so():
+    ss = SessionsConfig(num_sessions=2, turns=5, think_time=ThinkTime("constant", 0.1))
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=0.2)) as h:
+        cfg = BenchConfig(base_url=h.url, max_duration_s=0.25,
+                          workload=WorkloadConfig(input_len=IN, output_len=OUT, sessions=ss))
+        s = run_load_point(cfg, LoadPoint(concurrency=2), progress=False).summary
+    # turns at ~0, 0.1, 0.2 s start before the deadline; the 4th would start at ~0.3 s
+    assert 2 <= s["completed"] // 2 <= 3 and s["completed"] < 10, s["completed"]
+    assert s["stopped_by_duration"] is True and s["sessions_finished"] == 0
 
 
 @pytest.mark.parametrize("text,want", [("2", ThinkTime("constant", 2.0)),
