@@ -67,7 +67,7 @@ def test_completions_turn_k_sends_the_transcript_with_the_servers_own_answers():
         # later turns are longer: each carries the earlier ones
         lens = [r["input_tokens"] for r in turns]
         assert lens == [IN * k + OUT * (k - 1) for k in range(1, T + 1)], lens
-        assert [r["prefix_len"] for r in turns] == [None, *lens[:-1]]
+        assert [r["prefix_len"] for r in turns] == [0, *lens[:-1]]
     s = res.summary
     assert s["sessions"] == S and s["sessions_finished"] == S and s["completed"] == S * T
     assert [row["turn"] for row in s["by_turn"]] == list(range(1, T + 1))
@@ -75,6 +75,9 @@ def test_completions_turn_k_sends_the_transcript_with_the_servers_own_answers():
     assert [row["input_tokens_median"] for row in s["by_turn"]] == [IN * k + OUT * (k - 1)
                                                                    for k in range(1, T + 1)]
     assert s["turns_completed"] == {"mean": T, "median": T, "min": T, "max": T}
+    # what a cache of prompts could reuse: each turn's previous prompt
+    hist = sum(IN * k + OUT * (k - 1) for k in range(1, T))
+    assert s["prefix_share"] == hist / sum(IN * k + OUT * (k - 1) for k in range(1, T + 1))
 
 
 def test_chat_turn_k_sends_the_history_as_messages():

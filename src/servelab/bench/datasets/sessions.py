@@ -60,7 +60,9 @@ async def session_specs(cfg: SessionsConfig, input_len: int, output_len: int,
                 async with sem:
                     n_in = await count(lead + text) - special
                     n_out = await count(reply) - special
+        # a session is its own prefix group: turn 1 shares nothing, turn k its history
+        # (the driver sets prefix_len then, from the server's count of turn k-1's prompt)
         return RequestSpec(i, prompt, n_in, max(1, n_out), exact, session_id=str(k), turn=j + 1,
-                           session_turns=of)
+                           session_turns=of, prefix_group=k, prefix_len=0)
 
     return list(await asyncio.gather(*(one(i, *p) for i, p in enumerate(plan))))
