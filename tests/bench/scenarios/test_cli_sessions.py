@@ -52,3 +52,16 @@ def test_sharegpt_conversations_replay_turn_by_turn(monkeypatch, capsys, tmp_pat
         assert t1["max_tokens"] == 2 and t2["max_tokens"] == 4  # the replies' lengths
         assert t2["text"] == f"q{c}0 please" + t1["word"] * 2 + f"\nq{c}1 please"
     assert not any("q02" in r["text"] or "q12" in r["text"] for r in log)
+
+
+def test_session_flags_need_sessions_and_no_sweep(monkeypatch, capsys):
+    code, _, err = cli(monkeypatch, capsys, "bench", "--base-url", "http://127.0.0.1:9",
+                       "--turns", "3", "--concurrency", "1", "--no-store")
+    assert code == 2 and "add --num-sessions N" in err
+    code, _, err = cli(monkeypatch, capsys, "bench", "--base-url", "http://127.0.0.1:9",
+                       "--num-sessions", "3", "--sweep", "--no-store")
+    assert code == 2 and "--sweep's rates are requests/s" in err
+    code, _, err = cli(monkeypatch, capsys, "bench", "--base-url", "http://127.0.0.1:9",
+                       "--num-sessions", "3", "--think-time", "gauss:2", "--concurrency", "1",
+                       "--no-store")
+    assert code == 2 and "the distribution is one of constant, exponential, uniform" in err

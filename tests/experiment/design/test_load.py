@@ -76,3 +76,5 @@ def test_sessions_become_the_bench_sessions_and_run_as_sessions_in_flight():
         spec({"concurrency": [1]}, {"sessions": {"think_time": "gauss:1"}})
     with pytest.raises(UserError, match="sessions come from"):
         spec({"concurrency": [1]}, {"trace": TRACE, "sessions": {}})
+    with pytest.raises(UserError, match="not per session"):
+        spec({"sweep": {"slo": "ttft_p99_ms=2000"}}, {"sessions": {}})

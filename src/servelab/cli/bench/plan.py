@@ -46,6 +46,10 @@ def make_plan(a: BenchArgs) -> Plan:
     if not a.base_url:
         raise UserError("--base-url is required, e.g. --base-url http://127.0.0.1:30000")
     b = parse_number(a.burstiness, float, "--burstiness")
+    if a.sweep and a.num_sessions is not None:
+        raise UserError("--sweep's rates are requests/s and sessions start at a rate of "
+                        "sessions/s: measure sessions at --concurrency (sessions in flight) or "
+                        "--request-rate (session starts/s) load points")
     slos = parse_slo(a.slo)
     scfg = None
     if a.sweep:
