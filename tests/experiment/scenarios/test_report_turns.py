@@ -4,6 +4,8 @@ over runs of what the runs stored (never recomputed from requests)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from servelab.experiment.plan.preflight import load
@@ -35,3 +37,10 @@ def test_report_shows_ttft_by_turn_index_per_arm(tmp_path, scripted):
         # the history grows: turn k sends k x 8 new tokens and k-1 answers of 9
         assert inp == f"{8 * int(turn) + 9 * (int(turn) - 1)}"
     assert "<h2>TTFT by turn index</h2>" in page.read_text()
+
+
+def test_the_multiturn_example_loads_with_its_sessions():
+    spec = load(Path(__file__).resolve().parents[3] / "examples" / "multiturn.toml")
+    ss = spec.workload.sessions
+    assert ss is not None and (ss.num_sessions, ss.turns) == (4, 4)
+    assert [k for k, _, _ in spec.load.keys()] == ["c=2"]
