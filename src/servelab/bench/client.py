@@ -138,8 +138,9 @@ class Client:
                              "stream_options": {"include_usage": True}}
         if self.model:
             b["model"] = self.model
-        if self.api == "chat":
-            b["messages"] = [{"role": "user", "content": spec.prompt}]
+        if self.api == "chat":  # a session's turn carries its history (workload.py)
+            b["messages"] = [*({"role": r, "content": c} for r, c in spec.history),
+                             {"role": "user", "content": spec.prompt}]
         else:
             b["prompt"] = spec.prompt
         return b

@@ -8,6 +8,7 @@ checks.
 from __future__ import annotations
 
 import math
+import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,83 @@ _GOODPUT_ALIASES = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2e
 
 DATASETS = ("random", "sharegpt", "trace", "generated-shared-prefix")
 TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
+THINK_KINDS = ("constant", "exponential", "uniform")
+_THINK_HELP = "e.g. 2 (seconds, fixed), exponential:2 (mean 2 s) or uniform:1-3"
+
+
+@dataclass(frozen=True, slots=True)
+class ThinkTime:
+    """The pause of a session between an answer and its next turn (seconds): `constant` (`low_s`
+    every time), `exponential` (mean `low_s`: a user's memoryless pause) or `uniform` on
+    [`low_s`, `high_s`]. Written `2`, `exponential:2`, `uniform:1-3` (`parse`)."""
+
+    kind: str = "constant"
+    low_s: float = 0.0
+    high_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in THINK_KINDS:
+            raise UserError(f"--think-time {self.kind!r}: the distribution is one of "
+                            f"{', '.join(THINK_KINDS)}; {_THINK_HELP}")
+        hi = self.high_s if self.high_s is not None else self.low_s
+        if not (0 <= self.low_s <= hi and math.isfinite(hi)):
+            raise UserError(f"--think-time {self}: seconds must be finite, >= 0 (and low <= "
+                            f"high); {_THINK_HELP}")
+        if (self.kind == "uniform") != (self.high_s is not None):
+            raise UserError(f"--think-time {self}: uniform takes LOW-HIGH, the others one "
+                            f"number; {_THINK_HELP}")
+
+    def __str__(self) -> str:
+        if self.kind == "uniform":
+            hi = "?" if self.high_s is None else f"{self.high_s:g}"
+            return f"uniform:{self.low_s:g}-{hi}"
+        return f"{self.low_s:g}" if self.kind == "constant" else f"{self.kind}:{self.low_s:g}"
+
+    @classmethod
+    def parse(cls, text: str) -> ThinkTime:
+        """`2`, `constant:2`, `exponential:2`, `uniform:1-3` (seconds)."""
+        kind, _, val = text.strip().rpartition(":")
+        kind = kind.strip().lower() or "constant"
+        try:
+            if kind == "uniform":
+                lo, _, hi = val.partition("-")
+                return cls(kind, float(lo), float(hi))
+            return cls(kind, float(val))
+        except ValueError:
+            raise UserError(f"--think-time {text!r} is not a think time; {_THINK_HELP}") from None
+
+    def draw(self, rng: random.Random) -> float:
+        """One pause, in seconds."""
+        if self.kind == "exponential":
+            return rng.expovariate(1.0 / self.low_s) if self.low_s > 0 else 0.0
+        if self.kind == "uniform":
+            assert self.high_s is not None
+            return rng.uniform(self.low_s, self.high_s)
+        return self.low_s
+
+
+@dataclass(frozen=True, slots=True)
+class SessionsConfig:
+    """Multi-turn sessions (servelab.bench.sessions): `num_sessions` conversations, each sending
+    its turns one after the other, every turn with the history and the server's own earlier
+    answers. From a ShareGPT file, its conversations (at most `max_turns` user turns each);
+    without one, synthetic sessions of `turns` turns, each adding `input_len` tokens of new
+    user text and asking `output_len` tokens. `think_time` passes between an answer and the
+    next turn. A load point's concurrency counts sessions in flight; a request rate, session
+    starts per second."""
+
+    num_sessions: int = 8
+    turns: int = 4
+    max_turns: int | None = None
+    think_time: ThinkTime = field(default_factory=ThinkTime)
+
+    def __post_init__(self) -> None:
+        if self.num_sessions < 1:
+            raise UserError(f"--num-sessions must be >= 1, got {self.num_sessions}")
+        if self.turns < 1:
+            raise UserError(f"--turns must be >= 1, got {self.turns}")
+        if self.max_turns is not None and self.max_turns < 1:
+            raise UserError(f"--max-turns must be >= 1 user turns, got {self.max_turns}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +117,8 @@ class WorkloadConfig:
     `trace_speed` (2.0 replays twice as fast), `trace_start_s` / `trace_duration_s` (the window,
     seconds after the file's first request), `trace_block_size` (tokens per hash id; None: the
     format's own, Mooncake 512, Bailian 16); `num_prompts` caps the requests.
-    Shared-prefix groups: `gsp_*`, SGLang's flags and defaults."""
+    Shared-prefix groups: `gsp_*`, SGLang's flags and defaults. Multi-turn sessions:
+    `sessions` (random or sharegpt; SessionsConfig)."""
 
     input_len: int = 256
     output_len: int = 256
@@ -58,6 +137,7 @@ class WorkloadConfig:
     gsp_system_prompt_len: int = 2048
     gsp_question_len: int = 128
     gsp_output_len: int = 256
+    sessions: SessionsConfig | None = None
 
     @property
     def kind(self) -> str:
@@ -92,6 +172,9 @@ class WorkloadConfig:
         if self.kind in ("random", "generated-shared-prefix") and self.dataset:
             raise UserError(f"--dataset-name {self.kind} takes no --dataset-path; for a file "
                             "use --dataset-name sharegpt or trace")
+        if self.sessions is not None and self.kind not in ("random", "sharegpt"):
+            raise UserError(f"multi-turn sessions (--num-sessions) come from a ShareGPT file or "
+                            f"are synthetic (--dataset-name random), not {self.kind}")
         if self.trace_format is not None and self.trace_format not in TRACE_FORMATS:
             raise UserError(f"--trace-format {self.trace_format!r} is not one of "
                             f"{', '.join(TRACE_FORMATS)}")

@@ -18,6 +18,12 @@ is defined here, once (docs/METRICS.md gives the same definitions in prose).
   when more than 1% of the requests (and at least 2: one hiccup of the machine is not a trend)
   left more than LAG_LIMIT_MS late, i.e. the p99 lag exceeds it, or when the lag grows by more
   than LAG_GROWTH_LIMIT_MS from the first tenth of the requests to the last.
+- TTFT by turn index (`by_turn`): per 1-based turn of the requests that carry one (multi-turn
+  sessions, a Bailian trace), the completed requests, their TTFT median and p90, and their
+  median input and cached tokens: how the first token slows as the history grows.
+- Sessions: a session is finished when every turn it planned completed; its duration runs from
+  its first turn sent to its last answer's end (think times included). `turns_completed` counts
+  each session's completed turns, finished or not.
 - Cached tokens: the prompt tokens the server says it reused from its prefix cache
   (`usage.prompt_tokens_details.cached_tokens`, SGLang `meta_info.cached_tokens`); the cached
   token share of a load point is their sum over the input tokens of the completed requests.
@@ -76,6 +82,7 @@ class RequestRecord:
     turn: int | None = None
     prefix_group: int | None = None
     prefix_len: int | None = None
+    session_turns: int | None = None  # turns its session planned (multi-turn workloads)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (dataclasses.asdict deep-copies every float: 10x slower here)."""
@@ -161,6 +168,7 @@ def make_record(raw: RawResult, spec: RequestSpec, t0_ns: int,
         dispatch_lag_ms=(raw.t_start_ns - raw.t_due_ns) * ms if raw.t_due_ns is not None else None,
         scheduled_s=spec.arrival_s, session_id=spec.session_id, turn=spec.turn,
         prefix_group=spec.prefix_group, prefix_len=spec.prefix_len,
+        session_turns=spec.session_turns,
     )
 
 
@@ -215,6 +223,56 @@ def prefix_cache(done: list[RequestRecord]) -> dict[str, Any]:
     }
 
 
+def _median(xs: list[float]) -> float | None:
+    return float(np.median(xs)) if xs else None
+
+
+def by_turn(done: list[RequestRecord]) -> list[dict[str, Any]] | None:
+    """Per turn index (module docstring); None when no request has a turn."""
+    turns: dict[int, list[RequestRecord]] = {}
+    for r in done:
+        if r.turn is not None:
+            turns.setdefault(r.turn, []).append(r)
+    if not turns:
+        return None
+    out = []
+    for t in sorted(turns):
+        rs = turns[t]
+        st = stats(r.ttft_ms for r in rs)
+        out.append({"turn": t, "completed": len(rs),
+                    "ttft_ms": {"median": st["median"], "p90": st["p90"]},
+                    "input_tokens_median": _median([r.input_tokens for r in rs
+                                                    if r.input_tokens is not None]),
+                    "cached_tokens_median": _median([r.cached_tokens for r in rs
+                                                     if r.cached_tokens is not None])})
+    return out
+
+
+def sessions(records: list[RequestRecord]) -> dict[str, Any]:
+    """Sessions started, finished, their durations (s) and completed turns (module
+    docstring); all None when no request belongs to a session."""
+    by: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.session_id is not None:
+            by.setdefault(r.session_id, []).append(r)
+    if not by:
+        return {"sessions": None, "sessions_finished": None, "session_duration_s": None,
+                "turns_completed": None}
+    done_turns, durations = [], []
+    for rs in by.values():
+        ok = [r for r in rs if r.ok]
+        done_turns.append(len(ok))
+        planned = rs[0].session_turns
+        if ok and len(ok) == len(rs) and (planned is None or len(ok) == planned):
+            end = max(r.t_start_ns + (r.e2e_ms or 0.0) * 1e6 for r in ok)
+            durations.append((end - min(r.t_start_ns for r in ok)) / 1e9)
+    st = stats(done_turns)
+    return {"sessions": len(by), "sessions_finished": len(durations),
+            "session_duration_s": stats(durations),
+            "turns_completed": {"mean": st["mean"], "median": st["median"],
+                                "min": min(done_turns), "max": max(done_turns)}}
+
+
 def meets_slo(r: RequestRecord, slo: dict[str, float]) -> bool:
     """A completed request meets every SLO given; a metric it does not have (TPOT of a one-token
     answer) cannot violate one."""
@@ -265,4 +323,6 @@ def summarize(records: list[RequestRecord], duration_s: float,
     }
     s.update(dispatch_lag(records))
     s.update(prefix_cache(done))
+    s["by_turn"] = by_turn(done)
+    s.update(sessions(records))
     return s

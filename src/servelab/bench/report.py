@@ -56,6 +56,9 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
         if key == "ttft_ms" and s.get("cached_tokens_reported"):  # the cache beside the TTFT
             ct = s.get("cached_tokens") or {}
             t.add_row("cached tokens/req", *(_f(ct.get(k), 1) for k in cols))
+        if key == "ttft_ms":
+            for name_, cells in turn_rows(s):
+                t.add_row(name_, *(cells.get(k, "") for k in cols))
     t.add_section()
     rows = [
         ("completed / failed", f"{_f(s.get('completed'))} / {_f(s.get('failed'))}"),
@@ -67,6 +70,7 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
         ("accept length", f"{_f(s.get('accept_length'))} ({s.get('accept_length_source') or 'n/a'})"),
         ("cached token share", cache_text(s)),
         ("dispatch lag ms", lag_text(s)),
+        *session_rows(s),
         ("duration s", _f(s.get("duration_s"), 2)),
         ("input lengths", "exact" if s.get("input_len_exact") else
          f"APPROXIMATE ({s.get('input_len_source') or 'unknown'})"),
@@ -74,6 +78,36 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
     for name, val in rows:
         t.add_row(name, val, *([""] * (len(cols) - 1)))
     return t
+
+
+TURN_ROWS = 8  # turns shown in the table; every turn is in --json and the store
+
+
+def turn_rows(s: dict[str, Any]) -> list[tuple[str, dict[str, str]]]:
+    """'  turn 3 (n=8, 1,200 in)' rows of TTFT median and p90 by turn index (multi-turn)."""
+    rows = s.get("by_turn") or []
+    out = []
+    for row in rows[:TURN_ROWS]:
+        tt = row.get("ttft_ms") or {}
+        inp = row.get("input_tokens_median")
+        name = (f"  turn {row.get('turn')} (n={row.get('completed')}"
+                + (f", {inp:,.0f} tok in" if inp is not None else "") + ")")
+        out.append((name, {"median": _f(tt.get("median")), "p90": _f(tt.get("p90"))}))
+    if len(rows) > TURN_ROWS:
+        out.append((f"  turns {rows[TURN_ROWS]['turn']}-{rows[-1]['turn']}: in --json", {}))
+    return out
+
+
+def session_rows(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """Sessions finished / started, their duration and completed turns (multi-turn)."""
+    if not s.get("sessions"):
+        return []
+    d = s.get("session_duration_s") or {}
+    tc = s.get("turns_completed") or {}
+    return [("sessions finished / started", f"{_f(s.get('sessions_finished'))} / {_f(s.get('sessions'))}"),
+            ("session duration s", f"median {_f(d.get('median'))}, p90 {_f(d.get('p90'))}"),
+            ("turns completed", f"median {_f(tc.get('median'), 1)}, min {_f(tc.get('min'))}, "
+                                f"max {_f(tc.get('max'))}")]
 
 
 def _pct(x: Any) -> str:

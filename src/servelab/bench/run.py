@@ -32,6 +32,7 @@ from servelab.bench.load import (
     replay_offsets_s,
 )
 from servelab.bench.metrics import make_record, summarize
+from servelab.bench.sessions import run_sessions
 from servelab.bench.workload import CountFn, Workload
 from servelab.errors import UserError
 
@@ -216,8 +217,13 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         cpu0 = time.process_time()
         t0 = time.perf_counter_ns()
         deadline = t0 + int(cfg.max_duration_s * 1e9) if cfg.max_duration_s else None
+        sent = None
         try:
-            if load.concurrency is not None:
+            if cfg.workload.sessions is not None:  # multi-turn: each turn carries its history
+                raws, sent = await run_sessions(wl.requests, load, cfg.api == "chat", client.send,
+                                                cfg.workload.sessions.think_time,
+                                                cfg.workload.seed, deadline, prog)
+            elif load.concurrency is not None:
                 raws = await closed_loop(wl.requests, load.concurrency, client.send, deadline, prog)
             else:
                 assert offs is not None
@@ -228,7 +234,7 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         t_end = max((r.t_end_ns for r in raws), default=time.perf_counter_ns())
         after = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
 
-    specs = {s.index: s for s in wl.requests}
+    specs = {s.index: s for s in (sent or wl.requests)}
     raws.sort(key=lambda r: r.t_start_ns)
     t_first = raws[0].t_start_ns if raws else t0
     recs = [make_record(r, specs[r.index], t_first, count) for r in raws]
@@ -240,7 +246,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         "burstiness": load.burstiness if load.request_rate is not None else None,
         "api": cfg.api, "model": model, "base_url": cfg.shown_url,
         "num_prompts": cfg.workload.num_prompts, "issued": len(raws), "warmup": len(wl.warmup),
-        "stopped_by_duration": len(raws) < len(wl.requests),
+        # (a session's failed turn also leaves its later turns unsent: not the duration)
+        "stopped_by_duration": deadline is not None and len(raws) < len(wl.requests),
         "input_len_exact": wl.input_len_exact, "input_len_source": wl.input_len_source,
         "input_len": cfg.workload.input_len if cfg.workload.kind == "random" else None,
         "output_len": cfg.workload.output_len if cfg.workload.kind == "random" else None,

@@ -11,6 +11,11 @@ the same record; what a field means does not depend on where it came from:
   Poisson): a replay load point (`LoadPoint()`, key "replay") sends every request at its time;
 - `session_id` and `turn`: the conversation a request belongs to and its 1-based turn, where the
   source says (a Bailian trace's chat ids and turns; multi-turn workloads); None otherwise;
+  `session_turns`: how many turns its session plans to send (multi-turn workloads), so that a
+  session cut short (a failed turn, --max-duration) is told from a finished one;
+- `history`: the conversation before `prompt` as (role, content) messages, sent as chat
+  messages (`--api chat`); a multi-turn session fills it when it sends a turn, with the server's
+  own earlier answers (on the completions API the transcript is the prompt instead);
 - `prefix_group` and `prefix_len`: the group of requests sharing a prefix, and how many of this
   prompt's first tokens an earlier request of the workload already sent (a shared-prefix
   group's system prompt after the group's first request; in a trace with hash_ids, the leading
@@ -27,6 +32,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 CountFn = Callable[[str], Awaitable[int]]
+# between a session's answer and its next user text in a completions transcript (the chat API
+# sends messages instead): one newline, a token of its own in BPE vocabularies, so that the
+# new text's tokens do not depend on how the answer ended
+TURN_SEP = "\n"
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +53,8 @@ class RequestSpec:
     turn: int | None = None
     prefix_group: int | None = None
     prefix_len: int | None = None
+    session_turns: int | None = None
+    history: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,3 +57,24 @@ def test_replay_of_a_workload_without_times_is_refused():
     with serve_in_thread(Script(ttft_ms=1, gap_ms=0.2)) as h, \
             pytest.raises(UserError, match="has none: use --dataset-name trace"):
         run_load_point(s.workload.bench_config(h.url), LoadPoint(), progress=False)
+
+
+def test_sessions_become_the_bench_sessions_and_run_as_sessions_in_flight():
+    s = spec({"concurrency": [2]}, {"input_len": 4, "output_len": 2,
+                                    "sessions": {"num_sessions": 3, "turns": 2,
+                                                 "think_time": "uniform:0-0.01"}})
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=0.2)) as h:
+        cfg = s.workload.bench_config(h.url)
+        ss = cfg.workload.sessions
+        assert ss is not None and (ss.num_sessions, ss.turns, str(ss.think_time)) == \
+            (3, 2, "uniform:0-0.01")
+        res = run_load_point(cfg, LoadPoint(concurrency=2), progress=False)
+    sm = res.summary
+    assert sm["completed"] == 6 and sm["sessions_finished"] == 3
+    assert [r["turn"] for r in sm["by_turn"]] == [1, 2]
+    with pytest.raises(UserError, match="think_time"):
+        spec({"concurrency": [1]}, {"sessions": {"think_time": "gauss:1"}})
+    with pytest.raises(UserError, match="sessions come from"):
+        spec({"concurrency": [1]}, {"trace": TRACE, "sessions": {}})
+    with pytest.raises(UserError, match="not per session"):
+        spec({"sweep": {"slo": "ttft_p99_ms=2000"}}, {"sessions": {}})

@@ -5,7 +5,9 @@
 - `trace` (trace.py reads Mooncake/Bailian JSONL, Azure and BurstGPT CSV; blocks.py turns the
   rows into prompts whose shared hash_id blocks are identical text): requests due on the file's
   clock;
-- `generated-shared-prefix` (shared_prefix.py): G groups x P prompts sharing a system prompt.
+- `generated-shared-prefix` (shared_prefix.py): G groups x P prompts sharing a system prompt;
+- multi-turn sessions (sessions.py; `sessions` set, random or sharegpt): the planned turns of
+  each session, which servelab.bench.sessions sends with their history.
 
 text.py fits a prompt to an exact token count; every dataset uses it.
 """
@@ -16,6 +18,7 @@ import random
 
 from servelab.bench.config import WorkloadConfig
 from servelab.bench.datasets.blocks import trace_specs
+from servelab.bench.datasets.sessions import session_specs
 from servelab.bench.datasets.shared_prefix import SharedPrefix, shared_prefix_specs
 from servelab.bench.datasets.sharegpt import sharegpt_specs
 from servelab.bench.datasets.synthetic import random_specs
@@ -27,24 +30,32 @@ from servelab.bench.workload import CountFn, RequestSpec, Workload
 async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn | None,
                          concurrency: int = 32) -> Workload:
     """The request specs of a run: the dataset's measured requests plus `warmup` more. Warmup
-    requests of a trace or of shared-prefix groups are unique random prompts of `input_len` /
+    requests of a trace, of shared-prefix groups or of sessions are unique random prompts of `input_len` /
     `output_len`: they warm the server without filling its prefix cache with the measured
     prefixes."""
     count, source = counter(remote_count, cfg.tokenizer)
     rng = random.Random(cfg.seed)
     info: dict | None = None
     kind = cfg.kind
-    if kind == "random":
+    measured: list[RequestSpec]
+    if cfg.sessions is not None:
+        ss = cfg.sessions
+        measured = await session_specs(ss, cfg.input_len, cfg.output_len,
+                                       cfg.dataset if kind == "sharegpt" else None, rng, count,
+                                       concurrency)
+        info = {"num_sessions": ss.num_sessions, "session_turns_planned": len(measured),
+                "turns": ss.turns if kind == "random" else None, "max_turns": ss.max_turns,
+                "think_time": str(ss.think_time)}
+    elif kind == "random":
         specs = await random_specs(cfg.input_len, cfg.output_len, cfg.num_prompts + warmup, rng,
                                    count, concurrency)
         # warmup requests come last in the draw so that measured prompts do not depend on --warmup
         return Workload(tuple(specs[: cfg.num_prompts]), tuple(specs[cfg.num_prompts:]), source)
-    if kind == "sharegpt":
+    elif kind == "sharegpt":
         assert cfg.dataset is not None
         specs = await sharegpt_specs(cfg.dataset, cfg.num_prompts + warmup, rng, count, concurrency)
         return Workload(tuple(specs[: cfg.num_prompts]), tuple(specs[cfg.num_prompts:]), source)
-    measured: list[RequestSpec]
-    if kind == "trace":
+    elif kind == "trace":
         assert cfg.dataset is not None
         win = read_window(cfg.dataset, cfg.trace_format, cfg.trace_start_s, cfg.trace_duration_s,
                           cfg.trace_speed, cfg.num_prompts)

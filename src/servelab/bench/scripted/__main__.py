@@ -38,6 +38,8 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
                    help="added to each decode step per other request in a slot")
     p.add_argument("--cache-block", type=int, default=None,
                    help="simulate a prefix cache of this block size and report cached_tokens")
+    p.add_argument("--echo", action="store_true",
+                   help="log prompts as received; answer each request with a word of its own")
     a = p.parse_args(argv)
     try:
         script = Script(ttft_ms=a.ttft_ms, gap_ms=a.gap_ms, tokens_per_chunk=a.tokens_per_chunk,
@@ -46,7 +48,8 @@ def _parse(argv: list[str] | None) -> tuple[Script, str, int]:
                         stall_s=a.stall_s, seed=a.seed, model=a.model, flavor=a.flavor,
                         tokenize=not a.no_tokenize, metrics=not a.no_metrics,
                         record_log=not a.no_log, api_key=a.api_key, max_running=a.max_running,
-                        gap_per_running_ms=a.gap_per_running_ms, cache_block=a.cache_block)
+                        gap_per_running_ms=a.gap_per_running_ms, cache_block=a.cache_block,
+                        echo=a.echo)
     except ValueError as exc:
         p.error(str(exc))
     return script, a.host, a.port

@@ -97,6 +97,8 @@ def script_argv(script: Script, host: str = "127.0.0.1", port: int = 0) -> list[
         a += ["--gap-per-running-ms", str(script.gap_per_running_ms)]
     if script.cache_block is not None:
         a += ["--cache-block", str(script.cache_block)]
+    if script.echo:
+        a.append("--echo")
     return a
 
 

@@ -68,6 +68,10 @@ class Script:
     max_running: int | None = None  # slots (the load law above); None: no queue
     gap_per_running_ms: float = 0.0  # added to each decode step per other request in a slot
     cache_block: int | None = None  # prefix cache of this block size; None: no cache reported
+    # the log keeps each request's prompt (chat: its messages) as received, and each answer
+    # is made of a word of its own ("w7" for request 7): a multi-turn test can then check that
+    # a turn sent exactly the earlier answers (tests/bench/sessions)
+    echo: bool = False
 
     def step_ms(self, batch: int) -> float:
         """Duration of one decode step with `batch` requests in slots (the slowdown law)."""
@@ -158,6 +162,8 @@ class RequestRecord:
     send_ns: list[int] = field(default_factory=list)  # after each content chunk left the server
     chunk_tokens: list[int] = field(default_factory=list)
     done_ns: int | None = None
+    word: str = " tok"  # what each answer token is (Script.echo: a word per request)
+    text: object = None  # Script.echo: the prompt, or the chat messages, as received
 
 
 def count_tokens(text: str) -> int:

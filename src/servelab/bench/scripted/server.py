@@ -26,11 +26,15 @@ Command line (stable; the experiment runner uses it as a fake engine; __main__.p
         [--fail-rate 0] [--fail-modes http500] [--stall-s 3600] [--seed 0] \
         [--model scripted-model] [--flavor vllm|sglang] [--no-tokenize] [--no-metrics] \
         [--no-log] [--default-max-tokens 16] [--api-key KEY] [--max-running C]
-        [--gap-per-running-ms K] [--cache-block B]
+        [--gap-per-running-ms K] [--cache-block B] [--echo]
 
 With `--cache-block B` it keeps a prefix cache (whole blocks of B tokens, never evicted) and
 reports the prompt tokens it found there as vLLM and SGLang do: `usage.prompt_tokens_details.
 cached_tokens` (left out when 0, as vLLM does) and `meta_info.cached_tokens` on /generate.
+
+With `--echo` the log keeps every prompt (chat: the messages) as received, and each request's
+answer is a word of its own repeated (` w7 w7 ...` for request 7), so that what a multi-turn
+client sent back can be checked against what it was answered.
 
 It prints one line `scripted-server ready http://HOST:PORT` on stdout when it accepts
 connections (port 0 picks a free one) and serves until SIGTERM/SIGINT.
@@ -179,7 +183,7 @@ class ScriptedServer:
     # ---- generation --------------------------------------------------------------------------
 
     def _plan(self, path: str, prompt: str, max_tokens: int | None, ignore_eos: bool,
-              min_tokens: int, stream: bool) -> RequestRecord:
+              min_tokens: int, stream: bool, text: object = None) -> RequestRecord:
         now = time.perf_counter_ns()
         s = self.script
         self.n += 1
@@ -194,6 +198,8 @@ class ScriptedServer:
                    prompt_tokens=count_tokens(prompt), max_tokens=mt, completion_tokens=n_out,
                    fail=fail,
                    cached_tokens=self.cache.lookup_insert(token_ids(prompt)) if self.cache else None)
+        if s.echo:
+            req.word, req.text = f" w{self.n}", text
         if s.record_log:
             self.log.append(req)
         return req
@@ -243,7 +249,8 @@ class ScriptedServer:
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         stream = bool(body.get("stream", False))
         req = self._plan(request.path, prompt, max_tokens, bool(body.get("ignore_eos", False)),
-                         int(body.get("min_tokens") or 0), stream)
+                         int(body.get("min_tokens") or 0), stream,
+                         body.get("messages") if chat else body.get("prompt"))
         err = await self._http_fail(req)
         if err is not None:
             return err
@@ -258,7 +265,7 @@ class ScriptedServer:
         obj = "chat.completion" if chat else "text_completion"
         if not stream:
             await self._serve_silently(req, len(chunks))
-            text = " tok" * req.completion_tokens
+            text = req.word * req.completion_tokens
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
             if chat:
                 choice["message"] = {"role": "assistant", "content": text}
@@ -287,7 +294,7 @@ class ScriptedServer:
                                              "model": self.script.model, "choices": [],
                                              "usage": usage}) + b"\n\n"
         lead = event(None, None) if chat else b""  # vLLM sends the role first, with no content
-        events = [event(" tok" * c, finish if i == len(chunks) - 1 else None)
+        events = [event(req.word * c, finish if i == len(chunks) - 1 else None)
                   for i, c in enumerate(chunks)]
         return await self._stream(request, req, chunks, lead, events, tail)
 
@@ -299,7 +306,7 @@ class ScriptedServer:
         sp = body.get("sampling_params") or {}
         stream = bool(body.get("stream", False))
         req = self._plan(request.path, prompt, sp.get("max_new_tokens"), bool(sp.get("ignore_eos", False)),
-                         int(sp.get("min_new_tokens") or 0), stream)
+                         int(sp.get("min_new_tokens") or 0), stream, body.get("text"))
         err = await self._http_fail(req)
         if err is not None:
             return err
@@ -317,7 +324,7 @@ class ScriptedServer:
             }
             if spec:
                 meta["spec_verify_ct"] = i  # verify steps so far; chunk 0 came from prefill
-            return {"text": " tok" * done, "meta_info": meta, "index": 0}
+            return {"text": req.word * done, "meta_info": meta, "index": 0}
 
         if not stream:
             await self._serve_silently(req, len(chunks))

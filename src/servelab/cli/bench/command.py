@@ -44,6 +44,10 @@ def register(app: typer.Typer) -> None:
         gsp_system_prompt_len: str = o.GSP_SYSTEM_PROMPT_LEN,
         gsp_question_len: str = o.GSP_QUESTION_LEN,
         gsp_output_len: str = o.GSP_OUTPUT_LEN,
+        num_sessions: str = o.NUM_SESSIONS,
+        turns: str = o.TURNS,
+        max_turns: str = o.MAX_TURNS,
+        think_time: str = o.THINK_TIME,
         seed: str = o.SEED,
         warmup: str = o.WARMUP,
         max_duration: str = o.MAX_DURATION,
@@ -89,5 +93,6 @@ def register(app: typer.Typer) -> None:
             trace_block_size=trace_block_size, gsp_num_groups=gsp_num_groups,
             gsp_prompts_per_group=gsp_prompts_per_group,
             gsp_system_prompt_len=gsp_system_prompt_len, gsp_question_len=gsp_question_len,
-            gsp_output_len=gsp_output_len,
+            gsp_output_len=gsp_output_len, num_sessions=num_sessions, turns=turns,
+            max_turns=max_turns, think_time=think_time,
         ))

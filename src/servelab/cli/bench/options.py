@@ -16,7 +16,9 @@ BASE_URL = typer.Option(None, "--base-url", help="Server root, e.g. http://127.0
 MODEL = typer.Option(None, "--model", help="Model name (default: the first of /v1/models).")
 API = typer.Option("completions", "--api", help="completions | chat | sglang (/generate).")
 CONCURRENCY = typer.Option(None, "--concurrency", "--max-concurrency",
-                           help="Closed loop: in-flight requests, e.g. 1,8,16.")
+                           "--max-active-conversations",
+                           help="Closed loop: in-flight requests, e.g. 1,8,16 (with "
+                           "--num-sessions: sessions in flight).")
 REQUEST_RATE = typer.Option(None, "--request-rate",
                             help="Open loop: requests/s, e.g. 4,8; inf: all at once.")
 BURSTINESS = typer.Option("1.0", "--burstiness", help="Gamma shape of arrivals (1 = Poisson).")
@@ -43,6 +45,15 @@ GSP_SYSTEM_PROMPT_LEN = typer.Option("2048", "--gsp-system-prompt-len",
                                      help="Tokens of each group's shared system prompt (S).")
 GSP_QUESTION_LEN = typer.Option("128", "--gsp-question-len", help="Tokens of each question (Q).")
 GSP_OUTPUT_LEN = typer.Option("256", "--gsp-output-len", help="Output tokens of each request.")
+NUM_SESSIONS = typer.Option(None, "--num-sessions", "--conversation-num",
+                            "--num-conversations", help="Multi-turn: this many sessions, each "
+                            "turn resending the history and the server's answers (ShareGPT "
+                            "conversations with a file, else synthetic: --turns x --input-len).")
+TURNS = typer.Option("4", "--turns", help="Multi-turn, synthetic: turns per session.")
+MAX_TURNS = typer.Option(None, "--max-turns", help="Multi-turn: at most N user turns per "
+                         "session (vLLM's --max-turns counts both roles: its 6 is our 3).")
+THINK_TIME = typer.Option("0", "--think-time", help="Multi-turn: seconds between an answer and "
+                          "the next turn: 2, exponential:2 (mean) or uniform:1-3.")
 SEED = typer.Option("0", "--seed", help="Seed of prompts and arrival times.")
 WARMUP = typer.Option("0", "--warmup", "--num-warmups", "--warmup-requests",
                       help="Requests sent first and excluded from the metrics.")
@@ -123,3 +134,8 @@ class BenchArgs:
     gsp_system_prompt_len: str
     gsp_question_len: str
     gsp_output_len: str
+    # multi-turn sessions (defaults: None = single-turn requests)
+    num_sessions: str | None = None
+    turns: str = "4"
+    max_turns: str | None = None
+    think_time: str = "0"

@@ -16,6 +16,8 @@ from pathlib import Path
 from servelab.bench.config import (
     BenchConfig,
     LoadPoint,
+    SessionsConfig,
+    ThinkTime,
     WorkloadConfig,
     parse_goodput,
     parse_list,
@@ -44,6 +46,10 @@ def make_plan(a: BenchArgs) -> Plan:
     if not a.base_url:
         raise UserError("--base-url is required, e.g. --base-url http://127.0.0.1:30000")
     b = parse_number(a.burstiness, float, "--burstiness")
+    if a.sweep and a.num_sessions is not None:
+        raise UserError("--sweep's rates are requests/s and sessions start at a rate of "
+                        "sessions/s: measure sessions at --concurrency (sessions in flight) or "
+                        "--request-rate (session starts/s) load points")
     slos = parse_slo(a.slo)
     scfg = None
     if a.sweep:
@@ -83,6 +89,7 @@ def make_plan(a: BenchArgs) -> Plan:
         gsp_system_prompt_len=parse_number(a.gsp_system_prompt_len, int, "--gsp-system-prompt-len"),
         gsp_question_len=parse_number(a.gsp_question_len, int, "--gsp-question-len"),
         gsp_output_len=parse_number(a.gsp_output_len, int, "--gsp-output-len"),
+        sessions=sessions_config(a),
     )
     cfg = BenchConfig(
         base_url=a.base_url, workload=wl, model=a.model, api=a.api,
@@ -95,6 +102,19 @@ def make_plan(a: BenchArgs) -> Plan:
     if output:
         check_output(output)
     return Plan(cfg=cfg, loads=loads, sweep=scfg, slos=slos, output=output)
+
+
+def sessions_config(a: BenchArgs) -> SessionsConfig | None:
+    """Multi-turn sessions when --num-sessions is given; their other flags need it."""
+    if a.num_sessions is None:
+        if a.max_turns is not None or a.turns != "4" or a.think_time != "0":
+            raise UserError("--turns, --max-turns and --think-time shape multi-turn sessions: "
+                            "add --num-sessions N")
+        return None
+    return SessionsConfig(num_sessions=parse_number(a.num_sessions, int, "--num-sessions"),
+                          turns=parse_number(a.turns, int, "--turns"),
+                          max_turns=parse_number(a.max_turns, int, "--max-turns"),
+                          think_time=ThinkTime.parse(a.think_time))
 
 
 def load_points(concurrency: str | None, request_rate: str | None,

@@ -8,7 +8,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from servelab.bench.config import BenchConfig, WorkloadConfig
+from servelab.bench.config import BenchConfig, SessionsConfig, ThinkTime, WorkloadConfig
+from servelab.errors import UserError
 from servelab.experiment.design.base import Strict
 from servelab.experiment.design.sweep import SWEEP_KEY, SweepSpec
 
@@ -70,11 +71,32 @@ class SharedPrefixSpec(Strict):
     output_len: int = Field(256, ge=1)
 
 
+class SessionsSpec(Strict):
+    """`[workload.sessions]`: multi-turn sessions, as `servelab bench --num-sessions` (ShareGPT
+    conversations when `dataset` is given, else synthetic `turns` x `input_len`); a load
+    point's concurrency counts sessions in flight. `think_time`: "2", "exponential:2",
+    "uniform:1-3" (seconds)."""
+
+    num_sessions: int = Field(8, ge=1)
+    turns: int = Field(4, ge=1)
+    max_turns: int | None = Field(None, ge=1)
+    think_time: str = "0"
+
+    @field_validator("think_time")
+    @classmethod
+    def _think(cls, v: str) -> str:
+        try:
+            ThinkTime.parse(v)
+        except UserError as exc:
+            raise ValueError(str(exc).replace("--think-time", "think_time")) from None
+        return v
+
+
 class WorkloadSpec(Strict):
     """As `servelab bench`: request lengths, prompts per run, dataset, seed; or a trace
     (`trace = "file"`, `trace_speed`, `trace_start_s`, `trace_duration_s`, `trace_format`,
     `trace_block_size`; with `[load] replay = true` it runs on its own clock), or shared-prefix
-    groups (`[workload.shared_prefix]`)."""
+    groups (`[workload.shared_prefix]`), or multi-turn sessions (`[workload.sessions]`)."""
 
     input_len: int = Field(256, ge=1)
     output_len: int = Field(256, ge=1)
@@ -87,6 +109,7 @@ class WorkloadSpec(Strict):
     trace_duration_s: float | None = Field(None, gt=0)
     trace_block_size: int | None = Field(None, ge=1)
     shared_prefix: SharedPrefixSpec | None = None
+    sessions: SessionsSpec | None = None
     seed: int = 0
     tokenizer: str | None = None
     api: Literal["completions", "chat", "sglang"] = "completions"
@@ -100,6 +123,9 @@ class WorkloadSpec(Strict):
         given = [k for k in ("dataset", "trace", "shared_prefix") if getattr(self, k) is not None]
         if len(given) > 1:
             raise ValueError(f"give one of dataset, trace, shared_prefix; got {', '.join(given)}")
+        if self.sessions is not None and (self.trace or self.shared_prefix):
+            raise ValueError("sessions come from a ShareGPT dataset or are synthetic: drop "
+                             "trace / shared_prefix")
         return self
 
     def bench_config(self, base_url: str, model: str | None = None) -> BenchConfig:
@@ -111,6 +137,10 @@ class WorkloadSpec(Strict):
             "gsp_system_prompt_len": g.system_prompt_len, "gsp_question_len": g.question_len,
             "gsp_output_len": g.output_len}
         name = "trace" if self.trace else "generated-shared-prefix" if g is not None else None
+        ss = self.sessions
+        sessions = None if ss is None else SessionsConfig(
+            num_sessions=ss.num_sessions, turns=ss.turns, max_turns=ss.max_turns,
+            think_time=ThinkTime.parse(ss.think_time))
         return BenchConfig(
             base_url=base_url,
             workload=WorkloadConfig(
@@ -126,6 +156,7 @@ class WorkloadSpec(Strict):
                 trace_start_s=self.trace_start_s,
                 trace_duration_s=self.trace_duration_s,
                 trace_block_size=self.trace_block_size,
+                sessions=sessions,
                 **gsp,
             ),
             model=model,

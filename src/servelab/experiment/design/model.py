@@ -225,6 +225,12 @@ class ExperimentSpec(Strict):
         if self.engine not in ("external", "command") and not self.model:
             raise ValueError(f"engine '{self.engine}' needs model = \"...\"")
         check_placement(self)
+        if self.workload.sessions is not None and (self.load.sweep or self.load.replay):
+            raise ValueError(
+                "[workload.sessions] runs at concurrency (sessions in flight) or request_rate "
+                "(session starts/s) load points: a capacity sweep's rates and a replay's clock "
+                "are per request, not per session"
+            )
         loads = [k for k, _, _ in self.load.keys()]
         unknown = [k for k in self.adaptive.primary or [] if k not in loads]
         if unknown:

@@ -20,6 +20,7 @@ from servelab.experiment.report.tables import (
     decision,
     provenance_rows,
     spread_rows,
+    turn_rows,
 )
 from servelab.experiment.stats.evidence import Evidence
 from servelab.store import Store
@@ -94,6 +95,9 @@ def render_html(data: Evidence, store: Store) -> str:
         _html_table(attribution_rows(data), verdict_col=5),
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
     ]
+    turns = turn_rows(data)
+    if len(turns) > 1:
+        parts += ["<h2>TTFT by turn index</h2>", _html_table(turns)]
     per, cap_effects, suggested = sections.sections(data)
     if per:
         parts += [

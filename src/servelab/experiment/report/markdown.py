@@ -12,6 +12,7 @@ from servelab.experiment.report.tables import (
     decision,
     provenance_rows,
     spread_rows,
+    turn_rows,
 )
 from servelab.experiment.stats.evidence import Evidence
 
@@ -42,6 +43,9 @@ def markdown(data: Evidence) -> str:
         md_table(spread_rows(data)),
         "",
     ]
+    turns = turn_rows(data)
+    if len(turns) > 1:
+        lines += ["## TTFT by turn index", "", md_table(turns), ""]
     per, cap_effects, suggested = sections.sections(data)
     if per:
         lines += ["## Capacity under SLOs", "", md_table(sections.capacity_rows(per, cap_effects)),

@@ -11,6 +11,7 @@ from servelab.experiment.design.metrics import METRICS
 from servelab.experiment.report.noise import interference_cells
 from servelab.experiment.stats.analysis import headline
 from servelab.experiment.stats.evidence import Evidence
+from servelab.experiment.stats.turns import ttft_by_turn
 
 
 def _num(x: float, digits: int = 4) -> str:
@@ -72,6 +73,18 @@ def spread_rows(data: Evidence) -> list[list[str]]:
                     cells.append(f"{_num(s.median)} [{_num(s.min)}-{_num(s.max)}{cv}]")
             n = an.spreads[(arm, lk, data.primary)].n
             rows.append([arm, lk, str(n), *cells])
+    return rows
+
+
+def turn_rows(data: Evidence) -> list[list[str]]:
+    """Header + one row per arm x load point x turn of a multi-turn workload: TTFT median and
+    p90 by turn index, medians over runs of what each run stored (stats/turns.py); only the
+    header when no run has turns."""
+    rows = [["arm", "load", "turn", "runs", "TTFT median (ms)", "TTFT p90 (ms)",
+             "input tokens (median)"]]
+    for t in ttft_by_turn(data):
+        rows.append([t.arm, t.load_key, str(t.turn), str(t.runs), _num(t.ttft_median_ms),
+                     _num(t.ttft_p90_ms), _num(t.input_tokens, 6)])
     return rows
 
 
