@@ -25,6 +25,13 @@ def test_aa_arm_is_reported_as_the_machines_noise():
     e = an.effects[("a2", "c=1", "output_throughput_tok_s")]
     half = max(abs(e.ci_low - 1), abs(e.ci_high - 1)) * 100
     assert f"+-{half:.1f}%" in notes[0]
+    # an arm without a delta is no A/A arm when the baseline has one (cache off vs default on)
+    arms = {"a": ArmSpec(flags={"disable-radix-cache": True}), "a2": ArmSpec(), "b": ArmSpec()}
+    assert aa_notes(arms, an, "a", "output_throughput_tok_s") == []
+    arms = {"a": ArmSpec(flags={"x": 1}), "a2": ArmSpec(flags={"x": 1}, description="again"),
+            "b": ArmSpec()}
+    assert [n[:27] for n in aa_notes(arms, an, "a", "output_throughput_tok_s")] == [
+        "A/A arm a2 (identical to a)"]
 
 
 def test_runs_from_different_machines_are_flagged():

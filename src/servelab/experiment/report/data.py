@@ -55,11 +55,16 @@ def mixed_provenance(provs: list[dict[str, Any]]) -> list[str]:
 
 def aa_notes(arms: Mapping[str, ArmSpec], an: Analysis, baseline: str, data_metric: str
              ) -> list[str]:
-    """An arm identical to the baseline (no recipe, flags, removals or env) is an A/A arm: its
-    'effect' is the machine's own noise, which sizes the noise band."""
+    """An arm identical to the baseline (the same recipe, flags, removals, env, roles and
+    placement: its description aside) is an A/A arm: its 'effect' is the machine's own noise,
+    which sizes the noise band. (An arm without a delta is no A/A arm when the baseline has one:
+    the prefix-cache example's baseline turns the cache off.)"""
+    def delta(a: ArmSpec) -> dict:
+        return a.model_dump(exclude={"description"})
+
     out = []
     for arm, a in arms.items():
-        if arm == baseline or a.recipe or a.flags or a.remove or a.env:
+        if arm == baseline or baseline not in arms or delta(a) != delta(arms[baseline]):
             continue
         for lk in an.load_keys:
             e = an.effects.get((arm, lk, data_metric))
