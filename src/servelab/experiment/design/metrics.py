@@ -40,6 +40,11 @@ METRICS: dict[str, Metric] = {
         Metric("tpot_ms", "TPOT median", "ms", False, ("tpot_ms", "median")),
         Metric("e2e_ms", "E2E median", "ms", False, ("e2e_ms", "median")),
         Metric("accept_length", "acceptance length", "tokens/step", None, ("accept_length",)),
+        # what explains a TTFT change: the prompt share the engine's prefix cache served, and
+        # how far an open loop's sends fell behind their schedule (a trace replay's clock)
+        Metric("cached_token_share", "cached prompt share", "fraction", None,
+               ("cached_token_share",)),
+        Metric("dispatch_lag_p99_ms", "dispatch lag p99", "ms", None, ("dispatch_lag_ms", "p99")),
     )
 }
 

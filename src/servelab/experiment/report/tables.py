@@ -58,11 +58,14 @@ def spread_rows(data: Evidence) -> list[list[str]]:
     """Header + one row per arm x load point: every metric's median over runs with its spread
     (min-max over runs, CV), so latency and acceptance are visible per run, not only as effects."""
     an = data.analysis
-    rows = [["arm", "load", "runs"] + [f"{m.label} ({m.unit})" for m in METRICS.values()]]
+    # a descriptive metric no run measured (no cache report, a closed loop) gets no column
+    shown = [k for k, m in METRICS.items() if m.higher_is_better is not None or k == "accept_length"
+             or any(an.spreads[(a, lk, k)].n for a in an.arms for lk in an.load_keys)]
+    rows = [["arm", "load", "runs"] + [f"{METRICS[k].label} ({METRICS[k].unit})" for k in shown]]
     for arm in an.arms:
         for lk in an.load_keys:
             cells = []
-            for key in METRICS:
+            for key in shown:
                 s = an.spreads[(arm, lk, key)]
                 if s.n == 0:
                     cells.append("n/a")
