@@ -245,6 +245,31 @@ class GpuSampler:
         self.stop()
 
 
+def state(nvml: Any = None) -> tuple[str, list[dict[str, Any]]]:
+    """One reading of every GPU now, with what a sampler does not follow over time: the SM
+    clock's maximum and the compute processes (pids). (status, per GPU dicts); the status is
+    "n/a: <why>" with no GPUs where NVML cannot start."""
+    smp = GpuSampler(nvml=nvml)
+    if not smp._init():
+        return smp.series.status, []
+    try:
+        smp.sample_once()
+        nv, out = smp.nvml, []
+        for (_, h), s in zip(smp._handles, smp.series.samples, strict=True):
+            procs = smp._try(nv.nvmlDeviceGetComputeRunningProcesses, h)
+            out.append({**smp.series.gpus[len(out)], "sample": s,
+                        "sm_clock_max_mhz": smp._try(nv.nvmlDeviceGetMaxClockInfo, h,
+                                                     nv.NVML_CLOCK_SM),
+                        "pids": None if procs is None else [int(p.pid) for p in procs]})
+        return "ok", out
+    finally:
+        try:
+            smp.nvml.nvmlShutdown()
+        except Exception as exc:
+            if not isinstance(exc, smp._nvml_error()):
+                raise
+
+
 def _str(x: Any) -> str | None:
     return x.decode() if isinstance(x, bytes) else x
 

@@ -26,6 +26,9 @@ from servelab.telemetry.server import Scraper, ServerSeries
 
 DEFAULT_SCRAPE_INTERVAL_S = 1.0
 SERIES_VERSION = 1
+# a load sent in less than this has no time axis to trend along (rate=inf sends 100 requests
+# in ~5 ms): its verdict is too_short, not a queue "growing" at 20,000 req/s
+MIN_LOAD_SPAN_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +171,10 @@ def steadiness(srv: ServerSeries, reqs: Sequence[Req],
     send time."""
     cfg = cfg or steady.SteadyConfig()
     t_a, t_b = min(r[0] for r in reqs), max(r[0] for r in reqs)
+    if t_b - t_a < MIN_LOAD_SPAN_S:
+        return _Verdict(steady.Steadiness(
+            "too_short", None, t_b, {}, f"the load was sent in {t_b - t_a:.3g} s "
+            f"(< {MIN_LOAD_SPAN_S:g} s): no time axis to test"), None)
     series, _ = steady.server_series(srv)
     inside = sum(1 for t, q in zip(*series["queue"], strict=True)
                  if q is not None and t_a <= t <= t_b)
