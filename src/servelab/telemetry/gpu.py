@@ -89,12 +89,12 @@ class GpuSeries:
         out: dict[int, dict[str, float]] = {}
         for g in {s.gpu for s in self.samples}:
             rows = [s for s in self.of(g) if s.throttle_mask is not None]
-            seen: dict[str, float] = {}
+            seen: dict[str, int] = {}
             for s in rows:
                 for name in decode_throttle(s.throttle_mask) or []:
                     if name in SLOWDOWNS or name.startswith("unknown"):
-                        seen[name] = seen.get(name, 0.0) + 1.0 / len(rows)
-            out[g] = seen
+                        seen[name] = seen.get(name, 0) + 1
+            out[g] = {k: n / len(rows) for k, n in seen.items()}  # a count: 1.0 is exact
         return out
 
     def to_json(self) -> dict[str, Any]:
