@@ -69,8 +69,9 @@ def test_above_capacity_the_queue_series_rises_and_drains_and_the_point_is_named
     shown = _bench(monkeypatch, capsys, "results", "show", str(row.id), "--store", str(db))
     assert "steadiness" in shown and "ABOVE SATURATION" in shown
     js = json.loads(_bench(monkeypatch, capsys, "results", "show", str(row.id), "--json",
-                           "--store", str(db)))
+                           "--telemetry", "--store", str(db)))
     assert js["summary"]["steadiness"]["status"] == "above_saturation"
+    assert js["telemetry"]["server"]["series"]["queued_requests"] == q
 
 
 def test_below_capacity_steady_and_telemetry_off_leaves_the_fields_missing():
