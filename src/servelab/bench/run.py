@@ -31,7 +31,7 @@ from servelab.bench.load import (
     open_loop,
     replay_offsets_s,
 )
-from servelab.bench.metrics import make_record, summarize
+from servelab.bench.metrics import make_record, stats, summarize
 from servelab.bench.sessions import run_sessions
 from servelab.bench.workload import CountFn, Workload
 from servelab.errors import UserError
@@ -279,12 +279,24 @@ async def _telemetry(tel: PointTelemetry | None, raws: list[RawResult], recs: li
     if tel is None:
         summary.update({"telemetry": None, "steadiness": None, "above_saturation": None,
                         "max_queued_requests": None, "energy": None, "j_per_output_token": None,
-                        "output_tokens_per_j": None, "throttle_reasons": None})
+                        "output_tokens_per_j": None, "throttle_reasons": None,
+                        "steady_window": None})
         return None
     sent = [Sent(r.t_start_ns, r.t_end_ns, rec.ttft_ms) for r, rec in zip(raws, recs, strict=True)]
     series, fields = await asyncio.to_thread(tel.finish, sent, t_end_ns,
                                              summary.get("total_output_tokens"))
     summary.update(fields)
+    # the latencies of the requests sent inside the steady span: the warm-up and the drain
+    # left out (null unless the point was steady)
+    st, win = fields.get("steadiness") or {}, None
+    if st.get("status") == "steady":
+        a, b = st["warmup_end_s"], st["drain_start_s"]
+        inside = [rec for r, rec in zip(raws, recs, strict=True)
+                  if a <= tel.to_series_s(r.t_start_ns) <= b]
+        done = [x for x in inside if x.ok]
+        win = {"start_s": a, "end_s": b, "requests": len(inside), "completed": len(done),
+               **{k: stats(getattr(x, k) for x in done) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}}
+    summary["steady_window"] = win
     return series
 
 

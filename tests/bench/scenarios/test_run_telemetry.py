@@ -47,7 +47,7 @@ def test_above_capacity_the_queue_series_rises_and_drains_and_the_point_is_named
     slope = s["steadiness"]["trends"]["queue"]["slope_per_s"]
     assert 0.75 * (16 - CAPACITY) < slope < 1.25 * (16 - CAPACITY)
     assert s["max_queued_requests"] >= 20  # ~34 by the fluid limit over 5 s
-    assert s["above_saturation"] is True
+    assert s["above_saturation"] is True and s["steady_window"] is None
     assert "ABOVE SATURATION" in text and "rate=16 is ABOVE SATURATION" in " ".join(text.split())
     # no GPU on this machine: "n/a" once, in the summary, energy missing (not 0)
     assert s["telemetry"]["gpu_status"].startswith("n/a") and s["j_per_output_token"] is None
@@ -84,9 +84,14 @@ def test_below_capacity_steady_and_telemetry_off_leaves_the_fields_missing():
     s = on.summary
     assert s["steadiness"]["status"] == "steady", s["steadiness"]["reason"]
     assert s["above_saturation"] is False and s["max_queued_requests"] <= 2
+    # the steady window's requests: those sent inside the span, their TPOT the law's 10 ms
+    win = s["steady_window"]
+    assert 10 <= win["requests"] <= 20 and win["completed"] == win["requests"]
+    assert win["tpot_ms"]["median"] == pytest.approx(10.0, abs=1.5)
     assert on.telemetry is not None and len(on.telemetry["server"]["t_s"]) >= 16
     assert off.telemetry is None
     assert off.summary["steadiness"] is None and off.summary["telemetry"] is None
+    assert off.summary["steady_window"] is None
     assert off.summary["completed"] == 20
     # the before/after reads for speculative acceptance are untouched by the scraper
     assert s["metrics_scraped"] is True and off.summary["metrics_scraped"] is True
