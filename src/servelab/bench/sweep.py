@@ -260,17 +260,20 @@ def judge(cfg: SweepConfig, role: str, summary: Mapping[str, Any]) -> SloCheck |
 
 def rising_queue(summary: Mapping[str, Any]) -> str | None:
     """Why a load point's latencies are a transient, not the rate's: flagged above saturation,
-    or unsteady with its queue (or in-flight count) trending up over the whole load (it never
-    reached a steady state at that rate); None otherwise, and for points without telemetry."""
+    or unsteady with its queue (or in-flight count) or its TTFT, which holds the queue's wait,
+    trending up over the whole load (it never reached a steady state at that rate); None
+    otherwise, and for points without telemetry."""
     st = summary.get("steadiness")
     if not isinstance(st, dict):
         return None
     if st.get("status") == "above_saturation":
         return f"above saturation: {st.get('reason')}"
-    q = (st.get("trends") or {}).get("queue") or {}
-    if st.get("status") == "unsteady" and q.get("direction") == "up":
-        return (f"unsteady: the queue rose all along ({q.get('slope_per_s', 0):+.3g}/s), no "
-                "steady state at this rate")
+    trends = st.get("trends") or {}
+    for name, what in (("queue", "the queue"), ("ttft_ms", "TTFT (the wait for a slot)")):
+        tr = trends.get(name) or {}
+        if st.get("status") == "unsteady" and tr.get("direction") == "up":
+            return (f"unsteady: {what} rose all along ({tr.get('slope_per_s', 0):+.3g}/s), no "
+                    "steady state at this rate")
     return None
 
 
