@@ -95,3 +95,21 @@ def test_below_capacity_steady_and_telemetry_off_leaves_the_fields_missing():
     assert off.summary["completed"] == 20
     # the before/after reads for speculative acceptance are untouched by the scraper
     assert s["metrics_scraped"] is True and off.summary["metrics_scraped"] is True
+
+
+def test_a_server_without_metrics_is_judged_on_the_clients_own_counts():
+    # /metrics answers 404: every scrape fails (counted, not fatal), no queue is served, and
+    # the steadiness test runs on the client's in-flight count and TTFTs
+    s = Script(ttft_ms=20, gap_ms=10, max_running=1, record_log=False, metrics=False)
+    with serve_subprocess(s) as h:
+        res = run_load_point(BenchConfig(
+            base_url=h.url, workload=WorkloadConfig(num_prompts=48, input_len=4, output_len=10),
+            scrape_interval_s=0.5), LoadPoint(request_rate=16.0), progress=False)
+    t = res.summary["telemetry"]
+    assert t["scrapes"] >= 6 and t["failed_scrapes"] == t["scrapes"] and t["served"] == []
+    assert res.summary["max_queued_requests"] is None  # not served: missing, not 0
+    st = res.summary["steadiness"]
+    assert st["queue_source"] == "client_in_flight"
+    # 16 req/s into 9.1: the backlog grows over the 3-s load
+    assert st["status"] in ("above_saturation", "unsteady"), st["reason"]
+    assert st["trends"]["queue"]["direction"] == "up"
