@@ -151,3 +151,58 @@ def test_an_experiments_spec_is_stored_with_its_secrets_redacted(tmp_path):
     assert stored["base"]["flags"] == {"api-key": "<redacted>", "tp": 2}
     assert stored["workload"] == spec["workload"]
     assert stored["base"]["env"]["DATABASE_URL"] == "postgres://<redacted>@db/x"
+
+
+def test_telemetry_side_file_roundtrip_and_missing_is_none(tmp_path):
+    db = tmp_path / "r.db"
+    series = {"version": 1, "server": {"t_s": [0.0, 1.0], "series": {"queued_requests": [0, 3]}},
+              "gpu": {"status": "n/a: no NVIDIA GPU"}}
+    with Store(db) as st:
+        with_tel = st.add_load_point(summary={}, provenance={}, load_key="rate=4",
+                                     requests=[{"a": 1}], telemetry=series)
+        without = st.add_load_point(summary={}, provenance={}, load_key="rate=8", requests=[])
+        row = st.load_point(with_tel)
+        assert row.telemetry_path and row.telemetry_path.endswith(".telemetry.json.gz")
+        assert (db.parent / row.telemetry_path).exists()
+        assert st.telemetry(row) == series
+        assert st.load_point(without).telemetry_path is None
+        assert st.telemetry(st.load_point(without)) is None
+        # the file gone: one line that says the summary is intact
+        (db.parent / row.telemetry_path).unlink()
+        with pytest.raises(UserError, match="telemetry of load point .* is missing.*intact"):
+            st.telemetry(row)
+        # a transaction that fails removes its telemetry file too
+        with pytest.raises(RuntimeError), st.transaction():
+            st.add_load_point(summary={}, provenance={}, load_key="c=1", telemetry=series)
+            raise RuntimeError("second row failed")
+        assert not list(st.requests_dir.glob("*.telemetry.json.gz"))
+
+
+# the load_points table as the release before telemetry wrote it (schema version 1)
+_SCHEMA_1 = """
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '1');
+CREATE TABLE load_points (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, created REAL NOT NULL, source TEXT NOT NULL,
+    label TEXT, base_url TEXT, model TEXT, load_key TEXT NOT NULL, concurrency INTEGER,
+    request_rate REAL, summary TEXT NOT NULL, provenance TEXT NOT NULL, requests_path TEXT);
+INSERT INTO load_points(created, source, load_key, summary, provenance)
+    VALUES (1.0, 'bench', 'c=8', '{"completed": 3}', '{}');
+"""
+
+
+def test_a_store_of_the_previous_release_opens_reads_and_takes_telemetry(tmp_path):
+    db = tmp_path / "old.db"
+    con = sqlite3.connect(db)
+    con.executescript(_SCHEMA_1)
+    con.close()
+    with Store(db, readonly=True) as st:  # `results list` opens it first
+        old = st.load_points()[0]
+        assert old.summary == {"completed": 3} and old.telemetry_path is None
+        assert st.telemetry(old) is None
+    with Store(db) as st:
+        new = st.add_load_point(summary={}, provenance={}, load_key="c=1", telemetry={"v": 1})
+        assert st.telemetry(st.load_point(new)) == {"v": 1}
+        assert [r.load_key for r in st.load_points()] == ["c=1", "c=8"]
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()[0] == "2"

@@ -31,7 +31,7 @@ from servelab import paths
 from servelab.errors import UserError
 from servelab.redaction import redact, redact_text
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: load_points.telemetry_path (a version-1 store gains it when opened)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -47,7 +47,8 @@ CREATE TABLE IF NOT EXISTS load_points (
     request_rate  REAL,
     summary       TEXT NOT NULL,          -- JSON: the per-load-point object of docs/METRICS.md
     provenance    TEXT NOT NULL,          -- JSON: see servelab.provenance
-    requests_path TEXT                    -- gzip JSONL of per-request records, relative to the db
+    requests_path TEXT,                   -- gzip JSONL of per-request records, relative to the db
+    telemetry_path TEXT                   -- gzip JSON of the series over the load, relative
 );
 CREATE TABLE IF NOT EXISTS experiments (
     name     TEXT PRIMARY KEY,
@@ -102,6 +103,7 @@ class LoadPointRow:
     summary: dict[str, Any]
     provenance: dict[str, Any]
     requests_path: str | None
+    telemetry_path: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,10 +157,25 @@ class Store:
             raise UserError(f"results store {self.path} is not usable ({exc}); "
                             f"{recovery_hint(self.path)}") from None
         self.damage = self._integrity()
+        self._migrate(readonly)
         if self.damage and not readonly:
             raise UserError(f"results store {self.path} failed its integrity check "
                             f"({self.damage}); it is refused for writing: "
                             f"{recovery_hint(self.path)}")
+
+    def _migrate(self, readonly: bool) -> None:
+        """A store written before telemetry side files (schema 1) gains their column; its rows
+        read it as None. A damaged store opened to read is left as it is (its rows read None
+        too: `_lp` takes what the row has)."""
+        try:
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(load_points)")}
+            if "telemetry_path" not in cols:
+                self._db.execute("ALTER TABLE load_points ADD COLUMN telemetry_path TEXT")
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                                 (str(SCHEMA_VERSION),))
+        except sqlite3.DatabaseError:
+            if not readonly:
+                raise
 
     def _integrity(self) -> str | None:
         """None when SQLite's quick_check passes, else its first complaint."""
@@ -231,30 +248,41 @@ class Store:
         concurrency: int | None = None,
         request_rate: float | None = None,
         requests: Iterable[dict[str, Any]] | None = None,
+        telemetry: dict[str, Any] | None = None,
     ) -> int:
         """Store one load point; `requests` (per-request records as dicts) go to a gzip JSONL file
-        written before the row, so a row never points at a missing file."""
-        rel: str | None = None
+        and `telemetry` (the series over the load, telemetry/point.py) to a gzip JSON file beside
+        it, both written before the row, so a row never points at a missing file."""
+        stem = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**9:09d}"
+        rel = tel = None
         if requests is not None:
-            self.requests_dir.mkdir(parents=True, exist_ok=True)
-            name = f"{time.strftime('%Y%m%d-%H%M%S')}-{time.monotonic_ns() % 10**9:09d}.jsonl.gz"
-            tmp = self.requests_dir / (name + ".tmp")
-            with gzip.open(tmp, "wb") as f:
-                for rec in requests:
-                    f.write(orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n")
-            tmp.replace(self.requests_dir / name)
-            if self._new_files is not None:
-                self._new_files.append(self.requests_dir / name)
-            rel = f"{self.requests_dir.name}/{name}"
+            rel = self._side_file(stem + ".jsonl.gz", (
+                orjson.dumps(rec, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n" for rec in requests))
+        if telemetry is not None:
+            tel = self._side_file(stem + ".telemetry.json.gz", (orjson.dumps(
+                telemetry, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS),))
         cur = self._db.execute(
             "INSERT INTO load_points(created, source, label, base_url, model, load_key, concurrency,"
-            " request_rate, summary, provenance, requests_path) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+            " request_rate, summary, provenance, requests_path, telemetry_path)"
+            " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 time.time(), source, label, base_url, model, load_key, concurrency, request_rate,
-                _dumps(summary), _dumps(redact(provenance)), rel,
+                _dumps(summary), _dumps(redact(provenance)), rel, tel,
             ),
         )
         return int(cur.lastrowid)
+
+    def _side_file(self, name: str, chunks: Iterable[bytes]) -> str:
+        """Write a gzip file into the requests folder atomically; its path relative to the db."""
+        self.requests_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.requests_dir / (name + ".tmp")
+        with gzip.open(tmp, "wb") as f:
+            for c in chunks:
+                f.write(c)
+        tmp.replace(self.requests_dir / name)
+        if self._new_files is not None:
+            self._new_files.append(self.requests_dir / name)
+        return f"{self.requests_dir.name}/{name}"
 
     def load_point(self, lp_id: int) -> LoadPointRow:
         # an id beyond SQLite's 64-bit integers names no row (binding it would overflow)
@@ -301,6 +329,23 @@ class Store:
 
         return gen()
 
+    def telemetry(self, lp: LoadPointRow) -> dict[str, Any] | None:
+        """The series stored over a load point (telemetry/point.py), None when none was kept
+        (telemetry off, an import, a store of an earlier release); UserError when its file is
+        gone or unreadable (the summary in the database is intact)."""
+        if not lp.telemetry_path:
+            return None
+        path = self.path.parent / lp.telemetry_path
+        try:
+            with gzip.open(path, "rb") as f:
+                return orjson.loads(f.read())
+        except FileNotFoundError:
+            raise UserError(f"the telemetry of load point {lp.id} is missing: {path} (moved or "
+                            "deleted); its summary is intact") from None
+        except (OSError, EOFError, zlib.error, orjson.JSONDecodeError) as exc:
+            raise UserError(f"the telemetry of load point {lp.id} is unreadable: {path}: {exc}; "
+                            "its summary is intact") from None
+
     @staticmethod
     def _lp(r: tuple) -> LoadPointRow:
         try:
@@ -311,7 +356,7 @@ class Store:
         return LoadPointRow(
             id=r[0], created=r[1], source=r[2], label=r[3], base_url=r[4], model=r[5], load_key=r[6],
             concurrency=r[7], request_rate=r[8], summary=summary,
-            provenance=prov, requests_path=r[11],
+            provenance=prov, requests_path=r[11], telemetry_path=r[12] if len(r) > 12 else None,
         )
 
     # ---- experiments and runs ----------------------------------------------------------------

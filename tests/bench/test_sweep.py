@@ -218,3 +218,41 @@ def test_sweep_notes_a_sample_too_small_for_p99():
 
     res = sweep(few, SweepConfig(slo=parse_slo("ttft_p99_ms=150")))
     assert any("judged over 30 requests" in n for n in res.notes)
+
+
+def _flagged(measure, above: float, status: str = "above_saturation", trend: str = "queue"):
+    """The same server, its telemetry flagging every open-loop rate above `above` (a queue that
+    grows throughout) while its latencies, read in the transient, still meet the SLOs."""
+    def flagged(load: LoadPoint) -> dict:
+        s = measure(load)
+        r = load.request_rate
+        bad = r is not None and math.isfinite(r) and r > above
+        s["steadiness"] = {"status": status if bad else "steady", "reason": "queue grows",
+                           "trends": {"queue": {"direction": "flat", "slope_per_s": 0.0},
+                                      trend: {"direction": "up" if bad else "flat",
+                                              "slope_per_s": 1.5 if bad else 0.0}}}
+        s["above_saturation"] = bad and status == "above_saturation"
+        return s
+    return flagged
+
+
+@pytest.mark.parametrize("status,trend", [("above_saturation", "queue"), ("unsteady", "queue"),
+                                          ("unsteady", "ttft_ms")])
+def test_a_point_whose_queue_rose_all_along_misses_its_slos(status, trend):
+    # latencies meet the SLO at every rate (a transient read short), but the queue rises above
+    # 12 req/s (or its TTFT, the wait for a slot): the capacity is bracketed below 12, never
+    # "at least the saturated rate"
+    measure, _ = model(lambda r: 60.0)
+    cfg = SweepConfig(slo=parse_slo("ttft_p99_ms=100"), precision=0.05, max_points=30)
+    res = sweep(_flagged(measure, 12.0, status, trend), cfg)
+    cap = res.capacity
+    assert cap.status == "bracketed", cap
+    assert cap.low_req_s <= 12.0 < cap.high_req_s and cap.width <= 0.05
+    missed = [p for p in res.points if p.check is not None and not p.check.met
+              and p.role in ("grid", "refine")]
+    assert missed and all(any(("saturation" in w or "rose all along" in w)
+                              for w in p.check.reasons) for p in missed)
+    # off: the same points meet, and the sweep reads "at least the saturated rate" as before
+    res_off = sweep(_flagged(measure, 12.0, status, trend), SweepConfig(
+        slo=parse_slo("ttft_p99_ms=100"), precision=0.05, max_points=30, saturation_fails=False))
+    assert res_off.capacity.status == "above_saturation"

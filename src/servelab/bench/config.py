@@ -244,9 +244,14 @@ class BenchConfig:
     max_duration_s: float | None = None
     request_timeout_s: float = 600.0
     goodput: dict[str, float] = field(default_factory=dict)
+    # /metrics scrape and GPU sampling period over each load point (telemetry/); 0: off
+    scrape_interval_s: float = 1.0
 
     def __post_init__(self) -> None:
         shown = self.shown_url
+        if not (self.scrape_interval_s >= 0 and math.isfinite(self.scrape_interval_s)):
+            raise UserError(f"--scrape-interval must be a finite number of seconds >= 0 (0: no "
+                            f"telemetry), got {self.scrape_interval_s}")
         try:
             u = urlparse(self.base_url)
             u.port  # noqa: B018 (parses the port: ValueError when it is not a number)

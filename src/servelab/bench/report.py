@@ -72,6 +72,10 @@ def summary_table(s: dict[str, Any], title: str | None = None) -> Table:
         ("dispatch lag ms", lag_text(s)),
         *session_rows(s),
         ("duration s", _f(s.get("duration_s"), 2)),
+        ("steadiness", steady_text(s)),
+        ("max queue", _f(s.get("max_queued_requests"), 0)),
+        ("energy", energy_text(s)),
+        ("throttling", throttle_text(s)),
         ("input lengths", "exact" if s.get("input_len_exact") else
          f"APPROXIMATE ({s.get('input_len_source') or 'unknown'})"),
     ]
@@ -123,6 +127,44 @@ def cache_text(s: dict[str, Any]) -> str:
         return "not reported" + (f" ({tail})" if tail else "") if tail else "-"
     return (f"{_pct(s.get('cached_token_share'))} (reported by {n} of {s.get('completed')}"
             + (f"; {tail}" if tail else "") + ")")
+
+
+def steady_text(s: dict[str, Any]) -> str:
+    """'steady: no trend from 0.5 s to 5 s (warm-up 0.5 s)', 'ABOVE SATURATION: queue grows
+    ...', '-' when
+    the load point has no telemetry (off, imported, measured before it existed)."""
+    st = s.get("steadiness")
+    if not isinstance(st, dict):
+        return "-"
+    status = st.get("status")
+    name = "ABOVE SATURATION" if status == "above_saturation" else status
+    src = " [queue: client in-flight]" if st.get("queue_source") == "client_in_flight" else ""
+    return f"{name}: {st.get('reason')}{src}"
+
+
+def energy_text(s: dict[str, Any]) -> str:
+    """'0.412 J/output token, 2.43 tokens/J, 310 W mean', 'n/a (why)' without a GPU, '-' when
+    the load point has no telemetry."""
+    tel = s.get("telemetry")
+    if not isinstance(tel, dict):
+        return "-"
+    jpt = s.get("j_per_output_token")
+    if jpt is None:
+        gs = tel.get("gpu_status") or ""
+        return "n/a" + (f" ({gs[5:]})" if gs.startswith("n/a: ") else "") if gs != "ok" else "-"
+    e = s.get("energy") or {}
+    return (f"{jpt:.4g} J/output token, {_f(s.get('output_tokens_per_j'))} tokens/J, "
+            f"{_f(e.get('mean_power_w'), 0)} W mean ({e.get('source')})")
+
+
+def throttle_text(s: dict[str, Any]) -> str:
+    """'GPU 0: sw_power_cap 40%', 'none' (GPUs sampled, no slowdown), '-' without GPU samples."""
+    thr = s.get("throttle_reasons")
+    if thr is None:
+        return "-"
+    parts = [f"GPU {g}: " + ", ".join(f"{k} {v:.0%}" for k, v in sorted(r.items()))
+             for g, r in sorted(thr.items()) if r]
+    return "; ".join(parts) or "none"
 
 
 def lag_text(s: dict[str, Any]) -> str:

@@ -31,10 +31,11 @@ from servelab.bench.load import (
     open_loop,
     replay_offsets_s,
 )
-from servelab.bench.metrics import make_record, summarize
+from servelab.bench.metrics import make_record, stats, summarize
 from servelab.bench.sessions import run_sessions
 from servelab.bench.workload import CountFn, Workload
 from servelab.errors import UserError
+from servelab.telemetry.point import PointTelemetry, Sent
 
 _WORKLOADS: dict[tuple[Any, ...], Workload] = {}  # built once per (server, workload, load point)
 
@@ -55,6 +56,7 @@ class LoadPointResult:
     summary: dict[str, Any]
     records: list[dict[str, Any]] = field(default_factory=list)
     server_info: dict[str, Any] = field(default_factory=dict)
+    telemetry: dict[str, Any] | None = None  # the series over the load (telemetry/point.py)
 
     def __repr__(self) -> str:  # asyncio reprs finished tasks' results: keep it short
         s = self.summary
@@ -212,6 +214,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
             offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
                 len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
             await open_connections(session, root + "/v1/models", min(largest_burst(offs), 512))
+        tel = (PointTelemetry(root + "/metrics", cfg.scrape_interval_s).start()
+               if cfg.scrape_interval_s > 0 else None)
         before = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
         prog = _Progress(progress, len(wl.requests), load.key)
         cpu0 = time.process_time()
@@ -228,6 +232,10 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
             else:
                 assert offs is not None
                 raws = await open_loop(wl.requests, offs, client.send, deadline, prog)
+        except BaseException:
+            if tel is not None:
+                tel.stop()
+            raise
         finally:
             prog.close()
         cpu_s = time.process_time() - cpu0
@@ -259,7 +267,37 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         "client_cpu_s": cpu_s,
         "client_cpu_util": cpu_s / summary["duration_s"] if summary["duration_s"] else None,
     })
-    return LoadPointResult(summary=summary, records=[r.to_dict() for r in recs], server_info=info)
+    series = await _telemetry(tel, raws, recs, t_end, summary)
+    return LoadPointResult(summary=summary, records=[r.to_dict() for r in recs], server_info=info,
+                           telemetry=series)
+
+
+async def _telemetry(tel: PointTelemetry | None, raws: list[RawResult], recs: list[Any],
+                     t_end_ns: int, summary: dict[str, Any]) -> dict[str, Any] | None:
+    """Stop the load point's telemetry, add its summary fields to `summary` and return the
+    series to store beside the records (None, and the fields None, when it was off)."""
+    if tel is None:
+        summary.update({"telemetry": None, "steadiness": None, "above_saturation": None,
+                        "max_queued_requests": None, "energy": None, "j_per_output_token": None,
+                        "output_tokens_per_j": None, "throttle_reasons": None,
+                        "steady_window": None})
+        return None
+    sent = [Sent(r.t_start_ns, r.t_end_ns, rec.ttft_ms) for r, rec in zip(raws, recs, strict=True)]
+    series, fields = await asyncio.to_thread(tel.finish, sent, t_end_ns,
+                                             summary.get("total_output_tokens"))
+    summary.update(fields)
+    # the latencies of the requests sent inside the steady span: the warm-up and the drain
+    # left out (null unless the point was steady)
+    st, win = fields.get("steadiness") or {}, None
+    if st.get("status") == "steady":
+        a, b = st["warmup_end_s"], st["drain_start_s"]
+        inside = [rec for r, rec in zip(raws, recs, strict=True)
+                  if a <= tel.to_series_s(r.t_start_ns) <= b]
+        done = [x for x in inside if x.ok]
+        win = {"start_s": a, "end_s": b, "requests": len(inside), "completed": len(done),
+               **{k: stats(getattr(x, k) for x in done) for k in ("ttft_ms", "tpot_ms", "e2e_ms")}}
+    summary["steady_window"] = win
+    return series
 
 
 def run_load_point(cfg: BenchConfig, load: LoadPoint, *, progress: bool = True) -> LoadPointResult:
@@ -331,6 +369,7 @@ def save_load_point(store: Any, cfg: BenchConfig, load: LoadPoint, result: LoadP
         summary=result.summary, provenance=prov, load_key=load.key, source=source, label=label,
         base_url=cfg.shown_url, model=result.summary.get("model") or cfg.model,
         concurrency=load.concurrency, request_rate=load.request_rate, requests=result.records,
+        telemetry=result.telemetry,
     )
 
 

@@ -15,6 +15,12 @@ The search, GuideLLM's `sweep` profile extended with a root search on the SLOs:
    capacity is "at least the saturated rate" (a finite run can outlast a queue that grows
    slowly; no sustained rate exceeds what the server completes per second).
 
+An open-loop point whose load-point telemetry flags it `above_saturation` (its queue grew
+throughout: the server completes fewer requests than arrive, telemetry/steady.py) misses its
+SLOs whatever its latencies read (`SweepConfig.saturation_fails`): a finite run of such a rate
+ends before its latencies do, so a short point's median can still look fine (the scripted
+server's 15%-high capacity of issue 36). The reason names it.
+
 Capacity is reported as the bracket `[low, high]`, never one number. The bracket is the FIRST
 crossing: a rate above `high` that met the SLOs again (noise, or a server whose latency is not
 monotone in load) is noted, not used. Every measurement, sync and saturation included, counts
@@ -55,6 +61,7 @@ class SweepConfig:
     grid_rates: int = 3
     max_points: int = 12
     burstiness: float = 1.0
+    saturation_fails: bool = True  # an open-loop point flagged above saturation misses
 
     def __post_init__(self) -> None:
         if not 0.001 <= self.precision <= 1.0:
@@ -200,8 +207,7 @@ def search(cfg: SweepConfig, on_point: Callable[[SweepPoint], None] | None = Non
 
     def run(role: str, load: LoadPoint) -> Generator[Step, Mapping[str, Any], SweepPoint]:
         summary = yield role, load
-        p = SweepPoint(role=role, load=load, summary=summary,
-                       check=cfg.slo.check(summary) if cfg.slo is not None else None)
+        p = SweepPoint(role=role, load=load, summary=summary, check=judge(cfg, role, summary))
         points.append(p)
         if on_point is not None:
             on_point(p)
@@ -237,6 +243,38 @@ def search(cfg: SweepConfig, on_point: Callable[[SweepPoint], None] | None = Non
     if short:
         notes.append(short)
     return result(capacity)
+
+
+def judge(cfg: SweepConfig, role: str, summary: Mapping[str, Any]) -> SloCheck | None:
+    """The SLO verdict on one point: the SLOs, and for an open-loop point (grid, refine) that
+    its telemetry flags above saturation, a miss that names it (module docstring)."""
+    if cfg.slo is None:
+        return None
+    check = cfg.slo.check(summary)
+    why = rising_queue(summary) if cfg.saturation_fails and role in ("grid", "refine") else None
+    if why is None:
+        return check
+    return SloCheck(met=False, ratio=check.ratio, values=check.values,
+                    reasons=(*check.reasons, why))
+
+
+def rising_queue(summary: Mapping[str, Any]) -> str | None:
+    """Why a load point's latencies are a transient, not the rate's: flagged above saturation,
+    or unsteady with its queue (or in-flight count) or its TTFT, which holds the queue's wait,
+    trending up over the whole load (it never reached a steady state at that rate); None
+    otherwise, and for points without telemetry."""
+    st = summary.get("steadiness")
+    if not isinstance(st, dict):
+        return None
+    if st.get("status") == "above_saturation":
+        return f"above saturation: {st.get('reason')}"
+    trends = st.get("trends") or {}
+    for name, what in (("queue", "the queue"), ("ttft_ms", "TTFT (the wait for a slot)")):
+        tr = trends.get(name) or {}
+        if st.get("status") == "unsteady" and tr.get("direction") == "up":
+            return (f"unsteady: {what} rose all along ({tr.get('slope_per_s', 0):+.3g}/s), no "
+                    "steady state at this rate")
+    return None
 
 
 def first_crossing(rated: Iterable[tuple[float, bool]]

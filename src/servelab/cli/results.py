@@ -72,6 +72,8 @@ def results_show(
     lp_id: str = typer.Argument(..., metavar="ID", help="The id shown by `servelab results list`."),
     as_json: bool = typer.Option(False, "--json", help="Print the row (summary, provenance) as JSON."),
     requests: bool = typer.Option(False, "--requests", help="With --json: add the per-request records."),
+    telemetry: bool = typer.Option(False, "--telemetry", help="With --json: add the series "
+                                   "scraped and sampled over the load (null when none)."),
     store: str = typer.Option(None, "--store", help=STORE_HELP),
 ) -> None:
     """Show one stored load point: its summary table, or everything as JSON."""
@@ -84,10 +86,14 @@ def results_show(
     with Store(_existing(store), readonly=True) as st:
         row = st.load_point(i)
         recs = list(st.requests(row)) if requests else None
+        series = st.telemetry(row) if telemetry else None
     if as_json:
         from servelab import jsonout
 
-        return jsonout.emit("load_point", jsonout.load_point(row, recs))
+        doc = jsonout.load_point(row, recs)
+        if telemetry:
+            doc["telemetry"] = series
+        return jsonout.emit("load_point", doc)
     c = make_console()
     c.print(summary_table(row.summary, title=f"#{row.id} {row.source} {row.label or ''} "
                                               f"{row.model or ''} {row.load_key}"))

@@ -89,12 +89,12 @@ class GpuSeries:
         out: dict[int, dict[str, float]] = {}
         for g in {s.gpu for s in self.samples}:
             rows = [s for s in self.of(g) if s.throttle_mask is not None]
-            seen: dict[str, float] = {}
+            seen: dict[str, int] = {}
             for s in rows:
                 for name in decode_throttle(s.throttle_mask) or []:
                     if name in SLOWDOWNS or name.startswith("unknown"):
-                        seen[name] = seen.get(name, 0.0) + 1.0 / len(rows)
-            out[g] = seen
+                        seen[name] = seen.get(name, 0) + 1
+            out[g] = {k: n / len(rows) for k, n in seen.items()}  # a count: 1.0 is exact
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -243,6 +243,31 @@ class GpuSampler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def state(nvml: Any = None) -> tuple[str, list[dict[str, Any]]]:
+    """One reading of every GPU now, with what a sampler does not follow over time: the SM
+    clock's maximum and the compute processes (pids). (status, per GPU dicts); the status is
+    "n/a: <why>" with no GPUs where NVML cannot start."""
+    smp = GpuSampler(nvml=nvml)
+    if not smp._init():
+        return smp.series.status, []
+    try:
+        smp.sample_once()
+        nv, out = smp.nvml, []
+        for (_, h), s in zip(smp._handles, smp.series.samples, strict=True):
+            procs = smp._try(nv.nvmlDeviceGetComputeRunningProcesses, h)
+            out.append({**smp.series.gpus[len(out)], "sample": s,
+                        "sm_clock_max_mhz": smp._try(nv.nvmlDeviceGetMaxClockInfo, h,
+                                                     nv.NVML_CLOCK_SM),
+                        "pids": None if procs is None else [int(p.pid) for p in procs]})
+        return "ok", out
+    finally:
+        try:
+            smp.nvml.nvmlShutdown()
+        except Exception as exc:
+            if not isinstance(exc, smp._nvml_error()):
+                raise
 
 
 def _str(x: Any) -> str | None:

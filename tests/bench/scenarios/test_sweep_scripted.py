@@ -169,3 +169,47 @@ def test_sweep_brackets_the_true_capacity(monkeypatch, capsys, tmp_path):
     assert "c=1" in keys and "rate=inf" in keys
     assert f"rate={cap['low_req_s']:g}" in keys and f"rate={cap['high_req_s']:g}" in keys
     assert all(r.summary["goodput_slo"] == {"ttft_ms": 100.0, "tpot_ms": 40.0} for r in rows)
+
+
+# issue 36's server: the first token 40 ms after arrival, then steps of 1 ms + 1 ms per other
+# request in flight, no slot limit, 32 output tokens. In the fluid limit b requests in flight
+# give TPOT = b ms and b = rate x (40 + 31 b) ms, so TPOT reaches 40 ms at 31.25 req/s; short
+# of it the queue takes tens of seconds to settle, so a point of 100 requests reads its
+# median TPOT in the warm-up (about 11 ms at 31 req/s, where the steady state reads 40).
+ISSUE36 = Script(ttft_ms=40, gap_ms=1, gap_per_running_ms=1, record_log=False)
+
+
+def steady_median_tpot(rate: float, seconds: float = 200.0) -> float:
+    """The law's median TPOT at `rate` in its steady state: Poisson arrivals for `seconds`,
+    the requests that arrive in the second half (past the warm-up), by simulation."""
+    arr = arrival_offsets_s(int(rate * seconds), rate, 1.0, 0) * 1e3
+    _, tpot = simulate_law(arr, 32, ISSUE36)
+    return float(np.median(tpot[arr > seconds * 500.0]))
+
+
+def test_the_sweeps_defaults_bracket_the_steady_capacity_of_issue_36(monkeypatch, capsys,
+                                                                     tmp_path):
+    # the sweep's defaults (100 prompts a point, 3 grid rates, precision 10%, 1-s scrapes):
+    # without telemetry every rate "met" (>= 31.4, an open bracket); a point whose queue rose
+    # all along now misses, and the bracket holds the steady-state capacity
+    out = tmp_path / "sweep.json"
+    from servelab.cli import main
+
+    with serve_subprocess(ISSUE36) as h:
+        monkeypatch.setattr(sys, "argv", [
+            "servelab", "bench", "--base-url", h.url, "--sweep", "--slo", "tpot_p50_ms=40",
+            "--random-output-len", "32", "--quiet", "--output-file", str(out),
+            "--store", str(tmp_path / "r.db")])
+        with pytest.raises(SystemExit) as ei:
+            main()
+    text = capsys.readouterr().out
+    assert ei.value.code == 0, text
+    cap = json.loads(out.read_text())["sweep"]["capacity"]
+    assert cap["status"] == "bracketed", text
+    lo, hi = cap["low_req_s"], cap["high_req_s"]
+    # the truth, independently: the law's steady median TPOT meets 40 ms at low, misses at high
+    if not (steady_median_tpot(lo) <= 40.0 < steady_median_tpot(hi)):
+        timing_miss(f"bracket [{lo}, {hi}] misses the steady capacity (~31.0 req/s): median "
+                    f"TPOT {steady_median_tpot(lo):.1f} / {steady_median_tpot(hi):.1f} ms")
+    flat = " ".join(text.split())  # the console wraps long lines
+    assert "rose all along" in flat or "above saturation" in flat  # the miss names its reason

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from fake_nvml import FakeNVML
+
 from servelab.experiment.run import interference
 
 BUSY = [sys.executable, "-c", "while True: pass"]
@@ -53,35 +55,26 @@ def test_interference_counts_foreign_cpu_time_as_other_and_ours_as_ours():
     assert interference.gpu_state(set()) is None or isinstance(interference.gpu_state(set()), list)
 
 
-def test_gpu_state_reads_clocks_temperature_and_foreign_processes(tmp_path, monkeypatch):
-    # nvidia-smi's CSV as the H200 host prints it (noheader, nounits); pid 4242 is ours
-    smi = tmp_path / "nvidia-smi"
-    smi.write_text(
-        "#!/bin/sh\n"
-        'case "$1" in\n'
-        "  --query-gpu=*) printf '0, GPU-aaa, 1980, 1980, 41, 97\\n1, GPU-bbb, 1410, 1980, 83, "
-        "[N/A]\\n' ;;\n"
-        "  --query-compute-apps=*) printf 'GPU-aaa, 4242, 1000\\nGPU-bbb, 777, 2000\\n' ;;\n"
-        "esac\n"
-    )
-    smi.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    g = interference.gpu_state({4242})
+def test_gpu_state_reads_clocks_temperature_power_throttling_and_foreign_processes():
+    # NVML's readings through telemetry/gpu.py (FakeNVML: GPU 0 at 300 W, power-capped and
+    # hot; GPU 1 gives no power); pid 4242 is ours. The fields stored before NVML keep their
+    # names and types (floats, as nvidia-smi's CSV gave them); power and throttle are added.
+    nv = FakeNVML()
+    g = interference.gpu_state({4242}, nvml=nv)
     assert g == [
-        {
-            "index": 0.0,
-            "sm_clock_mhz": 1980.0,
-            "sm_clock_max_mhz": 1980.0,
-            "temperature_c": 41.0,
-            "utilization_pct": 97.0,
-            "foreign_pids": [],
-        },
-        {
-            "index": 1.0,
-            "sm_clock_mhz": 1410.0,
-            "sm_clock_max_mhz": 1980.0,
-            "temperature_c": 83.0,
-            "utilization_pct": None,
-            "foreign_pids": [777],
-        },
+        {"index": 0.0, "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0,
+         "temperature_c": 71.0, "utilization_pct": 87.0, "foreign_pids": [],
+         "power_w": 300.0, "throttle": ["sw_power_cap", "hw_thermal_slowdown"]},
+        {"index": 1.0, "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0,
+         "temperature_c": 71.0, "utilization_pct": 87.0, "foreign_pids": [777],
+         "power_w": None, "throttle": []},  # idle is not a slowdown
     ]
+    assert nv.shutdown  # NVML is shut down after the one reading
+
+
+def test_gpu_state_is_none_where_nvml_cannot_start():
+    class NoDriver(FakeNVML):
+        def nvmlInit(self):  # noqa: N802
+            raise self.NVMLError("Driver Not Loaded")
+
+    assert interference.gpu_state(set(), nvml=NoDriver()) is None

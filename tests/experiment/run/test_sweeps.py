@@ -12,7 +12,7 @@ from capacity_files import scripted_capacity
 from servelab.bench.scripted.harness import serve_subprocess
 from servelab.bench.scripted.script import Script
 from servelab.bench.slo import parse_slo
-from servelab.bench.sweep import first_crossing
+from servelab.bench.sweep import SweepConfig, first_crossing, judge
 from servelab.experiment.design.parse import parse
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run import sweeps
@@ -36,7 +36,10 @@ def _rejudged(m) -> tuple[float | None, float | None]:
     slo = parse_slo(SLO)
     pts = [(m.summary["capacity"]["load"]["request_rate"], m.summary)]
     pts += [(x["request_rate"], x["summary"]) for x in m.extra_points]
-    rated = [(r, slo.check(s).met) for r, s in pts if r is not None and math.isfinite(r)]
+    # judged as the sweep judges: the SLOs, and a point whose queue rose all along misses
+    cfg = SweepConfig(slo=slo)
+    rated = [(r, judge(cfg, s["sweep"]["role"], s).met) for r, s in pts
+             if r is not None and math.isfinite(r)]
     lo, hi, _ = first_crossing(rated)
     return lo, hi
 

@@ -63,6 +63,7 @@ def register(app: typer.Typer) -> None:
         sweep_precision: str = o.SWEEP_PRECISION,
         sweep_rates: str = o.SWEEP_RATES,
         sweep_max_points: str = o.SWEEP_MAX_POINTS,
+        scrape_interval: str = o.SCRAPE_INTERVAL,
         store: str = o.STORE,
         label: str = o.LABEL,
         no_store: bool = o.NO_STORE,
@@ -94,5 +95,5 @@ def register(app: typer.Typer) -> None:
             gsp_prompts_per_group=gsp_prompts_per_group,
             gsp_system_prompt_len=gsp_system_prompt_len, gsp_question_len=gsp_question_len,
             gsp_output_len=gsp_output_len, num_sessions=num_sessions, turns=turns,
-            max_turns=max_turns, think_time=think_time,
+            max_turns=max_turns, think_time=think_time, scrape_interval=scrape_interval,
         ))

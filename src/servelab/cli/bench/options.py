@@ -80,6 +80,8 @@ SWEEP_RATES = typer.Option("3", "--sweep-rates", help="Open-loop rates evenly sp
                            "between the synchronous and saturated ones.")
 SWEEP_MAX_POINTS = typer.Option("12", "--sweep-max-points", help="At most this many "
                                 "load points in a sweep, all included.")
+SCRAPE_INTERVAL = typer.Option("1", "--scrape-interval", help="Seconds between /metrics scrapes "
+                               "and GPU samples over each load point (0: no telemetry).")
 STORE = typer.Option(None, "--store", help=STORE_HELP)
 LABEL = typer.Option(None, "--label", help="A name for these rows in the store.")
 NO_STORE = typer.Option(False, "--no-store", help="Do not write to the results store.")
@@ -139,3 +141,4 @@ class BenchArgs:
     turns: str = "4"
     max_turns: str | None = None
     think_time: str = "0"
+    scrape_interval: str = "1"

@@ -72,6 +72,11 @@ def report_point(console: Any, res: Any, title: str, full: bool) -> None:
         console.print(summary_table(s, title=title))
     else:
         console.print(title, markup=False, highlight=False)
+    if s.get("above_saturation"):  # named: its latencies are a transient, not a rate's
+        console.print(f"warning: load point {s.get('load_key')} is ABOVE SATURATION: "
+                      f"{(s.get('steadiness') or {}).get('reason')}; the server completes "
+                      "fewer requests than arrive, so its latencies grow with the run's length",
+                      style="yellow")
     util = s.get("client_cpu_util")
     # under ~1 s (e.g. every request refused at once) start-up CPU dominates the ratio
     if util is not None and util > 0.8 and s["duration_s"] >= 1.0:
@@ -119,9 +124,12 @@ def point_line(p: Any, store_id: int | None) -> str:
     rate = s.get("request_throughput_req_s")
     verdict = "" if p.check is None else ("  SLO met" if p.check.met else
                                           "  SLO missed: " + "; ".join(p.check.reasons))
+    st = (s.get("steadiness") or {}).get("status")
+    jpt = s.get("j_per_output_token")
     return (f"{p.role:<11} {p.load.key:<12} {'-' if rate is None else f'{rate:.3f}':>8} req/s  "
             f"TTFT p99 {_ms(s.get('ttft_ms'), 'p99')} ms  TPOT p99 {_ms(s.get('tpot_ms'), 'p99')}"
             f" ms  E2E p99 {_ms(s.get('e2e_ms'), 'p99')} ms  failed {s.get('failed')}"
+            + (f"  {st}" if st else "") + (f"  {jpt:.3g} J/tok" if jpt is not None else "")
             + (f"  #{store_id}" if store_id else "") + verdict)
 
 
@@ -130,8 +138,8 @@ def sweep_table(result: Any, slo: Any) -> Any:
     title = "capacity sweep" + (f" under {slo.describe()}" if slo else "")
     t = Table(title=title, title_justify="left")
     for c in ("role", "load", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "TPOT p50",
-              "TPOT p99", "E2E p99", "failed", "SLO"):
-        t.add_column(c, justify="left" if c in ("role", "load", "SLO") else "right")
+              "TPOT p99", "E2E p99", "failed", "steadiness", "SLO"):
+        t.add_column(c, justify="left" if c in ("role", "load", "steadiness", "SLO") else "right")
 
     def order(p: Any) -> float:
         return 0.0 if p.load.concurrency else p.load.request_rate
@@ -144,5 +152,6 @@ def sweep_table(result: Any, slo: Any) -> Any:
                   "-" if tok is None else f"{tok:,.1f}",
                   _ms(s.get("ttft_ms"), "median"), _ms(s.get("ttft_ms"), "p99"),
                   _ms(s.get("tpot_ms"), "median"), _ms(s.get("tpot_ms"), "p99"),
-                  _ms(s.get("e2e_ms"), "p99"), str(s.get("failed")), verdict)
+                  _ms(s.get("e2e_ms"), "p99"), str(s.get("failed")),
+                  (s.get("steadiness") or {}).get("status") or "-", verdict)
     return t

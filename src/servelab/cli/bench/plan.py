@@ -96,7 +96,7 @@ def make_plan(a: BenchArgs) -> Plan:
         warmup=parse_number(a.warmup, int, "--warmup"),
         max_duration_s=parse_number(a.max_duration, float, "--max-duration"),
         request_timeout_s=parse_number(a.request_timeout, float, "--request-timeout"),
-        goodput=gp,
+        goodput=gp, scrape_interval_s=parse_number(a.scrape_interval, float, "--scrape-interval"),
     )
     output = result_path(a.output, a.save_result, a.result_dir, a.result_filename)
     if output:

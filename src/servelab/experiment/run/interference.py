@@ -1,5 +1,6 @@
 """What else the machine did while a run was measured: load average, CPU steal, the CPU time of
-processes that are not ours, and on GPUs clocks, temperature and foreign GPU processes.
+processes that are not ours, and on GPUs clocks, temperature, power, throttle reasons and
+foreign GPU processes (NVML through telemetry/gpu.py, in-process).
 
 Why: on a shared machine a verdict is only as good as the machine was quiet. Every run stores
 this record in its provenance (`interference`), the report shows it beside the run, and the
@@ -10,13 +11,13 @@ CPU numbers come from /proc (Linux); elsewhere they are None, never 0.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from servelab.telemetry import gpu as gpu_telemetry
 
 _HZ = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
@@ -103,59 +104,34 @@ def record(before: Snapshot, after: Snapshot, *, gpu: bool = True) -> Interferen
     )
 
 
-def gpu_state(our_pids: set[int]) -> list[dict[str, Any]] | None:
-    """Per GPU: SM clock and its maximum (MHz), temperature (C), utilization (%), and compute
-    processes that are not ours; None without nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
+def gpu_state(our_pids: set[int], nvml: Any = None) -> list[dict[str, Any]] | None:
+    """Per GPU: SM clock and its maximum (MHz), temperature (C), utilization (%), power (W),
+    the slowdown (throttle) reasons active, and compute processes that are not ours; None where
+    NVML cannot start (no driver or GPU: telemetry/gpu.py, in-process, no nvidia-smi). A
+    reading the board does not give is None."""
+    status, gpus = gpu_telemetry.state(nvml)
+    if status != "ok":
         return None
-    q = "index,uuid,clocks.sm,clocks.max.sm,temperature.gpu,utilization.gpu"
-    try:
-        gpus = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={q}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-        apps = subprocess.run(
-            [
-                "nvidia-smi",
-                "--query-compute-apps=gpu_uuid,pid,used_memory",
-                "--format=csv,noheader,nounits",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    foreign: dict[str, list[int]] = {}
-    for line in apps.strip().splitlines():
-        parts = [c.strip() for c in line.split(",")]
-        if len(parts) >= 2 and parts[1].isdigit() and int(parts[1]) not in our_pids:
-            foreign.setdefault(parts[0], []).append(int(parts[1]))
     out = []
-    for line in gpus.strip().splitlines():
-        c = [x.strip() for x in line.split(",")]
-        if len(c) < 6:
-            continue
-        out.append(
-            {
-                "index": _num(c[0]),
-                "sm_clock_mhz": _num(c[2]),
-                "sm_clock_max_mhz": _num(c[3]),
-                "temperature_c": _num(c[4]),
-                "utilization_pct": _num(c[5]),
-                "foreign_pids": foreign.get(c[1], []),
-            }
-        )
+    for g in gpus:
+        s = g["sample"]
+        reasons = gpu_telemetry.decode_throttle(s.throttle_mask)
+        out.append({
+            "index": float(g["index"]),  # stored as nvidia-smi's CSV gave it (a float)
+            "sm_clock_mhz": _f(s.sm_clock_mhz),
+            "sm_clock_max_mhz": _f(g["sm_clock_max_mhz"]),
+            "temperature_c": _f(s.temperature_c),
+            "utilization_pct": _f(s.util_gpu_pct),
+            "foreign_pids": [p for p in g["pids"] or [] if p not in our_pids],
+            "power_w": s.power_w,
+            "throttle": None if reasons is None else
+            [r for r in reasons if r in gpu_telemetry.SLOWDOWNS or r.startswith("unknown")],
+        })
     return out or None
 
 
-def _num(s: str) -> float | None:
-    try:
-        return float(s)
-    except ValueError:
-        return None  # '[N/A]'
+def _f(x: float | None) -> float | None:
+    return None if x is None else float(x)
 
 
 def crossed(rec: Interference, max_other_cpu: float | None, max_steal: float | None) -> str | None:

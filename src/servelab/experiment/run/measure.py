@@ -29,4 +29,5 @@ def bench_measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measuremen
         records=list(res.records),
         server_info=dict(res.server_info or {}),
         bench=asdict(cfg),
+        telemetry=res.telemetry,
     )

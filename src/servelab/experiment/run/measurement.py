@@ -22,6 +22,7 @@ class Measurement:
     # a capacity sweep's other load points (summary, records, load_key, concurrency,
     # request_rate), each stored as an ordinary load point beside the run's own
     extra_points: list[dict[str, Any]] = field(default_factory=list)
+    telemetry: dict[str, Any] | None = None  # the series over the load (telemetry/point.py)
 
 
 MeasureFn = Callable[[str, ExperimentSpec, PlannedRun], Measurement]

@@ -97,6 +97,7 @@ class Recorder:
                 source="experiment", label=f"{spec.name}/{p.arm}", base_url=url,
                 model=spec.model or None, concurrency=x["concurrency"],
                 request_rate=x["request_rate"], requests=x["records"],
+                telemetry=x.get("telemetry"),
             )
             for x in m.extra_points
         ]
@@ -114,6 +115,7 @@ class Recorder:
             concurrency=at.get("concurrency", p.concurrency),
             request_rate=at.get("request_rate", p.request_rate),
             requests=m.records,
+            telemetry=m.telemetry,
         )
         completed = summary.get("completed") or 0
         status = "ok" if completed > 0 else "failed"

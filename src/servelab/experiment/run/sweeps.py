@@ -83,11 +83,12 @@ class ArmSweep:
                                         "request_rate": at.load.request_rate},
                                "sweep_notes": list(result.notes)}
         extra = [{"summary": s, "records": list(r.records), "load_key": p.load.key,
-                  "concurrency": p.load.concurrency, "request_rate": p.load.request_rate}
+                  "concurrency": p.load.concurrency, "request_rate": p.load.request_rate,
+                  "telemetry": r.telemetry}
                  for p, s, r in points if p is not at]
         return Measurement(summary=summary, records=list(main[2].records),
                            server_info=dict(main[2].server_info or {}), bench=asdict(cfg),
-                           extra_points=extra)
+                           extra_points=extra, telemetry=main[2].telemetry)
 
 
 def measure(url: str, spec: ExperimentSpec, run: PlannedRun) -> Measurement:

@@ -1,0 +1,188 @@
+"""Telemetry of one load point: the engine's /metrics scraped (server.py) and the GPUs sampled
+(gpu.py) from just before the first request to just after the last answer, then summarised:
+steadiness (steady.py), the largest queue, energy per output token (energy.py) and the
+throttle reasons seen.
+
+bench/run.py starts a `PointTelemetry` around the load and calls `finish` with the requests'
+send times and TTFTs; the result is the stored series (`series`, the load point's side file)
+and the summary fields (`summary`, docs/METRICS.md "Telemetry of a load point").
+
+Clocks: the scraper and the sampler count seconds from their own start (time.monotonic); the
+requests are stamped with time.perf_counter_ns. Both readings are taken together at start, so
+a request's send time maps onto the series' clock (`to_series_s`). Everything stored is on the
+scraper's clock, its zero the scrape that precedes the load.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from servelab.telemetry import energy, steady
+from servelab.telemetry.gpu import GpuSampler, GpuSeries
+from servelab.telemetry.server import Scraper, ServerSeries
+
+DEFAULT_SCRAPE_INTERVAL_S = 1.0
+SERIES_VERSION = 1
+# a load sent in less than this has no time axis to trend along (rate=inf sends 100 requests
+# in ~5 ms): its verdict is too_short, not a queue "growing" at 20,000 req/s
+MIN_LOAD_SPAN_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """One request as the steadiness test needs it: when it was sent and answered
+    (perf_counter_ns) and its TTFT (ms; None when it failed)."""
+
+    t_start_ns: int
+    t_end_ns: int
+    ttft_ms: float | None
+
+
+@dataclass(slots=True)
+class PointTelemetry:
+    """Scrape `metrics_url` and sample the GPUs every `interval_s` between start() and finish().
+    `gpus`: NVML indices (None: every GPU NVML sees); `nvml` a stand-in for tests."""
+
+    metrics_url: str
+    interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
+    gpus: list[int] | None = None
+    nvml: Any = None
+    scraper: Scraper | None = None
+    sampler: GpuSampler | None = None
+    perf0_ns: int = 0
+    mono0: float = 0.0
+    stopped: bool = field(default=False)
+
+    def start(self) -> PointTelemetry:
+        self.scraper = Scraper(self.metrics_url, self.interval_s).start()
+        self.sampler = GpuSampler(self.gpus, self.interval_s, nvml=self.nvml).start()
+        self.perf0_ns, self.mono0 = time.perf_counter_ns(), time.monotonic()
+        return self
+
+    def to_series_s(self, t_ns: int) -> float:
+        """A perf_counter_ns instant in seconds on the scraper's clock."""
+        assert self.scraper is not None
+        return (t_ns - self.perf0_ns) / 1e9 + (self.mono0 - self.scraper.t0)
+
+    def stop(self) -> tuple[ServerSeries, GpuSeries]:
+        """Stop both threads (each takes one last reading); idempotent."""
+        assert self.scraper is not None and self.sampler is not None
+        srv, gpu = self.scraper.stop(), self.sampler.stop()
+        self.stopped = True
+        return srv, gpu
+
+    def finish(self, sent: Sequence[Sent], t_end_ns: int, output_tokens: int | None
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Stop, then (series to store, summary fields) for the load whose requests are `sent`
+        and whose last answer came at `t_end_ns`."""
+        srv, gpu = self.stop()
+        assert self.scraper is not None and self.sampler is not None
+        shift = self.sampler.t0 - self.scraper.t0  # sampler clock -> scraper clock
+        load = [self.to_series_s(s.t_start_ns) for s in sent]
+        t_a = min(load) if load else None
+        t_b = self.to_series_s(t_end_ns) if load else None
+        reqs = [(t, self.to_series_s(s.t_end_ns), s.ttft_ms) for t, s in zip(load, sent,
+                                                                           strict=True)]
+        summary = summarize(srv, gpu, sent=reqs, t_end_s=t_b, gpu_shift_s=shift,
+                            output_tokens=output_tokens)
+        series = {"version": SERIES_VERSION, "clock": "seconds after the first scrape",
+                  "load_start_s": t_a, "load_last_sent_s": max(load) if load else None,
+                  "load_end_s": t_b, "gpu_clock_offset_s": shift,
+                  "server": srv.to_json(), "gpu": gpu.to_json()}
+        return series, summary
+
+
+Req = tuple[float, float, float | None]  # (sent s, answered s, TTFT ms) on the scraper's clock
+
+
+def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
+              t_end_s: float | None, gpu_shift_s: float = 0.0,
+              output_tokens: int | None = None, cfg: steady.SteadyConfig | None = None
+              ) -> dict[str, Any]:
+    """The summary fields of a load point's telemetry (docs/METRICS.md). `sent`: each request's
+    (send time s, TTFT ms) on the scraper's clock; `t_end_s` the last answer; `gpu_shift_s`
+    what to add to a GPU sample's time to put it on the scraper's clock."""
+    cfg = cfg or steady.SteadyConfig()
+    served = {k for k, v in srv.values.items() if any(x is not None for x in v)}
+    queue = [x for x in srv.gauge("queued_requests") if x is not None]
+    out: dict[str, Any] = {
+        "telemetry": {
+            "scrape_interval_s": srv.interval_s, "scrapes": len(srv.t_s),
+            "failed_scrapes": sum(e is not None for e in srv.errors),
+            "served": sorted(served), "scrape_cpu_share": srv.cpu_share,
+            "gpu_status": gpu.status, "gpus": [g.get("name") for g in gpu.gpus] or None,
+        },
+        "max_queued_requests": max(queue) if queue else None,
+    }
+    out["steadiness"] = steadiness(srv, sent, cfg).to_json() if sent else None
+    out["above_saturation"] = (out["steadiness"]["status"] == "above_saturation"
+                               if out["steadiness"] else None)
+    t_a = min(r[0] for r in sent) if sent else None
+    en = None
+    if t_a is not None and t_end_s is not None and gpu.available:
+        # the sample just before the load and just after: the window covers the whole load
+        lo = max((s.t_s for s in gpu.samples if s.t_s + gpu_shift_s <= t_a), default=None)
+        hi = min((s.t_s for s in gpu.samples if s.t_s + gpu_shift_s >= t_end_s), default=None)
+        en = energy.window(gpu, lo, hi, output_tokens=output_tokens or None)
+    out["energy"] = None if en is None else {
+        "joules": en.joules, "seconds": en.seconds, "source": en.source,
+        "mean_power_w": en.mean_power_w, "output_tokens": en.output_tokens}
+    out["j_per_output_token"] = en.j_per_token if en else None
+    out["output_tokens_per_j"] = en.tokens_per_j if en else None
+    thr = gpu.throttling() if gpu.available else {}
+    out["throttle_reasons"] = ({str(g): v for g, v in thr.items() if v} or {}) \
+        if gpu.available else None
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    s: steady.Steadiness
+    queue_source: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.s
+        return {"status": s.status, "reason": s.reason, "warmup_end_s": s.warmup_end_s,
+                "drain_start_s": s.drain_start_s, "steady_span_s": s.steady_span_s,
+                "queue_source": self.queue_source,
+                "trends": {k: {"direction": t.direction, "slope_per_s": t.slope, "p": t.p,
+                               "rel_change": t.rel_change, "n": t.n}
+                           for k, t in s.trends.items()}}
+
+
+def in_flight(reqs: Sequence[Req], t_a: float, t_b: float, n: int = 100
+              ) -> tuple[list[float], list[float | None]]:
+    """The client's own count of requests sent and not yet answered, at `n` instants evenly
+    over [t_a, t_b]: exact, and as fine as asked, where a 1-s scrape of a 3-s load point has 3
+    samples."""
+    ts = [t_a + (t_b - t_a) * i / (n - 1) for i in range(n)] if t_b > t_a else [t_a]
+    return ts, [float(sum(1 for a, b, _ in reqs if a <= t < b)) for t in ts]
+
+
+def steadiness(srv: ServerSeries, reqs: Sequence[Req],
+               cfg: steady.SteadyConfig | None = None) -> _Verdict:
+    """The steadiness test over the load span (first send to last send): the server's queue
+    when its scrapes inside the span are enough for a trend test, else the client's in-flight
+    count in its place (a queue that grows is an in-flight count that grows: arrivals exceed
+    completions); the server's token throughput when it counts tokens; the client's TTFT by
+    send time."""
+    cfg = cfg or steady.SteadyConfig()
+    t_a, t_b = min(r[0] for r in reqs), max(r[0] for r in reqs)
+    if t_b - t_a < MIN_LOAD_SPAN_S:
+        return _Verdict(steady.Steadiness(
+            "too_short", None, t_b, {}, f"the load was sent in {t_b - t_a:.3g} s "
+            f"(< {MIN_LOAD_SPAN_S:g} s): no time axis to test"), None)
+    series, _ = steady.server_series(srv)
+    inside = sum(1 for t, q in zip(*series["queue"], strict=True)
+                 if q is not None and t_a <= t <= t_b)
+    src: str | None = "server"
+    if inside < cfg.min_points:
+        series["queue"] = in_flight(reqs, t_a, t_b)
+        src = "client_in_flight"
+    ttft = [(a, v) for a, _, v in reqs if v is not None]
+    if ttft:
+        series["ttft_ms"] = ([t for t, _ in ttft], [v for _, v in ttft])
+    return _Verdict(steady.assess(series, load_end_s=t_b, load_start_s=t_a, cfg=cfg), src)

@@ -1,0 +1,116 @@
+"""A load point's telemetry summary (telemetry/point.py) on series whose truth is known by
+construction: a queue that grows by 2 requests per second, GPUs at a known power, a burst sent
+in milliseconds. The live path (scripted server, store) is tests/bench/scenarios/
+test_run_telemetry.py."""
+
+from __future__ import annotations
+
+import pytest
+from fake_nvml import FakeNVML
+
+from servelab.telemetry.gpu import GpuSample, GpuSeries
+from servelab.telemetry.point import in_flight, summarize
+from servelab.telemetry.server import ServerSeries
+
+
+def _server(queue: list[float | None], dt: float = 0.25) -> ServerSeries:
+    s = ServerSeries(url="http://x/metrics", interval_s=dt)
+    for i, q in enumerate(queue):
+        s.add(i * dt, {"queued_requests": q, "running_requests": 4.0,
+                       "generation_tokens": 100.0 * i})
+    return s
+
+
+def _gpu(power_w: float, seconds: int, throttle: int = 0) -> GpuSeries:
+    g = GpuSeries(interval_s=1.0, gpus=[{"index": 0, "name": "NVIDIA H200"}])
+    g.samples = [GpuSample(t_s=float(t), gpu=0, sm_clock_mhz=1980, mem_clock_mhz=3201,
+                           power_w=power_w, energy_mj=int(1e6 + t * power_w * 1000),
+                           temperature_c=60, util_gpu_pct=90, util_mem_pct=40,
+                           throttle_mask=throttle) for t in range(seconds + 1)]
+    return g
+
+
+def _reqs(rate: float, seconds: float, service_s: float, start: float = 0.5):
+    n = int(rate * seconds)
+    return [(start + i / rate, start + i / rate + service_s, 50.0) for i in range(n)]
+
+
+def test_in_flight_counts_sent_and_not_answered():
+    reqs = [(0.0, 1.0, None), (0.5, 2.0, None), (1.5, 1.6, None)]
+    t, n = in_flight(reqs, 0.0, 2.0, n=5)  # 0, 0.5, 1.0, 1.5, 2.0
+    assert t == [0.0, 0.5, 1.0, 1.5, 2.0]
+    assert n == [1.0, 2.0, 1.0, 2.0, 0.0]  # answered at t: no longer in flight at t
+
+
+def test_a_growing_queue_is_above_saturation_and_its_max_is_kept():
+    # 40 scrapes at 4/s over 10 s, the queue +2 requests/s: arrivals exceed service
+    srv = _server([2.0 * i * 0.25 for i in range(41)])
+    out = summarize(srv, GpuSeries(interval_s=1.0, status="n/a: no NVIDIA GPU"),
+                    sent=_reqs(10, 9.5, 0.5), t_end_s=10.0, output_tokens=950)
+    assert out["steadiness"]["status"] == "above_saturation", out["steadiness"]["reason"]
+    assert out["above_saturation"] is True
+    assert out["steadiness"]["queue_source"] == "server"
+    assert out["steadiness"]["trends"]["queue"]["slope_per_s"] == pytest.approx(2.0, rel=0.05)
+    assert out["max_queued_requests"] == 20.0
+    # no GPU: said once in the summary, energy and throttling missing, not 0
+    assert out["telemetry"]["gpu_status"].startswith("n/a")
+    assert out["energy"] is None and out["j_per_output_token"] is None
+    assert out["throttle_reasons"] is None
+
+
+def test_a_flat_queue_is_steady_and_energy_per_token_is_exact():
+    srv = _server([1.0, 0.0] * 20 + [0.0])
+    # 700 W over the load [0.5, 9.5] s: the window runs from the sample before the first send
+    # (t=0) to the one after the last answer (t=10): 7,000 J for 950 tokens
+    out = summarize(srv, _gpu(700.0, 12), sent=_reqs(10, 9.0, 0.5), t_end_s=9.6,
+                    output_tokens=950)
+    assert out["steadiness"]["status"] == "steady", out["steadiness"]["reason"]
+    assert out["above_saturation"] is False
+    assert out["energy"]["joules"] == pytest.approx(7000.0)
+    assert out["energy"]["source"] == "counter" and out["energy"]["mean_power_w"] == 700.0
+    assert out["j_per_output_token"] == pytest.approx(7000 / 950)
+    assert out["output_tokens_per_j"] == pytest.approx(950 / 7000)
+    assert out["throttle_reasons"] == {}  # sampled, none seen
+
+
+def test_throttling_is_named_with_its_share_of_samples():
+    out = summarize(_server([0.0] * 41), _gpu(650.0, 10, throttle=0x4 | 0x1),
+                    sent=_reqs(10, 9.0, 0.5), t_end_s=9.6, output_tokens=900)
+    assert out["throttle_reasons"] == {"0": {"sw_power_cap": 1.0}}  # idle is no slowdown
+
+
+def test_a_short_scrape_series_falls_back_to_the_clients_in_flight_count():
+    # 3 scrapes over a 3-s load cannot be trend-tested; the client's in-flight count can: sent
+    # 30/s, answered after a service time that grows by 0.1 s per request (a growing backlog)
+    srv = _server([0.0, 5.0, 9.0], dt=1.0)
+    reqs = [(i / 30, i / 30 + 0.1 * i, 50.0) for i in range(90)]
+    out = summarize(srv, GpuSeries(interval_s=1.0, status="n/a"), sent=reqs, t_end_s=12.0,
+                    output_tokens=None)
+    st = out["steadiness"]
+    assert st["queue_source"] == "client_in_flight"
+    assert st["status"] == "above_saturation", st["reason"]
+
+
+def test_a_burst_sent_at_once_is_too_short_to_judge():
+    reqs = [(0.001 * i, 3.0, 50.0) for i in range(100)]  # rate=inf: 100 requests in 0.1 s
+    out = summarize(_server([0.0] * 13), GpuSeries(interval_s=1.0, status="n/a"), sent=reqs,
+                    t_end_s=3.0, output_tokens=None)
+    assert out["steadiness"]["status"] == "too_short"
+    assert "no time axis" in out["steadiness"]["reason"]
+    assert out["above_saturation"] is False
+
+
+def test_the_sampler_stand_in_feeds_energy_through_the_real_sampler():
+    # the real GpuSampler over FakeNVML's 300-W GPU 0 and its counter-less GPU 1: the window's
+    # total is None (a partial sum would read low) and the status stays "ok"
+    from servelab.telemetry.gpu import GpuSampler
+
+    with GpuSampler(interval_s=0.05, nvml=FakeNVML()) as smp:
+        import time
+
+        time.sleep(0.3)
+    out = summarize(_server([0.0] * 13), smp.series, sent=_reqs(10, 0.2, 0.05, start=0.0),
+                    t_end_s=0.3, output_tokens=10)
+    assert out["telemetry"]["gpu_status"] == "ok"
+    assert out["energy"] is None  # GPU 1 has neither counter nor power
+    assert out["throttle_reasons"] == {"0": {"sw_power_cap": 1.0, "hw_thermal_slowdown": 1.0}}
