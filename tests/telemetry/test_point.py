@@ -114,3 +114,20 @@ def test_the_sampler_stand_in_feeds_energy_through_the_real_sampler():
     assert out["telemetry"]["gpu_status"] == "ok"
     assert out["energy"] is None  # GPU 1 has neither counter nor power
     assert out["throttle_reasons"] == {"0": {"sw_power_cap": 1.0, "hw_thermal_slowdown": 1.0}}
+
+
+def test_the_engines_prefix_cache_hit_rate_over_the_load_point():
+    from servelab.telemetry.point import prefix_hit_rate
+
+    s = ServerSeries(url="http://x/metrics", interval_s=1.0)
+    # counters (vLLM's, the embedded engine's): 300 of the 1,000 tokens looked up in the load
+    # point were found; what the counters held before it does not count
+    for i, (q, h) in enumerate([(5000, 4000), (5400, 4100), (6000, 4300)]):
+        s.add(float(i), {"prefix_cache_queries": q, "prefix_cache_hits": h,
+                         "prefix_cache_hit_rate_gauge": None})
+    assert prefix_hit_rate(s) == (pytest.approx(0.3), "counters")
+    g = ServerSeries(url="http://x/metrics", interval_s=1.0)
+    for i, rate in enumerate([0.5, 0.7, None]):   # SGLang's gauge: its mean
+        g.add(float(i), {"prefix_cache_hit_rate_gauge": rate})
+    assert prefix_hit_rate(g) == (pytest.approx(0.6), "gauge")
+    assert prefix_hit_rate(_server([1.0, 2.0])) == (None, None)

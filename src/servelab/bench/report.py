@@ -119,12 +119,17 @@ def _pct(x: Any) -> str:
 
 
 def cache_text(s: dict[str, Any]) -> str:
-    """'42.0% (reported by 90 of 100; workload prefix share 50.0%)', or '-' when unreported."""
+    """'42.0% (reported by 90 of 100; workload prefix share 50.0%; engine's hit rate 41.5%
+    (counters))', or '-' when unreported."""
     n = s.get("cached_tokens_reported")
     ideal = s.get("prefix_share")
     tail = f"workload prefix share {_pct(ideal)}" if ideal is not None else ""
     if not n:
         return "not reported" + (f" ({tail})" if tail else "") if tail else "-"
+    engine = s.get("prefix_cache_hit_rate")
+    if engine is not None:
+        tail += ("; " if tail else "") + (f"engine's hit rate {_pct(engine)} "
+                                          f"({s.get('prefix_cache_hit_rate_source')})")
     return (f"{_pct(s.get('cached_token_share'))} (reported by {n} of {s.get('completed')}"
             + (f"; {tail}" if tail else "") + ")")
 

@@ -117,6 +117,7 @@ def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
         },
         "max_queued_requests": max(queue) if queue else None,
     }
+    out["prefix_cache_hit_rate"], out["prefix_cache_hit_rate_source"] = prefix_hit_rate(srv)
     out["steadiness"] = steadiness(srv, sent, cfg).to_json() if sent else None
     out["above_saturation"] = (out["steadiness"]["status"] == "above_saturation"
                                if out["steadiness"] else None)
@@ -136,6 +137,21 @@ def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
     out["throttle_reasons"] = ({str(g): v for g, v in thr.items() if v} or {}) \
         if gpu.available else None
     return out
+
+
+def prefix_hit_rate(srv: ServerSeries) -> tuple[float | None, str | None]:
+    """The engine's own prefix-cache hit rate over the load point, in prompt tokens: the ratio
+    of the hit and query counters' deltas between the first and last scrape that served them
+    (vLLM's counters, which the embedded engine serves too), else the mean of the engine's
+    hit-rate gauge (SGLang's `cache_hit_rate`, a recent window); (None, None) when neither."""
+    q = [x for x in srv.values.get("prefix_cache_queries", []) if x is not None]
+    h = [x for x in srv.values.get("prefix_cache_hits", []) if x is not None]
+    if len(q) >= 2 and len(h) >= 2 and q[-1] - q[0] > 0:
+        return (h[-1] - h[0]) / (q[-1] - q[0]), "counters"
+    g = [x for x in srv.values.get("prefix_cache_hit_rate_gauge", []) if x is not None]
+    if g:
+        return sum(g) / len(g), "gauge"
+    return None, None
 
 
 @dataclass(frozen=True, slots=True)
