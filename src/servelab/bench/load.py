@@ -17,12 +17,15 @@ import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar
 
 import aiohttp
 import numpy as np
 
 from servelab.bench.client import RawResult
 from servelab.bench.workload import RequestSpec
+
+T = TypeVar("T")
 
 Send = Callable[[RequestSpec], Awaitable[RawResult]]
 OnDone = Callable[[RawResult], None]
@@ -110,15 +113,23 @@ async def open_loop(specs: Sequence[RequestSpec], offsets_s: np.ndarray, send: S
         if on_done:
             on_done(r)
 
+    await on_schedule(specs, offsets_s, t0, deadline_ns, one)
+    return results
+
+
+async def on_schedule(items: Sequence[T], offsets_s: Sequence[float] | np.ndarray, t0_ns: int,
+                      deadline_ns: int | None, start: Callable[[T, int], Awaitable[None]]) -> None:
+    """Start `start(item, due_ns)` as a task at `t0_ns` + each item's offset, whatever is still
+    running (items due together are all started before the loop sleeps again; none past the
+    deadline), then wait for them all: the open loop's clock, for requests and for sessions."""
     tasks: list[asyncio.Task[None]] = []
-    for spec, off in zip(specs, offsets_s, strict=True):
-        due = t0 + int(off * 1e9)
+    for item, off in zip(items, offsets_s, strict=True):
+        due = t0_ns + int(off * 1e9)
         if deadline_ns is not None and due >= deadline_ns:
             break
         delay = (due - time.perf_counter_ns()) / 1e9
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(spec, due)))
+        tasks.append(asyncio.create_task(start(item, due)))
     if tasks:
         await asyncio.gather(*tasks)
-    return results

@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from servelab.bench.client import RawResult
 from servelab.bench.config import LoadPoint, ThinkTime
-from servelab.bench.load import arrival_offsets_s
+from servelab.bench.load import arrival_offsets_s, on_schedule
 from servelab.bench.workload import TURN_SEP, RequestSpec
 
 Send = Callable[[RequestSpec], Awaitable[RawResult]]
@@ -123,18 +123,7 @@ async def run_sessions(specs: Sequence[RequestSpec], load: LoadPoint, chat: bool
     else:
         rate = load.request_rate if load.request_rate is not None else float("inf")
         offs = arrival_offsets_s(len(sessions), rate, load.burstiness, seed)
-        t0 = time.perf_counter_ns()
-        tasks = []
-        for turns, off in zip(sessions, offs, strict=True):
-            due = t0 + int(off * 1e9)
-            if deadline_ns is not None and due >= deadline_ns:
-                break
-            delay = (due - time.perf_counter_ns()) / 1e9
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(session(turns, due)))
-        if tasks:
-            await asyncio.gather(*tasks)
+        await on_schedule(sessions, offs, time.perf_counter_ns(), deadline_ns, session)
     by_index = {s.index: s for s in sent}
     order = sorted(range(len(results)), key=lambda i: results[i].t_start_ns)
     return [results[i] for i in order], [by_index[results[i].index] for i in order]
