@@ -23,3 +23,12 @@ def call(url: str, path: str, body: object | None = None, timeout: float = 60,
         return status, json.loads(text)
     except json.JSONDecodeError:
         return status, text
+
+
+def sse(url: str, path: str, body: dict) -> list[dict]:
+    """A streamed answer's events (JSON objects), checked to be a 200 that ends with [DONE]."""
+    status, text = call(url, path, body)
+    assert status == 200, text
+    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]

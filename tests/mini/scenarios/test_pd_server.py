@@ -21,7 +21,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from http_call import call
+from http_call import call, sse
 from serve_proc import free_port, start, wait_ready
 
 from servelab.engines.base import parse_prometheus
@@ -79,14 +79,6 @@ def reference():
         return eng.generate(tk.encode(prompt), SamplingParams(max_tokens=n, temperature=0.0,
                                                               ignore_eos=True))[1]
     return greedy
-
-
-def sse(url: str, path: str, body: dict) -> list[dict]:
-    status, text = call(url, path, body)
-    assert status == 200, text
-    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 def metrics(url: str) -> dict[str, float]:

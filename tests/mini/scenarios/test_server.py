@@ -14,7 +14,7 @@ import time
 from itertools import pairwise
 
 import pytest
-from http_call import call
+from http_call import call, sse
 from serve_proc import free_port, start, wait_ready
 
 
@@ -29,14 +29,6 @@ def server():
     if proc.poll() is None:
         proc.kill()
         proc.wait()
-
-
-def sse(url: str, path: str, body: dict) -> list[dict]:
-    status, text = call(url, path, body)
-    assert status == 200, text
-    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 PROMPT = "import os\nimport sys\n\n\ndef main(argv):\n"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from http_call import call
+from http_call import call, sse
 from serve_proc import start, wait_ready
 
 from servelab.engines.base import parse_prometheus
@@ -37,14 +37,6 @@ def servers():
             if p.poll() is None:
                 p.kill()
                 p.wait()
-
-
-def sse(url: str, path: str, body: dict) -> list[dict]:
-    status, text = call(url, path, body)
-    assert status == 200, text
-    events = [ln[6:] for ln in text.split("\n") if ln.startswith("data: ")]
-    assert events[-1] == "[DONE]"
-    return [json.loads(e) for e in events[:-1]]
 
 
 def counters(url: str) -> dict[str, float]:
