@@ -8,9 +8,8 @@ import os
 import shlex
 import threading
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import Any, Protocol
 
-from servelab import atomic
 from servelab.engines.base import ProcessPlan
 from servelab.redaction import redact, redact_text
 
@@ -71,12 +70,6 @@ class Running(Protocol):
 def on_main_thread() -> bool:
     """Signal handlers can only be set on the main thread."""
     return threading.current_thread() is threading.main_thread()
-
-
-def open_log(path: Path) -> IO[bytes]:
-    """A process's log file for appending, readable by its owner only (0600, like the reports:
-    an engine may print its own arguments, secrets included); a link there is refused."""
-    return atomic.open_append(path)
 
 
 def launch_line(argv: list[str]) -> bytes:

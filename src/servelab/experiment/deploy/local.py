@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from servelab import lifetime
+from servelab import atomic, lifetime
 from servelab.engines.base import Engine, ProcessPlan
 from servelab.engines.launcher import Launcher
 from servelab.experiment.deploy.base import (
@@ -29,7 +29,6 @@ from servelab.experiment.deploy.base import (
     descendants,
     launch_line,
     on_main_thread,
-    open_log,
     tail,
 )
 from servelab.experiment.deploy.ports import free_port, wait_port_free
@@ -75,7 +74,7 @@ class LocalProcess:
                 f"port {plan.port} of the {plan.role} process is still in use "
                 f"after {port_free_s:.0f} s"
             )
-        log_file = open_log(log_path)  # closed in terminate
+        log_file = atomic.open_append(log_path)  # 0600, no link; closed in terminate
         log_file.write(launch_line(plan.argv))
         log_file.flush()
         try:

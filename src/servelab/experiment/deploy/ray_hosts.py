@@ -21,10 +21,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
+from servelab import atomic
 from servelab.engines.base import Engine, ProcessConfig, ProcessPlan
 from servelab.engines.launcher import Launcher
 from servelab.errors import UserError
-from servelab.experiment.deploy.base import DeployError, Running, launch_line, open_log, tail
+from servelab.experiment.deploy.base import DeployError, Running, launch_line, tail
 from servelab.experiment.deploy.local import Site
 from servelab.experiment.deploy.ray_actor import EngineHost
 from servelab.experiment.deploy.ray_nodes import cluster_text, connect, nodes, unplaceable
@@ -188,7 +189,7 @@ class RayProcess:
         self.offset = 0
         self._lost: str | None = None
         self._lock = threading.Lock()
-        self._log: IO[bytes] | None = open_log(log_path)  # closed in terminate
+        self._log: IO[bytes] | None = atomic.open_append(log_path)  # 0600, no link; closed in terminate
         self._log.write(launch_line(plan.argv) + f"# on node {site.short()}\n".encode())
         self._log.flush()
         self._stop = threading.Event()
