@@ -80,11 +80,6 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts._replace(query=query))
 
 
-def has_credentials(url: str) -> bool:
-    """Whether `url` carries a userinfo (`user:pw@`) part."""
-    return bool(_USERINFO.search(url))
-
-
 # --- free text ----------------------------------------------------------------------------
 
 # `Bearer X`, `Basic X` (an Authorization header's credentials, wherever they stand)
