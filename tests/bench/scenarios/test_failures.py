@@ -101,7 +101,7 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     (["--sweep", "--slo", "ttft:500", "--goodput", "ttft:400"], "differ"),
     (["--sweep", "--sweep-precision", "0"], "--sweep-precision"),
     (["--sweep", "--sweep-rates", "5", "--sweep-max-points", "4"], "--sweep-max-points"),
-    (["--concurrency", "1", "--save-result", "--output", "x.json"], "not both"),
+    (["--concurrency", "1", "--save-result", "--result-dir", "/proc/no/such"], "--result-dir"),
     (["--concurrency", "1", "--result-filename", "x.json"], "--save-result"),
     (["--concurrency", "1", "--num-prompts", "ten"], "--num-prompts"),
     (["--concurrency", "1", "--goodput", "latency_ms=5"], "--goodput"),

@@ -51,9 +51,9 @@ def _seconds_list(obj: dict[str, Any], key: str, n: int | None, nested: bool = F
     if n is not None and len(v) != n:
         raise _Bad(f"'{key}' has {len(v)} entries, 'ttfts' has {n}: the per-request lists "
                    "must have one entry per request")
-    for i, x in enumerate(v):
+    for i, x in enumerate(v):  # null: not measured (servelab's --save-result writes it)
         good = (isinstance(x, list) and all(_ok_num(y) for y in x)) if nested and isinstance(
-            x, list) else _ok_num(x)
+            x, list) else (x is None or _ok_num(x))
         if not good:
             raise _Bad(f"'{key}'[{i}] must be a non-negative number"
                        f"{' or a list of them' if nested else ''}, got {_show(x)}")
@@ -101,7 +101,7 @@ def _records(obj: dict[str, Any]) -> list[dict[str, Any]]:
     recs = []
     for i in range(n):
         gaps = [g * 1e3 for g in itls[i]] if nested else []
-        ok = not errs[i] and ttfts[i] > 0
+        ok = not errs[i] and ttfts[i] is not None and ttfts[i] > 0
         out = outs[i]
         tpot = (sum(gaps) / (out - 1)) if ok and gaps and isinstance(out, int) and out > 1 else None
         recs.append({"index": i, "ok": ok,

@@ -5,9 +5,11 @@ concurrency or request rate, or a capacity sweep (`--sweep --slo ...`). Thin: th
 
 Flag names follow servelab's own vocabulary; SGLang's `bench_serving` and vLLM's `bench serve`
 spellings are accepted as aliases (`--max-concurrency`, `--num-warmups` / `--warmup-requests`,
-`--output-file`, `--save-result` with `--result-dir` / `--result-filename`, `--random-input-len`,
+`--output-file`, `--random-input-len`,
 `--random-output-len`, `--dataset-path`, `--goodput ttft:500`), so a command line copied from
-them runs here.
+them runs here. `--save-result` (with `--result-dir`, `--result-filename`, `--save-detailed`,
+`--append-result`, `--metadata`, `--percentile-metrics`, `--metric-percentiles`) writes vLLM's
+own result file beside servelab's `--output`.
 """
 
 from __future__ import annotations
@@ -58,6 +60,11 @@ def register(app: typer.Typer) -> None:
         save_result: bool = o.SAVE_RESULT,
         result_dir: str = o.RESULT_DIR,
         result_filename: str = o.RESULT_FILENAME,
+        save_detailed: bool = o.SAVE_DETAILED,
+        append_result: bool = o.APPEND_RESULT,
+        metadata: list[str] = o.METADATA,
+        percentile_metrics: str = o.PERCENTILE_METRICS,
+        metric_percentiles: str = o.METRIC_PERCENTILES,
         sweep: bool = o.SWEEP,
         slo: str = o.SLO,
         sweep_precision: str = o.SWEEP_PRECISION,
@@ -96,4 +103,6 @@ def register(app: typer.Typer) -> None:
             gsp_system_prompt_len=gsp_system_prompt_len, gsp_question_len=gsp_question_len,
             gsp_output_len=gsp_output_len, num_sessions=num_sessions, turns=turns,
             max_turns=max_turns, think_time=think_time, scrape_interval=scrape_interval,
+            save_detailed=save_detailed, append_result=append_result, metadata=metadata,
+            percentile_metrics=percentile_metrics, metric_percentiles=metric_percentiles,
         ))

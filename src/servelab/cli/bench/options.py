@@ -65,11 +65,24 @@ REQUEST_TIMEOUT = typer.Option("600", "--request-timeout",
                                help="Seconds before a request counts as failed.")
 OUTPUT = typer.Option(None, "--output", "--output-file",
                       help="Write all load points (and provenance) to this JSON file.")
-SAVE_RESULT = typer.Option(False, "--save-result", help="Write the JSON file to "
-                           "--result-dir/--result-filename (vLLM's spelling).")
+SAVE_RESULT = typer.Option(False, "--save-result", help="Also write vLLM's result JSON "
+                           "(its keys and units) to --result-dir/--result-filename, one file "
+                           "per load point (docs/METRICS.md).")
 RESULT_DIR = typer.Option(None, "--result-dir", help="With --save-result: folder (default .).")
-RESULT_FILENAME = typer.Option(None, "--result-filename", help="With --save-result: "
-                               "file name (default servelab-bench-DATE.json).")
+RESULT_FILENAME = typer.Option(None, "--result-filename", help="With --save-result: file name "
+                               "(default vLLM's {label|backend}-{rate}qps[-concurrency{C}]-"
+                               "{model}-{date}.json).")
+SAVE_DETAILED = typer.Option(False, "--save-detailed", help="With --save-result: add vLLM's "
+                             "per-request lists (ttfts, itls, input_lens, output_lens, ...).")
+APPEND_RESULT = typer.Option(False, "--append-result", help="Save as --save-result, adding one "
+                             "line per result to the file (vLLM's append layout).")
+METADATA = typer.Option(None, "--metadata", help="With --save-result: KEY=VALUE written into "
+                        "the result (repeat the flag, or quote several: 'tp=1 version=x').")
+PERCENTILE_METRICS = typer.Option(None, "--percentile-metrics", help="With --save-result: "
+                                  "metrics given mean/median/std/percentiles: ttft,tpot,itl "
+                                  "(default, as vLLM), e2el, client_queue_time.")
+METRIC_PERCENTILES = typer.Option("99", "--metric-percentiles", help="With --save-result: "
+                                  "percentiles written, e.g. 50,90,99.")
 SWEEP = typer.Option(False, "--sweep", help="Capacity sweep: synchronous, saturated, "
                      "then rates between, refined where --slo is crossed.")
 SLO = typer.Option(None, "--slo", help="SLOs of the sweep, e.g. ttft_p99_ms=2000,"
@@ -142,3 +155,9 @@ class BenchArgs:
     max_turns: str | None = None
     think_time: str = "0"
     scrape_interval: str = "1"
+    # vLLM's result file (--save-result) and what shapes it
+    save_detailed: bool = False
+    append_result: bool = False
+    metadata: list[str] | None = None
+    percentile_metrics: str | None = None
+    metric_percentiles: str = "99"

@@ -1,5 +1,6 @@
 """What `servelab bench` prints and writes: each load point's table (one line in a sweep) and
-warnings, the sweep's table, the store rows and the --output JSON document."""
+warnings, the sweep's table, the store rows, the --output JSON document and, with
+--save-result, each point's file in vLLM's layout (bench/importers/vllm_layout.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rich.table import Table
 
 from servelab import atomic, provenance
 from servelab.bench.config import BenchConfig
+from servelab.bench.importers import vllm_layout
 from servelab.bench.report import summary_table
 from servelab.bench.run import save_load_point
 from servelab.errors import UserError
@@ -30,6 +32,8 @@ class Recorder:
     out: list[dict] = field(default_factory=list)  # every point's summary, with its store id
     sweep_doc: dict[str, Any] | None = None
     server_info: dict[str, Any] = field(default_factory=dict)
+    vllm: vllm_layout.VllmResultConfig | None = None
+    vllm_files: list[str] = field(default_factory=list)
 
     def provenance(self) -> dict[str, Any]:
         return provenance.collect(server_info=self.server_info,
@@ -62,6 +66,13 @@ class Recorder:
         else:
             report_point(self.console, res, line(row), full=False)
         self.out.append({**res.summary, "store_id": row})
+        if self.vllm is not None:  # as it completes: a crash keeps the points measured
+            doc = vllm_layout.result_document(
+                res.summary, res.records, cfg=self.vllm, api=cfg.api,
+                tokenizer=cfg.workload.tokenizer, label=self.label, burstiness=lp.burstiness)
+            path = vllm_layout.write(self.vllm, doc)
+            self.vllm_files.append(str(path))
+            self.console.print(f"vLLM result: {path}", markup=False, highlight=False)
         return row
 
 

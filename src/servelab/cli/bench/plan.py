@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,12 @@ from servelab.bench.config import (
     parse_goodput,
     parse_list,
     parse_number,
+)
+from servelab.bench.importers.vllm_layout import (
+    VllmResultConfig,
+    parse_metadata,
+    parse_percentile_metrics,
+    parse_percentiles,
 )
 from servelab.bench.slo import SloSet, parse_slo
 from servelab.bench.sweep import SweepConfig
@@ -39,6 +44,7 @@ class Plan:
     sweep: SweepConfig | None
     slos: SloSet | None
     output: str | None
+    vllm: VllmResultConfig | None = None  # --save-result: vLLM's layout, one file per point
 
 
 def make_plan(a: BenchArgs) -> Plan:
@@ -98,10 +104,12 @@ def make_plan(a: BenchArgs) -> Plan:
         request_timeout_s=parse_number(a.request_timeout, float, "--request-timeout"),
         goodput=gp, scrape_interval_s=parse_number(a.scrape_interval, float, "--scrape-interval"),
     )
-    output = result_path(a.output, a.save_result, a.result_dir, a.result_filename)
-    if output:
-        check_output(output)
-    return Plan(cfg=cfg, loads=loads, sweep=scfg, slos=slos, output=output)
+    vllm = result_path(a, several=scfg is not None or len(loads) > 1)
+    if a.output:
+        check_output(a.output)
+    if vllm is not None:
+        check_folder(vllm.folder())
+    return Plan(cfg=cfg, loads=loads, sweep=scfg, slos=slos, output=a.output, vllm=vllm)
 
 
 def sessions_config(a: BenchArgs) -> SessionsConfig | None:
@@ -134,18 +142,36 @@ def load_points(concurrency: str | None, request_rate: str | None,
     return [LoadPoint(request_rate=r, burstiness=burstiness) for r in rates]
 
 
-def result_path(output: str | None, save_result: bool, result_dir: str | None,
-                 result_filename: str | None) -> str | None:
-    """--output / --output-file, or vLLM's --save-result [--result-dir D] [--result-filename F]."""
-    if output and (save_result or result_filename or result_dir):
-        raise UserError("give --output (--output-file) or --save-result [--result-dir] "
-                        "[--result-filename], not both")
-    if not save_result:
-        if result_filename or result_dir:
-            raise UserError("--result-dir / --result-filename take effect with --save-result")
-        return output
-    name = result_filename or time.strftime("servelab-bench-%Y%m%d-%H%M%S.json")
-    return str(Path(result_dir or ".") / name)
+def result_path(a: BenchArgs, several: bool) -> VllmResultConfig | None:
+    """vLLM's --save-result / --append-result [--result-dir D] [--result-filename F] and the flags
+    that shape that file; --output is servelab's own document, beside it or alone."""
+    if not (a.save_result or a.append_result):
+        given = [f for f, v in (("--result-dir", a.result_dir),
+                                ("--result-filename", a.result_filename),
+                                ("--save-detailed", a.save_detailed), ("--metadata", a.metadata),
+                                ("--percentile-metrics", a.percentile_metrics),
+                                ("--metric-percentiles", a.metric_percentiles != "99")) if v]
+        if given:
+            raise UserError(f"{' / '.join(given)} take effect with --save-result (vLLM's result "
+                            "file); add --save-result")
+        return None
+    return VllmResultConfig(
+        result_dir=a.result_dir, result_filename=a.result_filename, detailed=a.save_detailed,
+        append=a.append_result, metadata=parse_metadata(a.metadata),
+        percentile_metrics=parse_percentile_metrics(a.percentile_metrics),
+        percentiles=parse_percentiles(a.metric_percentiles), several_points=several)
+
+
+def check_folder(folder: Path) -> None:
+    """Refuse a --result-dir that cannot be written before any load is sent."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".servelab-", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise UserError(f"--result-dir {folder}: cannot write there ({exc.strerror}); give a "
+                        "folder you can write") from None
 
 
 def check_output(path: str) -> None:

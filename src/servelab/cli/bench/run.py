@@ -25,7 +25,7 @@ def execute(a: BenchArgs) -> None:
     plan = make_plan(a)
     st = None if a.no_store else Store(a.store)
     rec = Recorder(cfg=plan.cfg, output=plan.output, store=st,
-                   console=make_console(stderr=a.as_json), label=a.label)
+                   console=make_console(stderr=a.as_json), label=a.label, vllm=plan.vllm)
     quiet = a.quiet or a.as_json
     if plan.sweep is None:
         for lp in plan.loads:
