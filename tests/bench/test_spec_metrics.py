@@ -76,7 +76,9 @@ sglang:spec_accept_length{model_name="m"} 2.5
     v = spec_metrics.parse_prometheus(text)
     assert v[spec_metrics.VLLM_DRAFTS] == 15.0
     assert v[spec_metrics.SGLANG_ACCEPT_LENGTH] == 2.5
-    assert not any("per_pos" in k for k in v)
+    # per position: kept apart, never summed into one number
+    assert v[spec_metrics.VLLM_ACCEPTED_PER_POS + "#0"] == 7.0
+    assert spec_metrics.VLLM_ACCEPTED_PER_POS not in v
     assert spec_metrics.parse_prometheus("not prometheus {{{") == {}
 
 
@@ -116,3 +118,32 @@ def test_speculating_from_metrics():
     assert not spec_metrics.speculating({spec_metrics.SGLANG_ACCEPT_LENGTH: 0.0,
                                          "sglang:num_running_reqs": 2.0})
     assert spec_metrics.speculating({spec_metrics.SGLANG_ACCEPT_LENGTH: 2.4})
+
+
+def test_vllm_counts_are_the_windows_deltas_with_the_rate_per_position():
+    """As `vllm bench serve` reports them: counter deltas between the scrapes, and accepted
+    tokens at position i over drafts. Text made by prometheus_client, as vLLM serves it."""
+    from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+    reg = CollectorRegistry()
+    drafts = Counter("vllm:spec_decode_num_drafts", "", registry=reg)
+    toks = Counter("vllm:spec_decode_num_draft_tokens", "", registry=reg)
+    acc = Counter("vllm:spec_decode_num_accepted_tokens", "", registry=reg)
+    pos = Counter("vllm:spec_decode_num_accepted_tokens_per_pos", "", ["position"], registry=reg)
+
+    def step(n: int, accepted: tuple[int, int, int]) -> None:
+        drafts.inc(n)
+        toks.inc(3 * n)
+        acc.inc(sum(accepted))
+        for i, a in enumerate(accepted):
+            pos.labels(position=str(i)).inc(a)
+
+    step(4, (4, 2, 1))  # before the window
+    before = spec_metrics.parse_prometheus(generate_latest(reg).decode())
+    step(10, (9, 6, 2))
+    after = spec_metrics.parse_prometheus(generate_latest(reg).decode())
+    c = spec_metrics.vllm_counts(before, after)
+    assert c == {"num_drafts": 10, "draft_tokens": 30, "accepted_tokens": 17,
+                 "per_position_acceptance_rates": [0.9, 0.6, 0.2]}
+    assert spec_metrics.vllm_counts({}, after) is None       # no scrape before: no window
+    assert spec_metrics.vllm_counts(after, after) is None    # no draft in the window

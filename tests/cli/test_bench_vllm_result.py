@@ -104,6 +104,12 @@ def test_key_set_names_and_numbers_equal_our_document(bench_run):
         assert s["accept_length_source"] == "metrics:vllm" and s["accept_rate"] is not None
         assert v["spec_decode_acceptance_length"] == s["accept_length"]
         assert v["spec_decode_acceptance_rate"] == pytest.approx(s["accept_rate"] * 100)
+        # the window's counts, consistent with vLLM's own derivations of rate and length
+        n, acc = v["spec_decode_num_drafts"], v["spec_decode_accepted_tokens"]
+        assert isinstance(n, int) and n > 0 and isinstance(acc, int)
+        assert 1 + acc / n == pytest.approx(v["spec_decode_acceptance_length"])
+        assert 100 * acc / v["spec_decode_draft_tokens"] == pytest.approx(
+            v["spec_decode_acceptance_rate"])
         for theirs, mine in (("duration", "duration_s"), ("completed", "completed"),
                              ("failed", "failed"), ("total_input_tokens", "total_input_tokens"),
                              ("total_output_tokens", "total_output_tokens"),

@@ -26,6 +26,7 @@ from servelab.bench.metrics import RequestRecord
 VLLM_DRAFTS = "vllm:spec_decode_num_drafts"
 VLLM_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens"
 VLLM_ACCEPTED = "vllm:spec_decode_num_accepted_tokens"
+VLLM_ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"  # label `position`
 VLLM_SPEC_PREFIX = "vllm:spec_decode"   # every vLLM speculative counter starts with it
 SGLANG_ACCEPT_LENGTH = "sglang:spec_accept_length"
 SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
@@ -33,7 +34,9 @@ SGLANG_ACCEPT_RATE = "sglang:spec_accept_rate"
 
 def parse_prometheus(text: str | None) -> dict[str, float]:
     """Sample values by metric name (labels summed over, e.g. several engines or models); the
-    counter suffix `_total` is dropped so names match across prometheus_client versions."""
+    counter suffix `_total` is dropped so names match across prometheus_client versions. A
+    sample labelled `position` (vLLM's accepted tokens per draft position) is kept apart, as
+    `name#N` for position N."""
     if not text:
         return {}
     from prometheus_client.parser import text_string_to_metric_families
@@ -42,9 +45,11 @@ def parse_prometheus(text: str | None) -> dict[str, float]:
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                if s.name.endswith(("_created", "_bucket")) or "position" in s.labels:
+                if s.name.endswith(("_created", "_bucket")):
                     continue
                 name = s.name[:-6] if s.name.endswith("_total") else s.name
+                if "position" in s.labels:
+                    name = f"{name}#{s.labels['position']}"
                 out[name] = out.get(name, 0.0) + float(s.value)
     except ValueError:
         return {}
@@ -75,6 +80,27 @@ def from_vllm(before: dict[str, float], after: dict[str, float]) -> tuple[float 
         d_tok = after[VLLM_DRAFT_TOKENS] - before.get(VLLM_DRAFT_TOKENS, 0.0)
         rate = d_acc / d_tok if d_tok > 0 else None
     return 1.0 + d_acc / d_drafts, rate
+
+
+def vllm_counts(before: dict[str, float], after: dict[str, float]) -> dict[str, Any] | None:
+    """The window's vLLM speculative counts, as `vllm bench serve` reports them: drafts, draft
+    tokens, accepted tokens (counter deltas) and the acceptance rate per draft position
+    (accepted at position i / drafts). None without both scrapes or without a draft."""
+    if not before or VLLM_DRAFTS not in after:
+        return None
+    d = {k: after.get(name, 0.0) - before.get(name, 0.0) for k, name in (
+        ("num_drafts", VLLM_DRAFTS), ("draft_tokens", VLLM_DRAFT_TOKENS),
+        ("accepted_tokens", VLLM_ACCEPTED))}
+    if d["num_drafts"] <= 0:
+        return None
+    pos = sorted(int(k.rpartition("#")[2]) for k in after
+                 if k.startswith(VLLM_ACCEPTED_PER_POS + "#") and k.rpartition("#")[2].isdigit())
+    per_pos = [(after[f"{VLLM_ACCEPTED_PER_POS}#{i}"]
+                - before.get(f"{VLLM_ACCEPTED_PER_POS}#{i}", 0.0)) / d["num_drafts"] for i in pos]
+    return {"num_drafts": int(d["num_drafts"]),
+            "draft_tokens": int(d["draft_tokens"]) if VLLM_DRAFT_TOKENS in after else None,
+            "accepted_tokens": int(d["accepted_tokens"]) if VLLM_ACCEPTED in after else None,
+            "per_position_acceptance_rates": per_pos or None}
 
 
 def from_sglang(after: dict[str, float]) -> tuple[float | None, float | None]:
@@ -122,4 +148,4 @@ def acceptance(records: list[RequestRecord], before: dict[str, float],
     rate = v_rate if source == "metrics:vllm" else s_rate if source == "metrics:sglang" else None
     return {"accept_length": candidates[source] if source else None,
             "accept_length_source": source, "accept_rate": rate,
-            "accept_length_by_source": candidates}
+            "accept_length_by_source": candidates, "spec_decode_counts": vllm_counts(before, after)}

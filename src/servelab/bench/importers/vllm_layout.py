@@ -16,7 +16,7 @@ The layout is that of vLLM's `vllm/benchmarks/serve.py` at commit 009e6d4a1cd6 (
 - with --save-detailed also: input_lens, output_lens, ttfts, itls, start_times,
   generated_texts, errors (vLLM drops exactly these without it; latencies and queue_times stay);
 - the six spec_decode_* keys when the acceptance was read from vLLM's own /metrics counters:
-  acceptance rate (%) and length; the draft counts are not kept by servelab, so null.
+  acceptance rate (%), length, the window's draft counts and the rate per draft position.
 
 vLLM's ITL is the gap between streamed chunks: our `chunk_gap_ms`, not our per-token `itl_ms`.
 Where vLLM writes 0 for a statistic of no values (np.mean(0)), this writes null: a value not
@@ -223,16 +223,18 @@ def _per_request(records: list[dict[str, Any]], closed: bool) -> dict[str, list]
 
 def _spec_decode(s: dict[str, Any]) -> dict[str, Any]:
     """vLLM's six spec_decode_* keys when the acceptance was read from vLLM's /metrics counters
-    (as vLLM writes them only then): the rate in %, the length; the counts are not kept in our
-    summary, so null."""
+    (as vLLM writes them only then): the rate in %, the length, the window's counts and the
+    rate per draft position (`spec_decode_counts`; null in a summary of an earlier release)."""
     tau = (s.get("accept_length_by_source") or {}).get("metrics:vllm")
     if tau is None:
         return {}
     rate = s.get("accept_rate") if s.get("accept_length_source") == "metrics:vllm" else None
+    n = s.get("spec_decode_counts") or {}
     return {"spec_decode_acceptance_rate": rate * 100.0 if rate is not None else None,
-            "spec_decode_acceptance_length": tau, "spec_decode_num_drafts": None,
-            "spec_decode_draft_tokens": None, "spec_decode_accepted_tokens": None,
-            "spec_decode_per_position_acceptance_rates": None}
+            "spec_decode_acceptance_length": tau, "spec_decode_num_drafts": n.get("num_drafts"),
+            "spec_decode_draft_tokens": n.get("draft_tokens"),
+            "spec_decode_accepted_tokens": n.get("accepted_tokens"),
+            "spec_decode_per_position_acceptance_rates": n.get("per_position_acceptance_rates")}
 
 
 def result_document(summary: dict[str, Any], records: list[dict[str, Any]], *,
