@@ -5,6 +5,8 @@
   licence: the page fetches nothing) of TTFT / TPOT / E2E at p50, p95, p99 against throughput
   per arm with the SLO limits drawn, and tok/s per user against tok/s per GPU (Pareto);
   hover shows the values, checkboxes toggle arms and percentiles (data: report/tradeoff.py).
+- **Time series**: per load point, each run's generated tok/s, queue, KV-cache usage, SM clock
+  and power over the load, arms overlaid, a selector for the block (report/timeseries.py).
 - **Capacity under SLOs**: each arm's bracket and the effect with its CI and verdict, as the
   analysis states them (stats/capacity.py; never recomputed here).
 - **Decision record**: a suggestion drawn from the verdicts, and empty fields for the human's
@@ -60,6 +62,23 @@ def tradeoff_html(payload: Mapping[str, Any]) -> str:
         "<div id='tradeoff'></div>",
         f"<script type='application/json' id='tradeoff-data'>{_script_json(payload)}</script>",
         f"<script>{_asset('assets', 'tradeoff.js')}</script>",
+    ])
+
+
+TS_CSS = """
+.ts-panel{border-top:1px solid #ddd;margin-top:.8em}.ts-panel h3{margin:.4em 0}
+.ts-notes,.ts-missing{font-size:12px;color:#555}
+"""
+
+
+def timeseries_html(payload: Mapping[str, Any]) -> str:
+    """The time-series panel (report/timeseries.py's data, report/assets/timeseries.js): after
+    `tradeoff_html`, whose inlined uPlot it draws with."""
+    return "\n".join([
+        f"<style>{TS_CSS}</style>",
+        "<div id='timeseries'></div>",
+        f"<script type='application/json' id='timeseries-data'>{_script_json(payload)}</script>",
+        f"<script>{_asset('assets', 'timeseries.js')}</script>",
     ])
 
 
