@@ -186,7 +186,8 @@ def markdown_line(data: Evidence) -> str:
     kept = sum(1 for lp in ok if lp.telemetry_path)
     return (f"Generated tok/s, queued requests, KV-cache usage, SM clock and GPU power of each "
             f"run over its load point: the time-series panel of report.html ({kept} of "
-            f"{len(ok)} ok runs have a stored series).")
+            f"{len(ok)} ok runs stored a series; a file missing since is named among the "
+            f"warnings).")
 
 
 def counts(pan: Panels) -> Sequence[int]:
