@@ -157,3 +157,19 @@ def test_views_without_a_gpu_show_n_a_and_no_throttling(tmp_path):
     assert "GPU throttled" not in md
     en = [e for e in doc["effects"] if e["metric"] == "j_per_output_token"]
     assert en and all(e["verdict"] == "n/a" and e["gpu_throttled"] is None for e in en)
+
+
+def test_capacity_verdict_names_the_throttling_of_its_runs():
+    from servelab.experiment.report.sections import capacity_rows
+
+    runs = []
+    for b in range(5):
+        for arm, lo, hi, mask in (("a", 10.0, 11.0, IDLE), ("b", 20.0, 22.0, 0x40 | IDLE)):
+            s = _summary(300.0, 100.0, mask if b < 2 else IDLE)
+            s["capacity"] = {"status": "bracketed", "low_req_s": lo, "high_req_s": hi,
+                             "synchronous_req_s": 1.0, "slo_text": "ttft_p99_ms <= 2000"}
+            runs.append(RunValue(arm, "capacity", b, b, s))
+    an = st.analyze(runs, baseline="a", arms=["a", "b"], load_keys=["capacity"])
+    rows = capacity_rows(an.capacity_arms, [an.capacity["b"]],
+                         {"b": an.throttle_note("b", "capacity")})
+    assert rows[2][4] == "better  (GPU throttled: hw_thermal_slowdown in 2/5 runs of b)", rows

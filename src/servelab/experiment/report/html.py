@@ -107,7 +107,8 @@ def render_html(data: Evidence, store: Store) -> str:
     if per:
         parts += [
             "<h2>Capacity under SLOs</h2><div class='capacity'>",
-            _html_table(sections.capacity_rows(per, cap_effects), verdict_col=4),
+            _html_table(sections.capacity_rows(per, cap_effects,
+                                                 sections.capacity_throttle(data)), verdict_col=4),
             "<ul>" + "".join(f"<li>{html.escape(e.sentence())}</li>" for e in cap_effects),
             "</ul></div>",
         ]

@@ -49,7 +49,8 @@ def markdown(data: Evidence) -> str:
     lines += ["## Over time, per run", "", timeseries.markdown_line(data), ""]
     per, cap_effects, suggested = sections.sections(data)
     if per:
-        lines += ["## Capacity under SLOs", "", md_table(sections.capacity_rows(per, cap_effects)),
+        lines += ["## Capacity under SLOs", "", md_table(sections.capacity_rows(
+            per, cap_effects, sections.capacity_throttle(data))),
                   ""] + [f"- {e.sentence()}" for e in cap_effects] + [""]
     stops = stopping_lines(data)
     if stops:

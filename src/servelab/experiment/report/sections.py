@@ -25,9 +25,11 @@ from typing import Any
 import orjson
 
 from servelab.experiment.design.metrics import METRICS
+from servelab.experiment.design.sweep import SWEEP_KEY
 from servelab.experiment.stats.analysis import Analysis
 from servelab.experiment.stats.capacity import ArmCapacity, CapacityEffect
 from servelab.experiment.stats.evidence import Evidence
+from servelab.experiment.stats.throttle import with_note
 
 UPLOT_VERSION = "1.6.32"
 
@@ -85,6 +87,12 @@ def timeseries_html(payload: Mapping[str, Any]) -> str:
 # ---- capacity ------------------------------------------------------------------------------------
 
 
+def capacity_throttle(data: Evidence) -> dict[str, str | None]:
+    """arm -> the throttling note of its capacity runs (or the baseline's), for capacity_rows."""
+    an = data.analysis
+    return {a: an.throttle_note(a, SWEEP_KEY) for a in an.arms if a != an.baseline}
+
+
 def sections(data: Evidence) -> tuple[list[ArmCapacity], list[CapacityEffect], list[str]]:
     """(capacity per arm, capacity effects, suggested decisions) of an experiment's evidence;
     the capacity parts are empty until a sweep ([load.sweep]) has run."""
@@ -94,15 +102,19 @@ def sections(data: Evidence) -> tuple[list[ArmCapacity], list[CapacityEffect], l
     return per, effects, suggestion(an, data.primary, effects)
 
 
-def capacity_rows(per: list[ArmCapacity], effects: list[CapacityEffect]
-                  ) -> list[list[str]]:
+def capacity_rows(per: list[ArmCapacity], effects: list[CapacityEffect],
+                  throttled: Mapping[str, str | None] | None = None) -> list[list[str]]:
+    """The capacity table; `throttled`: arm -> the GPU throttling note of its capacity runs or
+    the baseline's (Analysis.throttle_note), shown beside the verdict."""
     by = {e.arm: e for e in effects}
+    notes = throttled or {}
     rows = [["arm", "SLO capacity (req/s)", "each sweep's bracket", "vs baseline [95% CI]",
              "verdict", "open brackets"]]
     for a in per:
         e = by.get(a.arm)
         rows.append([a.arm, a.text(), ", ".join(b.text() for b in a.brackets),
-                     e.pct_text() if e else "(baseline)", e.verdict if e else "",
+                     e.pct_text() if e else "(baseline)",
+                     with_note(e.verdict, notes.get(a.arm)) if e else "",
                      f"{e.open_blocks} of {e.n} blocks" if e else ""])
     return rows
 
