@@ -20,6 +20,7 @@ from servelab.experiment.report.document import experiment_document
 from servelab.experiment.report.markdown import markdown
 from servelab.experiment.stats import analysis as st
 from servelab.experiment.stats.runs import RunValue
+from servelab.experiment.stats.sequential import Design
 from servelab.store import Store
 from servelab.telemetry.gpu import GpuSample, GpuSeries
 from servelab.telemetry.point import summarize
@@ -97,6 +98,11 @@ def test_without_a_gpu_energy_is_nan_with_no_verdict_and_no_warning():
     assert an.effects[("b", "c=1", "output_throughput_tok_s")].verdict == "better"
     assert not any("energy" in w or "joule" in w for w in an.warnings), an.warnings
     assert an.throttle[("b", "c=1")].measured == 0 and an.throttle_note("b", "c=1") is None
+    # under adaptive repetitions too: nothing to decide, not an effect left undecided forever
+    seq_an = st.analyze(_runs(gpu=False), baseline="a", arms=["a", "b"], load_keys=["c=1"],
+                        design=Design(min_n=3, max_n=10))
+    assert seq_an.effects[("b", "c=1", "j_per_output_token")].verdict == "n/a"
+    assert seq_an.effects[("b", "c=1", "output_throughput_tok_s")].verdict == "better"
 
 
 def _store(tmp_path, gpu: bool) -> Store:
