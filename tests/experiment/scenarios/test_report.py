@@ -114,6 +114,12 @@ def test_html_renders_in_headless_chromium(finished, tmp_path):
     drawn = re.findall(r'data-quantity="(\w+)" data-points="slow:(\d+),fast:(\d+)"', dom)
     assert len(drawn) == 8 and all(int(a) > 0 and int(b) > 0 for _, a, b in drawn), drawn
     assert 'data-charts-rendered="4/4"' in dom
+    assert re.findall(r'data-load="([^"]+)" data-block="([^"]+)"', dom) == [
+        ("c=1", "block 1"), ("c=2", "block 1")]
+    picked = subprocess.run([*flags, "--dump-dom", page.as_uri() + "#block=1:1"],
+                            capture_output=True, text=True, timeout=120).stdout
+    assert re.findall(r'data-load="([^"]+)" data-block="([^"]+)"', picked) == [
+        ("c=1", "block 1"), ("c=2", "block 2")]  # the selector switched the second panel
     shot = tmp_path / "shot.png"
     subprocess.run(
         [*flags, "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
