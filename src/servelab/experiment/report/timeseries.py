@@ -42,6 +42,8 @@ class Panels:
     load_keys: list[str]
     # load key -> block label -> arm -> quantity -> series
     runs: dict[str, dict[str, dict[str, dict[str, Series]]]] = field(default_factory=dict)
+    # load key -> block label -> arm -> the last answer, seconds from the load's start
+    load_end_s: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
     gpu_status: dict[str, str] = field(default_factory=dict)  # load key -> a GPU status seen
     notes: list[str] = field(default_factory=list)  # runs without a stored series
     unreadable: list[str] = field(default_factory=list)  # series files missing or damaged
@@ -60,8 +62,10 @@ class Panels:
         for key, label, _, src in QUANTITIES:
             if key in shown:
                 continue
-            why = (f"GPU telemetry {self.gpu_status.get(load_key) or 'n/a'}" if src == "gpu"
-                   else "the engine's /metrics does not serve it")
+            status = self.gpu_status.get(load_key) or "n/a"
+            why = ("the engine's /metrics does not serve it" if src == "server"
+                   else "a GPU gives no such reading" if status == "ok"
+                   else f"GPU telemetry {status}")
             out.append(f"{label}: not measured ({why}); left out, not drawn as 0")
         return out
 
@@ -72,7 +76,8 @@ class Panels:
             "panels": [
                 {"load_key": lk, "shown": self.shown(lk), "notes": self.missing_notes(lk),
                  "blocks": [{"label": b, "runs": {a: {q: [list(t), list(y)] for q, (t, y) in qs.items()}
-                                                  for a, qs in arms.items()}}
+                                                  for a, qs in arms.items()},
+                             "load_end_s": self.load_end_s.get(lk, {}).get(b, {})}
                             for b, arms in self.runs[lk].items()]}
                 for lk in self.load_keys if lk in self.runs
             ],
@@ -146,7 +151,8 @@ def run_series(tel: Mapping[str, Any]) -> dict[str, Series]:
     """Every quantity one stored telemetry series holds, from the load's first request."""
     t0 = tel.get("load_start_s")
     t0 = float(t0) if isinstance(t0, int | float) else 0.0
-    return {**server_series(tel, t0), **gpu_series(tel, t0)}
+    got = {**server_series(tel, t0), **gpu_series(tel, t0)}
+    return {k: v for k, v in got.items() if any(y is not None for y in v[1])}  # no reading: out
 
 
 def collect(data: Evidence, store: Store) -> Panels:
@@ -170,6 +176,10 @@ def collect(data: Evidence, store: Store) -> Panels:
         label = f"block {r.block + 1}" if r.block is not None else f"rep {r.repetition + 1}"
         blk = pan.runs.setdefault(r.load_key, {}).setdefault(label, {})
         blk[r.arm] = run_series(tel)
+        t0, t1 = tel.get("load_start_s"), tel.get("load_end_s")
+        pan.load_end_s.setdefault(r.load_key, {}).setdefault(label, {})[r.arm] = (
+            _r(t1 - t0, 6) if isinstance(t0, int | float) and isinstance(t1, int | float)
+            else None)
         status = (tel.get("gpu") or {}).get("status")
         if status and r.load_key not in pan.gpu_status:
             pan.gpu_status[r.load_key] = str(status)

@@ -2,9 +2,10 @@
    Reads the JSON in #timeseries-data (experiment/report/timeseries.py): per load point, per
    block, per arm, each quantity as [seconds from the load's start, values]. One panel per load
    point: a selector for the block, one chart per quantity some run measured, all on the same
-   time axis (cursor synced), the arms overlaid in their colours. A value with no reading is a
-   gap (null), never 0; an arm without a sample at an instant is skipped (undefined) so the
-   arms' different sampling instants share one x array. */
+   time axis (cursor synced), the arms overlaid in their colours, each arm's last answer a
+   dashed line. A value with no reading is a gap (null), never 0; an arm without a sample at
+   an instant is skipped (undefined) so the arms' different sampling instants share one x
+   array. */
 (function () {
   var el = document.getElementById('timeseries-data');
   var root = document.getElementById('timeseries');
@@ -51,6 +52,21 @@
     return isFinite(lo) ? [lo, hi > lo ? hi : lo + 1] : [0, 1];
   }
 
+  // each arm's last answer as a dashed line in its colour: what lies after it is the drain
+  function endHook(ends) {
+    return function (u) {
+      var ctx = u.ctx, e = ends();
+      var yTop = u.valToPos(u.scales.y.max, 'y', true), yBot = u.valToPos(u.scales.y.min, 'y', true);
+      Object.keys(e).forEach(function (a) {
+        if (e[a] == null) return;
+        var x = u.valToPos(e[a], 'x', true);
+        ctx.save(); ctx.strokeStyle = color(a); ctx.globalAlpha = 0.6; ctx.lineWidth = devicePixelRatio;
+        ctx.setLineDash([4 * devicePixelRatio, 4 * devicePixelRatio]);
+        ctx.beginPath(); ctx.moveTo(x, yTop); ctx.lineTo(x, yBot); ctx.stroke(); ctx.restore();
+      });
+    };
+  }
+
   var charts = 0;
   function panel(P, pi) {
     var box = el_('div', 'ts-panel'); box.setAttribute('data-load', P.load_key);
@@ -72,7 +88,7 @@
     var missing = el_('p', 'ts-missing'); box.appendChild(missing);
     var grid = el_('div', 'charts'); box.appendChild(grid);
     root.appendChild(box);
-    var xr = [0, 1];
+    var xr = [0, 1], ends = {};
     var cs = P.shown.map(function (q) {
       var c = el_('div', 'chart'); c.setAttribute('data-quantity', q); grid.appendChild(c);
       var u = new uPlot({
@@ -84,14 +100,16 @@
           return { label: a, stroke: color(a), width: 2, points: { show: true, size: 4, fill: color(a) },
                    value: function (u, v) { return v == null ? '-' : fmt(v, 1) + ' ' + Q[q].unit; } };
         })),
-        legend: { live: true }
+        legend: { live: true },
+        hooks: { draw: [endHook(function () { return ends; })] }
       }, [[]].concat(D.arms.map(function () { return []; })), c);
       charts++;
       return { u: u, q: q, box: c };
     });
     function show(i) {
       var b = P.blocks[i], gone = [];
-      xr = xRange(b.runs, P.shown);
+      xr = xRange(b.runs, P.shown); ends = b.load_end_s || {};
+      Object.keys(ends).forEach(function (a) { if (ends[a] != null) xr[1] = Math.max(xr[1], ends[a]); });
       cs.forEach(function (c) {
         var d = aligned(b.runs, c.q);
         c.u.setData(d);
