@@ -14,7 +14,7 @@ from servelab.console import literal
 from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.report.noise import stopping_lines
 from servelab.experiment.report.sections import sections
-from servelab.experiment.report.tables import attribution_rows
+from servelab.experiment.report.tables import attribution_rows, verdict_word
 from servelab.experiment.run.runner import Runner
 from servelab.experiment.stats import sequential as seq
 from servelab.experiment.stats.analysis import headline
@@ -42,7 +42,8 @@ def attribution(console: Any, data: Evidence) -> None:
     from rich.text import Text
 
     title = f"attribution: {data.name} (noise band +-{data.analysis.noise_band * 100:g}%)"
-    console.print(verdict_table(title, attribution_rows(data), lambda r: r[5]))
+    rows = attribution_rows(data)
+    console.print(verdict_table(title, rows, lambda r: verdict_word(rows, r)))
     for line in headline(data.analysis, data.primary) + stopping_lines(data):
         console.print(Text(line))
     for e in sections(data)[1]:  # SLO capacity ([load.sweep]): the sentence a reader wants

@@ -43,7 +43,8 @@ CLI_CASES = [
     (
         'primary_metric = "speed"',
         "primary_metric: unknown metric 'speed' (valid: output_throughput_tok_s, "
-        "request_throughput_req_s, ttft_ms, tpot_ms, e2e_ms)",
+        "request_throughput_req_s, ttft_ms, tpot_ms, e2e_ms, j_per_output_token, "
+        "output_tokens_per_j)",
     ),
     ("repetitions = 99999999999999", "repetitions: Input should be less than or equal to 1000"),
     ('repetitions = "3"', 'repetitions: must be a whole number from 1 to 1000, or "auto"'),

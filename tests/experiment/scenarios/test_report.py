@@ -4,22 +4,40 @@ the noise band override, damaged request files, `report --out`."""
 from __future__ import annotations
 
 import base64
+import math
 import re
 import shutil
 import subprocess
 
 import pytest
+from fake_nvml import FakeNVML
 
 from servelab.errors import UserError
 from servelab.experiment.plan.preflight import load
 from servelab.experiment.report.html import write
 from servelab.experiment.run.runner import Runner
 from servelab.store import Store
+from servelab.telemetry import gpu as gpu_telemetry
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-def _finished(tmp_path, scripted, reps: int) -> Store:
+class OneGpu(FakeNVML):
+    """The stand-in NVML's GPU 0 alone (300 W by its energy counter, power-capped and hot),
+    running no process of anyone's: the machine of a run with GPU telemetry."""
+
+    def __init__(self) -> None:
+        super().__init__(count=1)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):  # noqa: N802
+        return []
+
+
+def _finished(tmp_path, scripted, reps: int, monkeypatch=None) -> Store:
+    """A finished experiment over the scripted server; with `monkeypatch`, its load points
+    sample the stand-in GPU (the library boundary of telemetry/gpu.py) as on a GPU machine."""
+    if monkeypatch is not None:
+        monkeypatch.setattr(gpu_telemetry, "_load_nvml", OneGpu)
     text, _ = scripted("rep", reps=reps, loads="[1, 2]", prompts=4)
     f = tmp_path / "rep.toml"
     f.write_text(text)
@@ -29,8 +47,8 @@ def _finished(tmp_path, scripted, reps: int) -> Store:
 
 
 @pytest.fixture
-def finished(tmp_path, scripted):
-    return _finished(tmp_path, scripted, reps=2)
+def finished(tmp_path, scripted, monkeypatch):
+    return _finished(tmp_path, scripted, reps=2, monkeypatch=monkeypatch)
 
 
 @pytest.fixture
@@ -90,6 +108,18 @@ def test_html_renders_in_headless_chromium(finished, tmp_path):
     # the page's own script counted images that decoded with a non-zero natural width
     assert f'data-plots-loaded="{n_imgs}/{n_imgs}"' in dom, dom[:500]
     assert "Attribution" in dom and "Decision record" in dom
+    # the time-series panel: per load point tok/s, queue, SM clock, power (no KV usage served),
+    # both arms drawn from their stored series; no script error hid anything
+    assert 'data-timeseries-rendered="2 panels, 8 charts"' in dom, dom[:500]
+    drawn = re.findall(r'data-quantity="(\w+)" data-points="slow:(\d+),fast:(\d+)"', dom)
+    assert len(drawn) == 8 and all(int(a) > 0 and int(b) > 0 for _, a, b in drawn), drawn
+    assert 'data-charts-rendered="4/4"' in dom
+    assert re.findall(r'data-load="([^"]+)" data-block="([^"]+)"', dom) == [
+        ("c=1", "block 1"), ("c=2", "block 1")]
+    picked = subprocess.run([*flags, "--dump-dom", page.as_uri() + "#block=1:1"],
+                            capture_output=True, text=True, timeout=120).stdout
+    assert re.findall(r'data-load="([^"]+)" data-block="([^"]+)"', picked) == [
+        ("c=1", "block 1"), ("c=2", "block 2")]  # the selector switched the second panel
     shot = tmp_path / "shot.png"
     subprocess.run(
         [*flags, "--window-size=1000,1400", f"--screenshot={shot}", page.as_uri()],
@@ -101,6 +131,77 @@ def test_html_renders_in_headless_chromium(finished, tmp_path):
     px = mpimg.imread(shot)
     assert px.shape[0] == 1400 and px.shape[1] == 1000
     assert px[..., :3].std() > 0.05  # not a blank page
+
+
+def _panel(page) -> dict:
+    import json
+
+    doc = page.read_text()
+    m = re.search(r"id='timeseries-data'>(.*?)</script>", doc, re.S)
+    assert m, "no time-series data in the page"
+    return json.loads(m.group(1).replace("<\\/", "</"))
+
+
+def test_time_series_panel_and_energy_from_the_stored_side_files(finished, tmp_path):
+    """The panel carries each run's series as stored beside its load point (rates of the
+    generated-token counter, the queue, the stand-in GPU's 1980 MHz and 300 W), the energy
+    fields are the GPU's joules over the load per output token, and the throttling is named."""
+    md, page, data = write(finished, "rep", tmp_path / "out")
+    pan = _panel(page)
+    assert [p["load_key"] for p in pan["panels"]] == ["c=1", "c=2"]
+    for p in pan["panels"]:
+        assert p["shown"] == ["gen_tok_s", "queued_requests", "sm_clock_mhz", "power_w"]
+        assert any("KV-cache usage: not measured" in n for n in p["notes"])  # not served
+        assert [b["label"] for b in p["blocks"]] == ["block 1", "block 2"]
+    by = {(p["load_key"], b["label"], arm): q for p in pan["panels"] for b in p["blocks"]
+          for arm, q in b["runs"].items()}
+    runs = [r for r in finished.runs("rep") if r.status == "ok"]
+    assert len(by) == len(runs) == 8
+    for r in runs:
+        lp = finished.load_point(r.load_point_id)
+        tel, got = finished.telemetry(lp), by[(r.load_key, f"block {r.block + 1}", r.arm)]
+        t0, ts = tel["load_start_s"], tel["server"]["t_s"]
+        gen = tel["server"]["series"]["generation_tokens"]
+        rates = [(b - a) / (tb - ta) for a, b, ta, tb in zip(gen, gen[1:], ts, ts[1:], strict=False)]
+        assert got["gen_tok_s"][1] == pytest.approx(rates, rel=1e-3)
+        assert got["queued_requests"][1] == tel["server"]["series"]["queued_requests"]
+        assert got["queued_requests"][0] == pytest.approx([t - t0 for t in ts], abs=1e-5)
+        assert set(got["power_w"][1]) == {300.0} and set(got["sm_clock_mhz"][1]) == {1980.0}
+        s = lp.summary
+        assert s["j_per_output_token"] == pytest.approx(s["energy"]["joules"]
+                                                        / s["total_output_tokens"])
+        assert s["energy"]["source"] == "counter"
+        assert s["energy"]["mean_power_w"] == pytest.approx(300.0, rel=0.05)
+    sp = data.analysis.spreads[("fast", "c=1", "j_per_output_token")]
+    assert sp.n == 2 and math.isfinite(sp.median)
+    text = md.read_text()
+    assert "(GPU throttled: hw_thermal_slowdown in 2/2 runs of fast, sw_power_cap in 2/2 runs " \
+           "of fast; hw_thermal_slowdown in 2/2 runs of slow, sw_power_cap in 2/2" in text
+    assert "8 of 8 ok runs stored a series" in text
+
+
+def test_a_store_without_side_files_still_renders(finished, tmp_path):
+    """One run stored by an earlier release (no telemetry_path), another whose file is gone:
+    both are named, the others are drawn."""
+    import sqlite3
+
+    runs = [r for r in finished.runs("rep") if r.status == "ok"]
+    gone = finished.load_point(runs[1].load_point_id)
+    (finished.path.parent / gone.telemetry_path).unlink()
+    db = sqlite3.connect(finished.path)
+    db.execute("UPDATE load_points SET telemetry_path = NULL WHERE id = ?",
+               (runs[0].load_point_id,))
+    db.commit()
+    db.close()
+    md, page, _ = write(finished, "rep", tmp_path / "out")
+    pan = _panel(page)
+    assert sum(len(b["runs"]) for p in pan["panels"] for b in p["blocks"]) == 6
+    notes = " ".join(pan["notes"])
+    assert "1 run(s) have no stored time series" in notes
+    assert f"the telemetry of load point {gone.id} is missing" in notes
+    text = md.read_text()
+    assert f"the telemetry of load point {gone.id} is missing" in text  # among the warnings
+    assert "7 of 8 ok runs stored a series" in text and "| fast | c=1 | 2 |" in text
 
 
 def test_report_noise_band_overrides_the_files(finished3, tmp_path):

@@ -19,6 +19,8 @@ class Metric:
     path: tuple[str, ...]
 
 
+ENERGY_METRIC = "j_per_output_token"  # shown beside the decided metric in the attribution table
+
 METRICS: dict[str, Metric] = {
     m.key: m
     for m in (
@@ -45,6 +47,12 @@ METRICS: dict[str, Metric] = {
         Metric("cached_token_share", "cached prompt share", "fraction", None,
                ("cached_token_share",)),
         Metric("dispatch_lag_p99_ms", "dispatch lag p99", "ms", None, ("dispatch_lag_ms", "p99")),
+        # energy over the load point from the GPUs' own counters (telemetry/energy.py): NaN
+        # without a GPU (NVML n/a), so no spread, no effect and no verdict, never 0
+        Metric("j_per_output_token", "energy per output token", "J/tok", False,
+               ("j_per_output_token",)),
+        Metric("output_tokens_per_j", "output tokens per joule", "tok/J", True,
+               ("output_tokens_per_j",)),
     )
 }
 

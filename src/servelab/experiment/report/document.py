@@ -30,8 +30,11 @@ def experiment_document(data: Evidence, report: Mapping[str, str] | None = None)
             {"arm": e.arm, "baseline": e.baseline, "load_key": e.load_key, "metric": e.metric,
              "ratio": e.ratio, "ci_low": e.ci_low, "ci_high": e.ci_high, "n": e.n,
              "paired": e.paired, "verdict": e.verdict, "rule": e.rule,
-             "decided_at": e.decided_at}
+             "decided_at": e.decided_at,
+             # the GPU throttling (arm's or baseline's runs) that could have moved the verdict
+             "gpu_throttled": an.throttle_note(e.arm, e.load_key)}
             for e in an.effects.values()],
+        "throttling": [t.to_json() for t in an.throttle.values()],
         "capacity": {
             "arms": [{"arm": a.arm, "text": a.text(), "paired_sweeps": a.paired,
                       "brackets": [{"status": b.status, "low_req_s": b.low, "high_req_s": b.high}

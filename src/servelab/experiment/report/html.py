@@ -10,12 +10,13 @@ import time
 from pathlib import Path
 
 from servelab import atomic, paths
-from servelab.experiment.report import plots, sections, tradeoff
+from servelab.experiment.report import plots, sections, timeseries, tradeoff
 from servelab.experiment.report.data import collect, per_request
 from servelab.experiment.report.markdown import markdown
 from servelab.experiment.report.noise import stopping_lines
 from servelab.experiment.report.tables import (
     PROV_COLUMNS,
+    VERDICT,
     attribution_rows,
     decision,
     provenance_rows,
@@ -57,7 +58,8 @@ def _html_table(rows: list[list[str]], verdict_col: int | None = None) -> str:
     for r in rows[1:]:
         cells = []
         for i, c in enumerate(r):
-            cls = f' class="{c}"' if i == verdict_col and c in ("better", "worse") else ""
+            word = c.split("  (", 1)[0]  # a verdict with its throttling note
+            cls = f' class="{word}"' if i == verdict_col and word in ("better", "worse") else ""
             cells.append(f"<td{cls}>{html.escape(c)}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     return "\n".join(out) + "</table>"
@@ -81,6 +83,9 @@ def render_html(data: Evidence, store: Store) -> str:
         imgs.append(_img(acc, "acceptance length"))
     imgs.append(_img(plots.effects(an, EFFECT_METRICS), "effects with CIs"))
     spec = data.spec
+    attrib = attribution_rows(data)
+    series = timeseries.collect(data, store)
+    an.warnings += [f"{m}: the time-series panel leaves that run out" for m in series.unreadable]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>servelab: {html.escape(data.name)}"
@@ -92,7 +97,7 @@ def render_html(data: Evidence, store: Store) -> str:
         f"noise band &plusmn;{an.noise_band * 100:g}%, generated "
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}</p>",
         "<h2>Attribution</h2>",
-        _html_table(attribution_rows(data), verdict_col=5),
+        _html_table(attrib, verdict_col=attrib[0].index(VERDICT)),
         "<ul>" + "".join(f"<li>{html.escape(x)}</li>" for x in hyp_result[1]) + "</ul>",
     ]
     turns = turn_rows(data)
@@ -102,12 +107,14 @@ def render_html(data: Evidence, store: Store) -> str:
     if per:
         parts += [
             "<h2>Capacity under SLOs</h2><div class='capacity'>",
-            _html_table(sections.capacity_rows(per, cap_effects), verdict_col=4),
+            _html_table(sections.capacity_rows(per, cap_effects,
+                                                 sections.capacity_throttle(data)), verdict_col=4),
             "<ul>" + "".join(f"<li>{html.escape(e.sentence())}</li>" for e in cap_effects),
             "</ul></div>",
         ]
     trade = tradeoff.collect(store, spec, data.runs, data.load_points, an.arms)
-    parts += ["<h2>Latency against throughput</h2>", sections.tradeoff_html(trade.to_json())]
+    parts += ["<h2>Latency against throughput</h2>", sections.tradeoff_html(trade.to_json()),
+              "<h2>Over time, per run</h2>", sections.timeseries_html(series.to_json())]
     stops = stopping_lines(data)
     if stops:
         parts.append(

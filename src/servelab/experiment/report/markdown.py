@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from servelab.experiment.report import sections
+from servelab.experiment.report import sections, timeseries
 from servelab.experiment.report.noise import stopping_lines
 from servelab.experiment.report.tables import (
     PROV_COLUMNS,
@@ -46,9 +46,11 @@ def markdown(data: Evidence) -> str:
     turns = turn_rows(data)
     if len(turns) > 1:
         lines += ["## TTFT by turn index", "", md_table(turns), ""]
+    lines += ["## Over time, per run", "", timeseries.markdown_line(data), ""]
     per, cap_effects, suggested = sections.sections(data)
     if per:
-        lines += ["## Capacity under SLOs", "", md_table(sections.capacity_rows(per, cap_effects)),
+        lines += ["## Capacity under SLOs", "", md_table(sections.capacity_rows(
+            per, cap_effects, sections.capacity_throttle(data))),
                   ""] + [f"- {e.sentence()}" for e in cap_effects] + [""]
     stops = stopping_lines(data)
     if stops:

@@ -5,6 +5,8 @@
   licence: the page fetches nothing) of TTFT / TPOT / E2E at p50, p95, p99 against throughput
   per arm with the SLO limits drawn, and tok/s per user against tok/s per GPU (Pareto);
   hover shows the values, checkboxes toggle arms and percentiles (data: report/tradeoff.py).
+- **Time series**: per load point, each run's generated tok/s, queue, KV-cache usage, SM clock
+  and power over the load, arms overlaid, a selector for the block (report/timeseries.py).
 - **Capacity under SLOs**: each arm's bracket and the effect with its CI and verdict, as the
   analysis states them (stats/capacity.py; never recomputed here).
 - **Decision record**: a suggestion drawn from the verdicts, and empty fields for the human's
@@ -23,9 +25,11 @@ from typing import Any
 import orjson
 
 from servelab.experiment.design.metrics import METRICS
+from servelab.experiment.design.sweep import SWEEP_KEY
 from servelab.experiment.stats.analysis import Analysis
 from servelab.experiment.stats.capacity import ArmCapacity, CapacityEffect
 from servelab.experiment.stats.evidence import Evidence
+from servelab.experiment.stats.throttle import with_note
 
 UPLOT_VERSION = "1.6.32"
 
@@ -63,7 +67,30 @@ def tradeoff_html(payload: Mapping[str, Any]) -> str:
     ])
 
 
+TS_CSS = """
+.ts-panel{border-top:1px solid #ddd;margin-top:.8em}.ts-panel h3{margin:.4em 0}
+.ts-notes,.ts-missing{font-size:12px;color:#555}
+"""
+
+
+def timeseries_html(payload: Mapping[str, Any]) -> str:
+    """The time-series panel (report/timeseries.py's data, report/assets/timeseries.js): after
+    `tradeoff_html`, whose inlined uPlot it draws with."""
+    return "\n".join([
+        f"<style>{TS_CSS}</style>",
+        "<div id='timeseries'></div>",
+        f"<script type='application/json' id='timeseries-data'>{_script_json(payload)}</script>",
+        f"<script>{_asset('assets', 'timeseries.js')}</script>",
+    ])
+
+
 # ---- capacity ------------------------------------------------------------------------------------
+
+
+def capacity_throttle(data: Evidence) -> dict[str, str | None]:
+    """arm -> the throttling note of its capacity runs (or the baseline's), for capacity_rows."""
+    an = data.analysis
+    return {a: an.throttle_note(a, SWEEP_KEY) for a in an.arms if a != an.baseline}
 
 
 def sections(data: Evidence) -> tuple[list[ArmCapacity], list[CapacityEffect], list[str]]:
@@ -75,15 +102,19 @@ def sections(data: Evidence) -> tuple[list[ArmCapacity], list[CapacityEffect], l
     return per, effects, suggestion(an, data.primary, effects)
 
 
-def capacity_rows(per: list[ArmCapacity], effects: list[CapacityEffect]
-                  ) -> list[list[str]]:
+def capacity_rows(per: list[ArmCapacity], effects: list[CapacityEffect],
+                  throttled: Mapping[str, str | None] | None = None) -> list[list[str]]:
+    """The capacity table; `throttled`: arm -> the GPU throttling note of its capacity runs or
+    the baseline's (Analysis.throttle_note), shown beside the verdict."""
     by = {e.arm: e for e in effects}
+    notes = throttled or {}
     rows = [["arm", "SLO capacity (req/s)", "each sweep's bracket", "vs baseline [95% CI]",
              "verdict", "open brackets"]]
     for a in per:
         e = by.get(a.arm)
         rows.append([a.arm, a.text(), ", ".join(b.text() for b in a.brackets),
-                     e.pct_text() if e else "(baseline)", e.verdict if e else "",
+                     e.pct_text() if e else "(baseline)",
+                     with_note(e.verdict, notes.get(a.arm)) if e else "",
                      f"{e.open_blocks} of {e.n} blocks" if e else ""])
     return rows
 

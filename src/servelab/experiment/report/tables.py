@@ -7,10 +7,11 @@ import math
 import time
 from typing import Any
 
-from servelab.experiment.design.metrics import METRICS
+from servelab.experiment.design.metrics import ENERGY_METRIC, METRICS
 from servelab.experiment.report.noise import interference_cells
 from servelab.experiment.stats.analysis import headline
 from servelab.experiment.stats.evidence import Evidence
+from servelab.experiment.stats.throttle import with_note
 from servelab.experiment.stats.turns import ttft_by_turn
 
 
@@ -19,15 +20,19 @@ def _num(x: float, digits: int = 4) -> str:
 
 
 def attribution_rows(data: Evidence) -> list[list[str]]:
-    """Header + one row per arm x load point: medians, the effect with CI and verdict."""
+    """Header + one row per arm x load point: medians, the effect with CI and verdict (with the
+    GPU throttling that could have moved it), and energy per output token beside the decided
+    metric (its median and change; n/a without a GPU)."""
     an, pm = data.analysis, data.primary
+    energy = pm != ENERGY_METRIC
     head = [
         "arm",
         "load",
         "runs",
         f"{METRICS[pm].label} ({METRICS[pm].unit})",
+        *([f"{METRICS[ENERGY_METRIC].unit} (change)"] if energy else []),
         "vs baseline [95% CI]",
-        "verdict",
+        VERDICT,
         "TTFT change",
         "TPOT change",
         "accept len",
@@ -37,21 +42,36 @@ def attribution_rows(data: Evidence) -> list[list[str]]:
         for lk in an.load_keys:
             s = an.spreads[(arm, lk, pm)]
             acc = an.spreads[(arm, lk, "accept_length")].median
+            j = _num(an.spreads[(arm, lk, ENERGY_METRIC)].median, 3)
             if arm == an.baseline:
                 eff, verdict, ttft, tpot = "(baseline)", "", "", ""
             else:
                 e = an.effects[(arm, lk, pm)]
-                eff, verdict = e.text(), e.verdict
+                eff, verdict = e.text(), with_note(e.verdict, an.throttle_note(arm, lk))
                 et, ep = an.effects[(arm, lk, "ttft_ms")], an.effects[(arm, lk, "tpot_ms")]
                 ttft = f"{et.text()} {et.verdict}"
                 tpot = f"{ep.text()} {ep.verdict}"
+                ej = an.effects[(arm, lk, ENERGY_METRIC)]
+                if ej.verdict != "n/a":
+                    j += f" ({ej.text()} {ej.verdict})"
             spread = (
                 f"{_num(s.median)} (CV {s.cv * 100:.1f}%)"
                 if math.isfinite(s.cv)
                 else _num(s.median)
             )
-            rows.append([arm, lk, str(s.n), spread, eff, verdict, ttft, tpot, _num(acc, 3)])
+            rows.append([arm, lk, str(s.n), spread, *([j] if energy else []), eff, verdict, ttft,
+                         tpot, _num(acc, 3)])
     return rows
+
+
+VERDICT = "verdict"
+
+
+def verdict_word(rows: list[list[str]], row: list[str]) -> str:
+    """The verdict of an attribution row (`better`, `worse`, ...), without its throttling note:
+    what the renderers colour the row by."""
+    cell = row[rows[0].index(VERDICT)]
+    return cell.split("  (", 1)[0]
 
 
 def spread_rows(data: Evidence) -> list[list[str]]:

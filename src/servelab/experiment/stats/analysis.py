@@ -28,6 +28,7 @@ from servelab.experiment.stats.bootstrap import (
 from servelab.experiment.stats.capacity import ArmCapacity, CapacityEffect, per_arm
 from servelab.experiment.stats.capacity import compare as capacity_effect
 from servelab.experiment.stats.runs import RunValue
+from servelab.experiment.stats.throttle import Throttle, note, per_arm_throttle
 
 CV_WARN = 0.10
 ACCEPT_DIFF_WARN = 0.05
@@ -65,7 +66,8 @@ class Effect:
     ci_high: float
     n: int  # pairs (paired) or min(n_arm, n_base)
     paired: bool
-    # fixed repetitions: better | worse | within noise | too few runs | n/a;
+    # fixed repetitions: better | worse | within noise | too few runs | n/a (descriptive, or
+    # runs that never measured it: energy without a GPU);
     # adaptive (rule 'sequential'): better | worse | no change | undecided | n/a
     verdict: str
     rule: str = "bootstrap"  # bootstrap: fixed-n 95% CI; sequential: always-valid (sequential.py)
@@ -99,6 +101,13 @@ class Analysis:
     capacity: dict[str, CapacityEffect] = field(default_factory=dict)
     # each arm's capacity brackets, once a sweep has run (empty before: no capacity section)
     capacity_arms: list[ArmCapacity] = field(default_factory=list)
+    # (arm, load key) -> which of its runs' GPUs slowed down (power cap, thermal) while measured
+    throttle: dict[tuple[str, str], Throttle] = field(default_factory=dict)
+
+    def throttle_note(self, arm: str, load_key: str) -> str | None:
+        """`GPU throttled: sw_power_cap in 3/5 runs of b`: the throttling of the arm or the
+        baseline at a load key, which could have moved its verdicts; None when none."""
+        return note(self.throttle, arm, self.baseline, load_key)
 
 
 def spread(arm: str, load_key: str, metric: str, values: Iterable[float]) -> Spread:
@@ -187,9 +196,12 @@ def analyze(
                     n = min(len(av), len(bv))
                 ratio, lo, hi = bootstrap_ratio(bv, av, paired=paired)
                 v = verdict(ratio, lo, hi, noise_band, METRICS[m].higher_is_better)
+                if av and bv and not (_measured(av) and _measured(bv)):
+                    v = "n/a"  # runs, but a side never measured it (energy without a GPU)
                 an.effects[(arm, lk, m)] = Effect(arm, baseline, lk, m, ratio, lo, hi, n, paired, v)
     if SWEEP_KEY in load_keys:
         _capacity(an, runs)
+    an.throttle = per_arm_throttle(runs)
     an.warnings = _warnings(an, by)
     return an
 
@@ -235,6 +247,9 @@ def _sequential_effect(
     primary = design.is_primary(lk)
     bound = seq.confidence_sequence(logr, design if primary else design.secondary(), band, hib)
     verdict = "n/a" if hib is None else bound.verdict if primary else seq.SECONDARY
+    if pairs and not (_measured([metric_value(a.summary, m) for a, _ in pairs])
+                      and _measured([metric_value(b.summary, m) for _, b in pairs])):
+        verdict = "n/a"  # never measured on one side (energy without a GPU): nothing to decide
     return Effect(
         arm,
         baseline,
@@ -249,6 +264,11 @@ def _sequential_effect(
         "sequential",
         bound.decided_at if primary else None,
     )
+
+
+def _measured(values: Iterable[float]) -> bool:
+    """Whether any run measured the metric (a finite value)."""
+    return any(math.isfinite(x) for x in values)
 
 
 def undecided(an: Analysis, metric: str) -> list[tuple[str, str]]:
@@ -330,11 +350,13 @@ def headline(an: Analysis, metric: str) -> list[str]:
             e = an.effects.get((arm, lk, metric))
             if e is None:
                 continue
+            thr = an.throttle_note(arm, lk)
+            why = f"; {thr}" if thr else ""
             if e.verdict in ("better", "worse"):
-                parts.append(f"{e.text()} at {lk} ({e.verdict})")
+                parts.append(f"{e.text()} at {lk} ({e.verdict}{why})")
             elif e.verdict == seq.SECONDARY:
-                parts.append(f"{e.text()} at {lk} (secondary: no verdict)")
+                parts.append(f"{e.text()} at {lk} (secondary: no verdict{why})")
             else:
-                parts.append(f"{e.verdict} at {lk} ({e.text()})")
+                parts.append(f"{e.verdict} at {lk} ({e.text()}{why})")
         lines.append(f"{arm} vs {an.baseline}, {METRICS[metric].label}: " + ", ".join(parts))
     return lines
