@@ -105,14 +105,15 @@ def test_without_a_gpu_energy_is_nan_with_no_verdict_and_no_warning():
     assert seq_an.effects[("b", "c=1", "output_throughput_tok_s")].verdict == "better"
 
 
-def _store(tmp_path, gpu: bool) -> Store:
-    """A real store holding the runs of `_runs` as an experiment, as the runner stores them."""
+def _store(tmp_path, gpu: bool, runs: list[RunValue] | None = None) -> Store:
+    """A real store holding `runs` (default: those of `_runs`) as an experiment, as the runner
+    stores them."""
     spec = parse({"name": "en", "engine": "sglang", "model": "m", "arms": {"a": {}, "b": {
         "flags": {"chunked-prefill-size": 4096}}}, "baseline": "a",
         "load": {"concurrency": [1, 4]}, "repetitions": 5})
     store = Store(tmp_path / f"r{gpu}.db")
     store.ensure_experiment("en", spec.to_json(), "h")
-    for seq, r in enumerate(_runs(gpu)):
+    for seq, r in enumerate(_runs(gpu) if runs is None else runs):
         lp = store.add_load_point(summary=r.summary, provenance={"host": "h"},
                                   load_key=r.load_key, source="experiment", label=f"en/{r.arm}",
                                   concurrency=int(r.load_key[2:]))
@@ -179,3 +180,47 @@ def test_capacity_verdict_names_the_throttling_of_its_runs():
     rows = capacity_rows(an.capacity_arms, [an.capacity["b"]],
                          {"b": an.throttle_note("b", "capacity")})
     assert rows[2][4] == "better  (GPU throttled: hw_thermal_slowdown in 2/5 runs of b)", rows
+
+
+def _saturated_summary(tput: float) -> dict:
+    """A load point whose server queue grew throughout its 10-s load (the telemetry's own
+    steadiness test flags it), with the bench's numbers."""
+    srv = ServerSeries(url="http://127.0.0.1:1/metrics", interval_s=0.5)
+    for i in range(21):
+        srv.add(0.5 * i, {"generation_tokens": 50.0 * i, "queued_requests": 2.0 * i,
+                          "running_requests": 8.0})
+    sent = [(0.1 * i, 0.1 * i + 2.0, 20.0 + 3.0 * i) for i in range(100)]
+    tel = summarize(srv, GpuSeries(interval_s=0.5, status="n/a: no NVIDIA GPU"), sent=sent,
+                    t_end_s=12.0, output_tokens=TOKENS)
+    return {"output_throughput_tok_s": tput, "ttft_ms": {"median": 20.0},
+            "tpot_ms": {"median": 5.0}, "completed": 100, "failed": 0, **tel}
+
+
+def test_runs_above_saturation_are_named_beside_the_verdict(tmp_path):
+    """b's load point at c=4 was above saturation in 2 of its 5 runs: every verdict at c=4
+    names it (headline, attribution row, --json), and none at c=1."""
+    runs = []
+    for blk in range(5):
+        for lk in ("c=1", "c=4"):
+            for arm, tput in (("a", 100.0), ("b", 110.0)):
+                t = tput * (1 + 0.003 * blk)
+                sat = arm == "b" and lk == "c=4" and blk in (1, 3)
+                runs.append(RunValue(arm, lk, blk, blk,
+                                     _saturated_summary(t) if sat else _summary(None, t)))
+    assert sum(r.summary["above_saturation"] is True for r in runs) == 2
+    an = st.analyze(runs, baseline="a", arms=["a", "b"], load_keys=["c=1", "c=4"])
+    assert an.saturation_note("b", "c=4") == "above saturation in 2/5 runs of b"
+    assert an.saturation_note("b", "c=1") is None and an.verdict_note("b", "c=1") is None
+    line = st.headline(an, "output_throughput_tok_s")[0]
+    assert "at c=4 (better; above saturation in 2/5 runs of b)" in line, line
+    assert "at c=1 (better)" in line, line
+    with _store(tmp_path, gpu=False, runs=runs) as store:
+        data = collect(store, "en")
+        md, doc = markdown(data), experiment_document(data)
+    assert _row(md, "| b | c=4 |")[6] == "better  (above saturation in 2/5 runs of b)"
+    assert _row(md, "| b | c=1 |")[6] == "better"
+    notes = {(e["arm"], e["load_key"]): e["above_saturation"] for e in doc["effects"]
+             if e["metric"] == "output_throughput_tok_s"}
+    assert notes == {("b", "c=1"): None, ("b", "c=4"): "above saturation in 2/5 runs of b"}
+    assert {(t["arm"], t["load_key"]): t["above_saturation"] for t in doc["throttling"]}[
+        ("b", "c=4")] == 2

@@ -32,7 +32,9 @@ def experiment_document(data: Evidence, report: Mapping[str, str] | None = None)
              "paired": e.paired, "verdict": e.verdict, "rule": e.rule,
              "decided_at": e.decided_at,
              # the GPU throttling (arm's or baseline's runs) that could have moved the verdict
-             "gpu_throttled": an.throttle_note(e.arm, e.load_key)}
+             "gpu_throttled": an.throttle_note(e.arm, e.load_key),
+             # runs of either side above saturation (queue grew throughout the load)
+             "above_saturation": an.saturation_note(e.arm, e.load_key)}
             for e in an.effects.values()],
         "throttling": [t.to_json() for t in an.throttle.values()],
         "capacity": {

@@ -47,7 +47,7 @@ def attribution_rows(data: Evidence) -> list[list[str]]:
                 eff, verdict, ttft, tpot = "(baseline)", "", "", ""
             else:
                 e = an.effects[(arm, lk, pm)]
-                eff, verdict = e.text(), with_note(e.verdict, an.throttle_note(arm, lk))
+                eff, verdict = e.text(), with_note(e.verdict, an.verdict_note(arm, lk))
                 et, ep = an.effects[(arm, lk, "ttft_ms")], an.effects[(arm, lk, "tpot_ms")]
                 ttft = f"{et.text()} {et.verdict}"
                 tpot = f"{ep.text()} {ep.verdict}"

@@ -28,7 +28,7 @@ from servelab.experiment.stats.bootstrap import (
 from servelab.experiment.stats.capacity import ArmCapacity, CapacityEffect, per_arm
 from servelab.experiment.stats.capacity import compare as capacity_effect
 from servelab.experiment.stats.runs import RunValue
-from servelab.experiment.stats.throttle import Throttle, note, per_arm_throttle
+from servelab.experiment.stats.throttle import Throttle, note, per_arm_throttle, saturation_note
 
 CV_WARN = 0.10
 ACCEPT_DIFF_WARN = 0.05
@@ -108,6 +108,18 @@ class Analysis:
         """`GPU throttled: sw_power_cap in 3/5 runs of b`: the throttling of the arm or the
         baseline at a load key, which could have moved its verdicts; None when none."""
         return note(self.throttle, arm, self.baseline, load_key)
+
+    def saturation_note(self, arm: str, load_key: str) -> str | None:
+        """`above saturation in 2/5 runs of b`: runs of the arm or the baseline at a load key
+        whose queue grew throughout; None when none."""
+        return saturation_note(self.throttle, arm, self.baseline, load_key)
+
+    def verdict_note(self, arm: str, load_key: str) -> str | None:
+        """What could have moved the verdicts of `arm` at a load key, shown beside them: GPU
+        throttling and runs above saturation (`;`-joined); None when neither."""
+        parts = [n for n in (self.throttle_note(arm, load_key),
+                             self.saturation_note(arm, load_key)) if n]
+        return "; ".join(parts) or None
 
 
 def spread(arm: str, load_key: str, metric: str, values: Iterable[float]) -> Spread:
@@ -350,7 +362,7 @@ def headline(an: Analysis, metric: str) -> list[str]:
             e = an.effects.get((arm, lk, metric))
             if e is None:
                 continue
-            thr = an.throttle_note(arm, lk)
+            thr = an.verdict_note(arm, lk)
             why = f"; {thr}" if thr else ""
             if e.verdict in ("better", "worse"):
                 parts.append(f"{e.text()} at {lk} ({e.verdict}{why})")

@@ -1,6 +1,8 @@
 """GPU throttling beside a verdict: which runs of an arm x load point had their GPUs slowed
 during the load (power cap, thermal or hardware slowdown), from the `throttle_reasons` each
-load point's telemetry stored ({GPU index: {reason: share of samples}}, telemetry/point.py).
+load point's telemetry stored ({GPU index: {reason: share of samples}}, telemetry/point.py);
+and which were above saturation (their queue grew throughout: `above_saturation`, from the
+load point's steadiness test), so their latencies are a transient, not the rate's.
 
 A verdict at a load key could have been moved by a throttled GPU in either the arm or the
 baseline, so the note of an effect names both (`note`): `GPU throttled: sw_power_cap in 3/5 runs
@@ -27,6 +29,7 @@ class Throttle:
     runs: int  # ok runs that count
     measured: int  # of which had GPU telemetry
     reasons: dict[str, int] = field(default_factory=dict)  # slowdown reason -> runs it was seen in
+    saturated: int = 0  # runs whose load point was above saturation
 
     def text(self) -> str:
         """`sw_power_cap in 3/5 runs of b` (one per reason), '' when none."""
@@ -35,7 +38,8 @@ class Throttle:
 
     def to_json(self) -> dict[str, Any]:
         return {"arm": self.arm, "load_key": self.load_key, "runs": self.runs,
-                "measured": self.measured, "reasons": dict(self.reasons)}
+                "measured": self.measured, "reasons": dict(self.reasons),
+                "above_saturation": self.saturated}
 
 
 def slowdowns(summary: Mapping[str, Any]) -> set[str] | None:
@@ -51,14 +55,15 @@ def slowdowns(summary: Mapping[str, Any]) -> set[str] | None:
 
 def per_arm_throttle(runs: Iterable[RunValue]) -> dict[tuple[str, str], Throttle]:
     """(arm, load key) -> its throttling over `runs` (the ok runs that count)."""
-    acc: dict[tuple[str, str], tuple[int, int, dict[str, int]]] = {}
+    acc: dict[tuple[str, str], tuple[int, int, dict[str, int], int]] = {}
     for r in runs:
-        n, m, seen = acc.get((r.arm, r.load_key), (0, 0, {}))
+        n, m, seen, sat = acc.get((r.arm, r.load_key), (0, 0, {}, 0))
         got = slowdowns(r.summary)
         for reason in got or ():
             seen[reason] = seen.get(reason, 0) + 1
-        acc[(r.arm, r.load_key)] = (n + 1, m + (got is not None), seen)
-    return {k: Throttle(k[0], k[1], n, m, seen) for k, (n, m, seen) in acc.items()}
+        acc[(r.arm, r.load_key)] = (n + 1, m + (got is not None), seen,
+                                    sat + (r.summary.get("above_saturation") is True))
+    return {k: Throttle(k[0], k[1], n, m, seen, sat) for k, (n, m, seen, sat) in acc.items()}
 
 
 def note(throttle: Mapping[tuple[str, str], Throttle], arm: str, baseline: str,
@@ -68,6 +73,16 @@ def note(throttle: Mapping[tuple[str, str], Throttle], arm: str, baseline: str,
     parts = [t.text() for a in dict.fromkeys((arm, baseline))
              if (t := throttle.get((a, load_key))) is not None and t.reasons]
     return f"GPU throttled: {'; '.join(parts)}" if parts else None
+
+
+def saturation_note(throttle: Mapping[tuple[str, str], Throttle], arm: str, baseline: str,
+                    load_key: str) -> str | None:
+    """`above saturation in 2/5 runs of b` for the effect of `arm` against `baseline` at
+    `load_key`: runs whose queue grew throughout the load, so their latencies were still
+    climbing when it ended; None when no run of either side was."""
+    parts = [f"{t.saturated}/{t.runs} runs of {a}" for a in dict.fromkeys((arm, baseline))
+             if (t := throttle.get((a, load_key))) is not None and t.saturated]
+    return f"above saturation in {', '.join(parts)}" if parts else None
 
 
 def with_note(verdict: str, text: str | None) -> str:
