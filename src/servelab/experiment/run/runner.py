@@ -22,6 +22,7 @@ from servelab.engines.base import Engine
 from servelab.errors import UserError
 from servelab.experiment.deploy.base import DeployError, on_main_thread
 from servelab.experiment.deploy.deployment import Deployment
+from servelab.experiment.design.metrics import METRICS
 from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.design.sweep import SWEEP_KEY
 from servelab.experiment.plan import processes
@@ -119,6 +120,7 @@ class Runner:
                 f"experiment '{spec.name}': {upto}{len(runs)} runs = {n_arms} arms x {n_loads} "
                 f"load points x {reps}, {spec.order}"
             )
+        self._warn_energy_unmeasured()
         job = Job(spec.name, "experiment", total=len(todo), log=job_log)
         job.update(already_done=len(runs) - len(todo), planned=len(runs))
         ok = failed = 0
@@ -177,6 +179,22 @@ class Runner:
         )
 
     # ---- when to stop, when to wait -----------------------------------------------------------
+
+    def _warn_energy_unmeasured(self) -> None:
+        """An energy metric decides, and this host's GPUs give no energy readings: say so
+        before the first run, not as `n/a` after the last (engines on Ray hosts are sampled
+        there, so this host says nothing about them)."""
+        pm = self.spec.primary_metric
+        if METRICS[pm].path[0] not in ("j_per_output_token", "output_tokens_per_j") \
+                or self.spec.uses_ray:
+            return
+        from servelab.telemetry import gpu
+
+        status = gpu.state()[0]
+        if status != "ok":
+            self.say(f"warning: primary_metric {pm} needs GPU energy readings and NVML is "
+                     f"{status} on this host: every verdict on it will be n/a (run where the "
+                     "engine's GPUs are, or decide on another metric)")
 
     def _stop_before(self, block: int | None, elapsed_s: float, block_s: list[float]) -> str | None:
         """Why not to run `block` (None: after the last planned block), or None to run it.
