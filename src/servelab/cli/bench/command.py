@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         think_time: str = o.THINK_TIME,
         seed: str = o.SEED,
         warmup: str = o.WARMUP,
+        warmup_until_steady: bool = o.WARMUP_UNTIL_STEADY,
+        max_warmup_s: str = o.MAX_WARMUP_S,
         max_duration: str = o.MAX_DURATION,
         goodput: str = o.GOODPUT,
         tokenizer: str = o.TOKENIZER,
@@ -96,4 +98,5 @@ def register(app: typer.Typer) -> None:
             gsp_system_prompt_len=gsp_system_prompt_len, gsp_question_len=gsp_question_len,
             gsp_output_len=gsp_output_len, num_sessions=num_sessions, turns=turns,
             max_turns=max_turns, think_time=think_time, scrape_interval=scrape_interval,
+            warmup_until_steady=warmup_until_steady, max_warmup_s=max_warmup_s,
         ))
