@@ -217,7 +217,9 @@ def steadiness(srv: ServerSeries, reqs: Sequence[Req],
     inside = sum(1 for t, q in zip(*series["queue"], strict=True)
                  if q is not None and t_a <= t <= t_b)
     src: str | None = "server"
-    if inside < cfg.min_points:
+    # a steady point asks whether requests pile up, running or queued: the client's exact
+    # count (a server's queue stays 0 while its batch still has room, however many run)
+    if inside < cfg.min_points or span_start_s is not None:
         series["queue"] = in_flight(everyone, t_a, t_b)
         src = "client_in_flight"
     ttft = [(a, v) for a, _, v in reqs if v is not None]
