@@ -185,3 +185,20 @@ def test_bad_urls_and_intervals_are_refused():
         Scraper("localhost:8000/metrics")
     with pytest.raises(ValueError, match="interval"):
         Scraper("http://127.0.0.1:1/metrics", interval_s=0)
+
+
+def test_the_scraper_sends_the_api_key_a_guarded_metrics_endpoint_asks_for():
+    """A server started with an API key that guards /metrics (the scripted server's --api-key,
+    as SGLang's did): without the header every scrape is a 401 (None values, never 0); with the
+    bench's Authorization header the scrapes read the server's gauges."""
+    key = "sk-scrape-7Hq2"
+    with serve_in_thread(Script(ttft_ms=1, gap_ms=1, api_key=key)) as srv:
+        with Scraper(srv.url + "/metrics", interval_s=0.05) as bare:
+            time.sleep(0.08)
+        with Scraper(srv.url + "/metrics", interval_s=0.05,
+                     headers={"Authorization": f"Bearer {key}"}) as keyed:
+            time.sleep(0.08)
+    assert bare.series.errors and all(e and "401" in e for e in bare.series.errors)
+    assert all(v is None for v in bare.series.gauge("running_requests"))
+    assert all(e is None for e in keyed.series.errors) and len(keyed.series.t_s) >= 2
+    assert keyed.series.gauge("running_requests")[0] == 0

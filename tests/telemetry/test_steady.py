@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servelab.telemetry.steady import SteadyConfig, assess, drain_start, reduce, trend
+from servelab.telemetry.steady import Online, SteadyConfig, assess, drain_start, reduce, trend
 
 T = np.arange(0.0, 60.0, 0.5)  # a 60-s load point scraped every 0.5 s: 120 samples
 
@@ -117,3 +117,51 @@ def test_too_few_samples_give_no_verdict():
 def test_settings_are_checked():
     with pytest.raises(AssertionError):
         SteadyConfig(alpha=0)
+
+
+def _feed_until_steady(in_flight, ttft=None, cap_s=60.0, dt=0.1, check_s=0.5):
+    """Feed an online detector a series sample by sample, as the warm-up would, asking every
+    `check_s`; (declared at, verdict), or (None, the verdict at the cap)."""
+    d = Online()
+    t_check = 0.0
+    for i, t in enumerate(np.arange(0.0, cap_s, dt)):
+        d.add("in_flight", t, float(in_flight(t, i)))
+        if ttft is not None:
+            d.add("ttft_ms", t, float(ttft(t, i)))
+        if t - t_check >= check_s:
+            t_check = t
+            v = d.check(t)
+            if v is not None:
+                return t, v
+    return None, d.at_cap(cap_s)
+
+
+def test_online_a_ramp_then_flat_is_declared_steady_after_the_ramp():
+    rng = np.random.default_rng(7)
+    noise = rng.normal(0.0, 1.5, 1000)
+    # in flight: 0 -> 30 over 12 s, then 30 with noise; TTFT rises with it, then holds
+    t_decl, v = _feed_until_steady(lambda t, i: max(0.0, min(t / 12.0, 1.0) * 30 + noise[i]),
+                                   lambda t, i: 40 + 2 * min(t, 12.0) + noise[-i])
+    assert v.status == "steady" and t_decl is not None, v.reason
+    # nothing was called steady while the ramp went on; the window judged is the trailing
+    # half, where what is left of the ramp is under the trend bar (20% of the level)
+    assert 12.0 < t_decl <= 30.0 and v.warmup_end_s == pytest.approx(t_decl / 2), v.reason
+    assert set(v.trends) == {"in_flight", "ttft_ms"}
+
+
+def test_online_a_flat_load_is_steady_as_soon_as_the_window_allows():
+    rng = np.random.default_rng(8)
+    t_decl, v = _feed_until_steady(lambda t, i: rng.poisson(6))
+    assert v.status == "steady" and t_decl == pytest.approx(2 * Online().min_window_s, abs=0.6)
+
+
+def test_online_a_growing_queue_never_declares_and_hits_the_cap_above_saturation():
+    rng = np.random.default_rng(9)
+    t_decl, v = _feed_until_steady(lambda t, i: 2.0 * t + rng.normal(0.0, 3.0), cap_s=40.0)
+    assert t_decl is None and v.status == "above_saturation", v.reason
+    assert v.trends["in_flight"].direction == "up" and "40-s warm-up" in v.reason
+    # the server's queue, when scraped, is judged too: flat in flight, growing queue
+    d = Online(queue=lambda: (list(np.arange(0, 40.0, 1.0)), list(np.arange(0, 40.0, 1.0))))
+    for t in np.arange(0.0, 40.0, 0.1):
+        d.add("in_flight", t, 8.0 + rng.normal(0.0, 1.0))
+    assert d.check(39.9) is None and d.at_cap(40.0).status == "above_saturation"

@@ -25,6 +25,8 @@ _GOODPUT_ALIASES = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2e
                     "e2el_ms": "e2e_ms"}
 
 
+# the longest warm-up until steady before a point is measured anyway (and called unsteady)
+DEFAULT_MAX_WARMUP_S = 60.0
 DATASETS = ("random", "sharegpt", "trace", "generated-shared-prefix")
 TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
 THINK_KINDS = ("constant", "exponential", "uniform")
@@ -246,6 +248,12 @@ class BenchConfig:
     goodput: dict[str, float] = field(default_factory=dict)
     # /metrics scrape and GPU sampling period over each load point (telemetry/); 0: off
     scrape_interval_s: float = 1.0
+    # open-loop points at a finite rate: send at the rate from the start until the client sees
+    # a steady state (at most max_warmup_s), measure the next num_prompts, cool down (load.py)
+    warmup_until_steady: bool = False
+    max_warmup_s: float = DEFAULT_MAX_WARMUP_S
+    # the shortest trailing window the online test judges (the warm-up lasts twice that)
+    steady_window_s: float = 5.0
 
     def __post_init__(self) -> None:
         shown = self.shown_url
@@ -268,6 +276,15 @@ class BenchConfig:
             raise UserError(f"--api {self.api!r} is not one of {', '.join(APIS)}")
         if self.warmup < 0:
             raise UserError(f"--warmup must be >= 0, got {self.warmup}")
+        if not (self.max_warmup_s > 0 and math.isfinite(self.max_warmup_s)):
+            raise UserError(f"--max-warmup-s must be a finite number of seconds > 0, got "
+                            f"{self.max_warmup_s}")
+        if not (self.steady_window_s > 0 and math.isfinite(self.steady_window_s)):
+            raise UserError(f"steady_window_s must be a finite number of seconds > 0, got "
+                            f"{self.steady_window_s}")
+        if self.warmup_until_steady and self.warmup:
+            raise UserError(f"--warmup {self.warmup} and --warmup-until-steady are two warm-ups: "
+                            "give one (--warmup 0 with --warmup-until-steady)")
         # finite: both become integer deadlines (inf overflowed into a traceback)
         if self.max_duration_s is not None and not (self.max_duration_s > 0
                                                     and math.isfinite(self.max_duration_s)):

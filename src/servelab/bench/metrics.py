@@ -114,6 +114,13 @@ def split_tokens(texts: list[str], total: int) -> list[int]:
     return [b + f for b, f in zip(base, floors, strict=True)]
 
 
+def first_token_ms(raw: RawResult) -> float | None:
+    """TTFT of a completed request (ms), as its record would give it; None when it failed."""
+    if raw.error is not None or not raw.events:
+        return None
+    return (raw.events[0][0] - raw.t_start_ns) * 1e-6
+
+
 def make_record(raw: RawResult, spec: RequestSpec, t0_ns: int,
                 count: Callable[[str], int] | None = None) -> RequestRecord:
     """Derive one request's record from its events (the only place latencies are computed)."""

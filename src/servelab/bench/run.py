@@ -9,9 +9,11 @@ import asyncio
 import base64
 import concurrent.futures
 import hashlib
+import math
 import os
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -31,11 +33,19 @@ from servelab.bench.load import (
     open_loop,
     replay_offsets_s,
 )
-from servelab.bench.metrics import make_record, stats, summarize
+from servelab.bench.metrics import first_token_ms, make_record, stats, summarize
 from servelab.bench.sessions import run_sessions
+from servelab.bench.warmup import (
+    SteadyRun,
+    queue_probe,
+    steady_fields,
+    steady_open_loop,
+    steady_verdict,
+)
 from servelab.bench.workload import CountFn, Workload
 from servelab.errors import UserError
 from servelab.telemetry.point import PointTelemetry, Sent
+from servelab.telemetry.steady import Online
 
 _WORKLOADS: dict[tuple[Any, ...], Workload] = {}  # built once per (server, workload, load point)
 
@@ -179,21 +189,33 @@ def request_auth(cfg: BenchConfig) -> dict[str, str] | None:
     return None
 
 
+def steady_mode(cfg: BenchConfig, load: LoadPoint) -> bool:
+    """Whether this load point warms up until steady (`cfg.warmup_until_steady`): open-loop
+    points at a finite rate of single requests; the others run as before (a sweep's
+    synchronous and saturated points)."""
+    r = load.request_rate
+    return (cfg.warmup_until_steady and r is not None and math.isfinite(r)
+            and cfg.workload.sessions is None)
+
+
 async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointResult:
     root = cfg.root_url
     conn = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    steady = steady_mode(cfg, load)
+    # the warm-up pool of a steady point: as many prompts again, reused cyclically
+    extra = cfg.workload.num_prompts if steady else cfg.warmup
     async with aiohttp.ClientSession(connector=conn, headers=request_auth(cfg)) as session:
         info = await _server_info(session, root)
         model = cfg.model or _model_from(info)
         remote = await _remote_counter(session, root, model)
         wcfg = replace(cfg.workload, seed=prompt_seed(cfg.workload.seed, load.key))
-        wl_key = (root, wcfg, cfg.warmup, remote is not None, model)
+        wl_key = (root, wcfg, extra, remote is not None, model)
         wl = _WORKLOADS.get(wl_key)
         if wl is None:
             try:
-                wl = await build_workload(wcfg, cfg.warmup, remote)
+                wl = await build_workload(wcfg, extra, remote)
             except RuntimeError as exc:  # /tokenize died half way: count locally or approximate
-                wl = await build_workload(wcfg, cfg.warmup, None)
+                wl = await build_workload(wcfg, extra, None)
                 info["tokenize_error"] = str(exc)
             _WORKLOADS[wl_key] = wl
             while len(_WORKLOADS) > 8:  # an experiment restarts servers on new ports: stay small
@@ -205,33 +227,19 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
             raise UserError(f"load point 'replay' sends each request at its own time, but the "
                             f"{cfg.workload.kind} dataset has none: use --dataset-name trace, or "
                             "give --concurrency / --request-rate")
-        if wl.warmup:
+        if wl.warmup and not steady:
             conc = load.concurrency or min(len(wl.warmup), 8)
             await closed_loop(wl.warmup, conc, lambda s: client.send(s, warmup=True))
-
-        offs = None
-        if load.concurrency is None:  # open loop: the schedule, and connections for its bursts
-            offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
-                len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
-            await open_connections(session, root + "/v1/models", min(largest_burst(offs), 512))
-        tel = (PointTelemetry(root + "/metrics", cfg.scrape_interval_s).start()
+        tel = (PointTelemetry(root + "/metrics", cfg.scrape_interval_s,
+                              headers=request_auth(cfg)).start()
                if cfg.scrape_interval_s > 0 else None)
         before = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
         prog = _Progress(progress, len(wl.requests), load.key)
         cpu0 = time.process_time()
         t0 = time.perf_counter_ns()
         deadline = t0 + int(cfg.max_duration_s * 1e9) if cfg.max_duration_s else None
-        sent = None
         try:
-            if cfg.workload.sessions is not None:  # multi-turn: each turn carries its history
-                raws, sent = await run_sessions(wl.requests, load, cfg.api == "chat", client.send,
-                                                cfg.workload.sessions.think_time,
-                                                cfg.workload.seed, deadline, prog)
-            elif load.concurrency is not None:
-                raws = await closed_loop(wl.requests, load.concurrency, client.send, deadline, prog)
-            else:
-                assert offs is not None
-                raws = await open_loop(wl.requests, offs, client.send, deadline, prog)
+            raws, sent, srun = await _drive(cfg, load, wl, client, session, tel, deadline, prog)
         except BaseException:
             if tel is not None:
                 tel.stop()
@@ -253,7 +261,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         "load_key": load.key, "concurrency": load.concurrency, "request_rate": load.request_rate,
         "burstiness": load.burstiness if load.request_rate is not None else None,
         "api": cfg.api, "model": model, "base_url": cfg.shown_url,
-        "num_prompts": cfg.workload.num_prompts, "issued": len(raws), "warmup": len(wl.warmup),
+        "num_prompts": cfg.workload.num_prompts, "issued": len(raws),
+        "warmup": srun.warmup_requests if srun else len(wl.warmup),
         # (a session's failed turn also leaves its later turns unsent: not the duration)
         "stopped_by_duration": deadline is not None and len(raws) < len(wl.requests),
         "input_len_exact": wl.input_len_exact, "input_len_source": wl.input_len_source,
@@ -266,14 +275,52 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         # duration_s means the client, not the server, may be the bottleneck
         "client_cpu_s": cpu_s,
         "client_cpu_util": cpu_s / summary["duration_s"] if summary["duration_s"] else None,
+        **steady_fields(srun),
     })
-    series = await _telemetry(tel, raws, recs, t_end, summary)
+    series = await _telemetry(tel, raws, recs, t_end, summary,
+                              srun.background if srun else (),
+                              srun.window_start_ns if srun else None)
+    if srun is not None:
+        steady_verdict(srun, summary)
     return LoadPointResult(summary=summary, records=[r.to_dict() for r in recs], server_info=info,
                            telemetry=series)
 
 
+async def _drive(cfg: BenchConfig, load: LoadPoint, wl: Workload, client: Client,
+                 session: aiohttp.ClientSession, tel: PointTelemetry | None,
+                 deadline: int | None, prog: _Progress
+                 ) -> tuple[list[RawResult], list[Any] | None, SteadyRun | None]:
+    """Send the load point's requests: (results, the specs as sent when sessions built them,
+    the steady run when the point warmed up until steady)."""
+    if cfg.workload.sessions is not None:  # multi-turn: each turn carries its history
+        raws, sent = await run_sessions(wl.requests, load, cfg.api == "chat", client.send,
+                                        cfg.workload.sessions.think_time, cfg.workload.seed,
+                                        deadline, prog)
+        return raws, sent, None
+    if load.concurrency is not None:
+        return await closed_loop(wl.requests, load.concurrency, client.send, deadline,
+                                 prog), None, None
+    assert load.request_rate is not None or load.replay
+    if steady_mode(cfg, load):
+        assert load.request_rate is not None
+        t0 = time.perf_counter_ns()
+        detector = Online(min_window_s=cfg.steady_window_s, queue=queue_probe(tel, t0))
+        await open_connections(session, cfg.root_url + "/v1/models", 8)
+        srun = await steady_open_loop(
+            wl.requests, wl.warmup, load.request_rate, load.burstiness, cfg.workload.seed,
+            client.send, detector, first_token_ms, cfg.max_warmup_s, deadline, prog, t0_ns=t0)
+        return srun.measured, None, srun
+    offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
+        len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
+    # connections for the schedule's bursts, opened before the clock starts
+    await open_connections(session, cfg.root_url + "/v1/models", min(largest_burst(offs), 512))
+    return await open_loop(wl.requests, offs, client.send, deadline, prog), None, None
+
+
 async def _telemetry(tel: PointTelemetry | None, raws: list[RawResult], recs: list[Any],
-                     t_end_ns: int, summary: dict[str, Any]) -> dict[str, Any] | None:
+                     t_end_ns: int, summary: dict[str, Any],
+                     background: Sequence[RawResult] = (), span_start_ns: int | None = None
+                     ) -> dict[str, Any] | None:
     """Stop the load point's telemetry, add its summary fields to `summary` and return the
     series to store beside the records (None, and the fields None, when it was off)."""
     if tel is None:
@@ -283,8 +330,12 @@ async def _telemetry(tel: PointTelemetry | None, raws: list[RawResult], recs: li
                         "steady_window": None})
         return None
     sent = [Sent(r.t_start_ns, r.t_end_ns, rec.ttft_ms) for r, rec in zip(raws, recs, strict=True)]
+    # a steady point's warm-up and cool-down requests: in the steadiness test (from where
+    # its warm-up's steady window began), never in the statistics
+    bg = [Sent(r.t_start_ns, r.t_end_ns, first_token_ms(r)) for r in background]
     series, fields = await asyncio.to_thread(tel.finish, sent, t_end_ns,
-                                             summary.get("total_output_tokens"))
+                                             summary.get("total_output_tokens"), bg,
+                                             span_start_ns)
     summary.update(fields)
     # the latencies of the requests sent inside the steady span: the warm-up and the drain
     # left out (null unless the point was steady)

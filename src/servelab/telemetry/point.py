@@ -50,6 +50,7 @@ class PointTelemetry:
     interval_s: float = DEFAULT_SCRAPE_INTERVAL_S
     gpus: list[int] | None = None
     nvml: Any = None
+    headers: dict[str, str] | None = None  # sent with every scrape (Authorization)
     scraper: Scraper | None = None
     sampler: GpuSampler | None = None
     perf0_ns: int = 0
@@ -57,7 +58,7 @@ class PointTelemetry:
     stopped: bool = field(default=False)
 
     def start(self) -> PointTelemetry:
-        self.scraper = Scraper(self.metrics_url, self.interval_s).start()
+        self.scraper = Scraper(self.metrics_url, self.interval_s, headers=self.headers).start()
         self.sampler = GpuSampler(self.gpus, self.interval_s, nvml=self.nvml).start()
         self.perf0_ns, self.mono0 = time.perf_counter_ns(), time.monotonic()
         return self
@@ -74,10 +75,14 @@ class PointTelemetry:
         self.stopped = True
         return srv, gpu
 
-    def finish(self, sent: Sequence[Sent], t_end_ns: int, output_tokens: int | None
+    def finish(self, sent: Sequence[Sent], t_end_ns: int, output_tokens: int | None,
+               background: Sequence[Sent] = (), span_start_ns: int | None = None
                ) -> tuple[dict[str, Any], dict[str, Any]]:
         """Stop, then (series to store, summary fields) for the load whose requests are `sent`
-        and whose last answer came at `t_end_ns`."""
+        and whose last answer came at `t_end_ns`. `background`: requests sent around the
+        measured ones (a steady point's warm-up and cool-down), never in its statistics; with
+        `span_start_ns` (where a steady point's warm-up window began) the steadiness test
+        spans from there, their in-flight count and TTFTs included."""
         srv, gpu = self.stop()
         assert self.scraper is not None and self.sampler is not None
         shift = self.sampler.t0 - self.scraper.t0  # sampler clock -> scraper clock
@@ -86,8 +91,12 @@ class PointTelemetry:
         t_b = self.to_series_s(t_end_ns) if load else None
         reqs = [(t, self.to_series_s(s.t_end_ns), s.ttft_ms) for t, s in zip(load, sent,
                                                                            strict=True)]
+        bg = [(self.to_series_s(s.t_start_ns), self.to_series_s(s.t_end_ns), None)
+              for s in background]
         summary = summarize(srv, gpu, sent=reqs, t_end_s=t_b, gpu_shift_s=shift,
-                            output_tokens=output_tokens)
+                            output_tokens=output_tokens, background=bg,
+                            span_start_s=None if span_start_ns is None
+                            else self.to_series_s(span_start_ns))
         series = {"version": SERIES_VERSION, "clock": "seconds after the first scrape",
                   "load_start_s": t_a, "load_last_sent_s": max(load) if load else None,
                   "load_end_s": t_b, "gpu_clock_offset_s": shift,
@@ -100,7 +109,8 @@ Req = tuple[float, float, float | None]  # (sent s, answered s, TTFT ms) on the 
 
 def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
               t_end_s: float | None, gpu_shift_s: float = 0.0,
-              output_tokens: int | None = None, cfg: steady.SteadyConfig | None = None
+              output_tokens: int | None = None, cfg: steady.SteadyConfig | None = None,
+              background: Sequence[Req] = (), span_start_s: float | None = None
               ) -> dict[str, Any]:
     """The summary fields of a load point's telemetry (docs/METRICS.md). `sent`: each request's
     (send time s, TTFT ms) on the scraper's clock; `t_end_s` the last answer; `gpu_shift_s`
@@ -118,7 +128,8 @@ def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
         "max_queued_requests": max(queue) if queue else None,
     }
     out["prefix_cache_hit_rate"], out["prefix_cache_hit_rate_source"] = prefix_hit_rate(srv)
-    out["steadiness"] = steadiness(srv, sent, cfg).to_json() if sent else None
+    out["steadiness"] = (steadiness(srv, sent, cfg, background, span_start_s).to_json()
+                         if sent else None)
     out["above_saturation"] = (out["steadiness"]["status"] == "above_saturation"
                                if out["steadiness"] else None)
     t_a = min(r[0] for r in sent) if sent else None
@@ -169,6 +180,11 @@ class _Verdict:
                            for k, t in s.trends.items()}}
 
 
+def verdict_json(s: steady.Steadiness, queue_source: str | None) -> dict[str, Any]:
+    """A verdict as the summary's `steadiness` object (docs/METRICS.md)."""
+    return _Verdict(s, queue_source).to_json()
+
+
 def in_flight(reqs: Sequence[Req], t_a: float, t_b: float, n: int = 100
               ) -> tuple[list[float], list[float | None]]:
     """The client's own count of requests sent and not yet answered, at `n` instants evenly
@@ -179,14 +195,20 @@ def in_flight(reqs: Sequence[Req], t_a: float, t_b: float, n: int = 100
 
 
 def steadiness(srv: ServerSeries, reqs: Sequence[Req],
-               cfg: steady.SteadyConfig | None = None) -> _Verdict:
-    """The steadiness test over the load span (first send to last send): the server's queue
+               cfg: steady.SteadyConfig | None = None, background: Sequence[Req] = (),
+               span_start_s: float | None = None) -> _Verdict:
+    """The steadiness test over the load span (first send to last send; a steady point's from
+    where its warm-up's steady window began, `span_start_s`): the server's queue
     when its scrapes inside the span are enough for a trend test, else the client's in-flight
     count in its place (a queue that grows is an in-flight count that grows: arrivals exceed
     completions); the server's token throughput when it counts tokens; the client's TTFT by
     send time."""
     cfg = cfg or steady.SteadyConfig()
     t_a, t_b = min(r[0] for r in reqs), max(r[0] for r in reqs)
+    everyone = [*reqs, *background]
+    if span_start_s is not None:  # a steady point: from its warm-up's steady window on
+        t_a = min(t_a, span_start_s)
+        reqs = [r for r in everyone if t_a <= r[0] <= t_b]
     if t_b - t_a < MIN_LOAD_SPAN_S:
         return _Verdict(steady.Steadiness(
             "too_short", None, t_b, {}, f"the load was sent in {t_b - t_a:.3g} s "
@@ -195,8 +217,10 @@ def steadiness(srv: ServerSeries, reqs: Sequence[Req],
     inside = sum(1 for t, q in zip(*series["queue"], strict=True)
                  if q is not None and t_a <= t <= t_b)
     src: str | None = "server"
-    if inside < cfg.min_points:
-        series["queue"] = in_flight(reqs, t_a, t_b)
+    # a steady point asks whether requests pile up, running or queued: the client's exact
+    # count (a server's queue stays 0 while its batch still has room, however many run)
+    if inside < cfg.min_points or span_start_s is not None:
+        series["queue"] = in_flight(everyone, t_a, t_b)
         src = "client_in_flight"
     ttft = [(a, v) for a, _, v in reqs if v is not None]
     if ttft:

@@ -158,13 +158,15 @@ class ServerSeries:
 class _Fetcher:
     """GET one URL over a kept-alive connection (reopened after any error)."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float,
+                 headers: dict[str, str] | None = None) -> None:
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"metrics URL must be http(s)://host[:port]/path, got {url!r}")
         self.scheme, self.host, self.port = u.scheme, u.hostname, u.port
         self.path = (u.path or "/") + (f"?{u.query}" if u.query else "")
         self.timeout_s = timeout_s
+        self.headers = dict(headers or {})
         self.conn: http.client.HTTPConnection | None = None
 
     def get(self) -> str:
@@ -173,7 +175,7 @@ class _Fetcher:
                 http.client.HTTPConnection
             self.conn = cls(self.host, self.port, timeout=self.timeout_s)
         try:
-            self.conn.request("GET", self.path)
+            self.conn.request("GET", self.path, headers=self.headers)
             r = self.conn.getresponse()
             body = r.read(MAX_BODY + 1)
         except (OSError, http.client.HTTPException):
@@ -194,14 +196,16 @@ class _Fetcher:
 
 class Scraper:
     """Scrape `url` every `interval_s` in a daemon thread between start() and stop() (or as a
-    context manager); `series` holds what was read. The ticks keep to a fixed grid (t0 + k *
+    context manager); `series` holds what was read. `headers` go with every GET (the bench's
+    Authorization: a server or proxy may guard /metrics with the API key). The ticks keep to a fixed grid (t0 + k *
     interval): a slow scrape shifts no later tick, and a tick missed entirely is skipped."""
 
     def __init__(self, url: str, interval_s: float = DEFAULT_INTERVAL_S,
-                 timeout_s: float | None = None) -> None:
+                 timeout_s: float | None = None, headers: dict[str, str] | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0, got {interval_s}")
-        self.fetcher = _Fetcher(url, timeout_s if timeout_s is not None else max(interval_s, 1.0))
+        self.fetcher = _Fetcher(url, timeout_s if timeout_s is not None else max(interval_s, 1.0),
+                                headers)
         self.series = ServerSeries(url=url, interval_s=interval_s)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -18,12 +18,19 @@ it) from which no series trends, neither to its end nor over the first half of w
 (where the tail of a ramp would hide in a long span); that span is the steady one. A point whose queue
 trends up over the whole load span and still over its second half is `above_saturation`
 (the server completes less than arrives); one with no flat span is `unsteady`.
+
+Online (`Online`): while a client warms a server up at the target rate, it feeds the series it
+sees as they come (its own in-flight count, each answer's TTFT at its send time, the server's
+queue when scraped) and asks, every so often, whether the trailing half of what it has seen
+shows no trend (the same `trend` and thresholds): steady from then on. At the warm-up's cap
+`at_cap` gives the verdict on the same window: `above_saturation` when the in-flight count
+or the queue still grows, else `unsteady`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -52,7 +59,7 @@ class SteadyConfig:
     warmup_steps: int = 10
     max_warmup: float = 0.5
     floors: dict[str, float] = field(default_factory=lambda: {
-        "queue": 1.0, "throughput": 1e-9, "ttft_ms": 1.0})
+        "queue": 1.0, "in_flight": 1.0, "throughput": 1e-9, "ttft_ms": 1.0})
 
     def __post_init__(self) -> None:
         assert 0 < self.alpha < 1 and self.min_rel_change >= 0, self
@@ -219,3 +226,61 @@ def server_series(s: ServerSeries) -> tuple[dict[str, tuple[list[float], list[fl
     run, q = s.gauge("running_requests"), s.gauge("queued_requests")
     inflight = [None if a is None or b is None else a + b for a, b in zip(run, q, strict=True)]
     return out, (t, inflight)
+
+
+Probe = Callable[[], tuple[list[float], list[float | None]]]
+
+
+@dataclass(slots=True)
+class Online:
+    """The online steadiness test of a warm-up (module docstring). Times are seconds after the
+    warm-up's first send. `add(name, t, v)` feeds a series (`in_flight`, `ttft_ms`, ...);
+    `queue` (optional) returns the server's scraped queue on the same clock. A verdict is
+    given on the trailing half of the warm-up so far, once that half spans `min_window_s`,
+    and only when the in-flight count has enough samples there to be tested."""
+
+    cfg: SteadyConfig = field(default_factory=SteadyConfig)
+    min_window_s: float = 5.0
+    queue: Probe | None = None
+    series: dict[str, tuple[list[float], list[float | None]]] = field(default_factory=dict)
+
+    def add(self, name: str, t: float, v: float | None) -> None:
+        tt, yy = self.series.setdefault(name, ([], []))
+        tt.append(t)
+        yy.append(v)
+
+    def _window(self, now: float) -> tuple[float, dict[str, Trend]]:
+        a = now / 2
+        series = dict(self.series)
+        if self.queue is not None:
+            qt, qv = self.queue()
+            if sum(1 for t, v in zip(qt, qv, strict=True) if v is not None and a <= t <= now) \
+                    >= self.cfg.min_points:
+                series["queue"] = (qt, qv)
+        return a, _trends(series, a, now, self.cfg)
+
+    def check(self, now: float) -> Steadiness | None:
+        """`steady` when no series trends over [now / 2, now]; None while one does, or while
+        that window is shorter than `min_window_s` (the warm-up lasts at least twice that: on
+        a window of 2 s the in-flight count's noise hid a ramp that went on for a minute)."""
+        if now / 2 < self.min_window_s:
+            return None
+        a, tr = self._window(now)
+        if "in_flight" not in tr or any(x.direction != "flat" for x in tr.values()):
+            return None
+        return Steadiness("steady", a, now, tr, f"no trend from {a:.3g} s to {now:.3g} s of "
+                          f"the warm-up ({', '.join(sorted(tr))})")
+
+    def at_cap(self, now: float) -> Steadiness:
+        """The verdict when the warm-up's time ran out: steady if the window is flat now,
+        else `above_saturation` when the in-flight count or the queue grows, `unsteady`."""
+        done = self.check(now)
+        if done is not None:
+            return done
+        a, tr = self._window(now)
+        moving = ", ".join(f"{n} {x.direction} ({x.slope:+.3g}/s)" for n, x in tr.items()
+                           if x.direction != "flat") or "a trend in every window checked"
+        grows = any(tr[n].direction == "up" for n in ("in_flight", "queue") if n in tr)
+        return Steadiness("above_saturation" if grows else "unsteady", None, None, tr,
+                          f"no steady window in a {now:.3g}-s warm-up (from {a:.3g} s: "
+                          f"{moving})")

@@ -78,3 +78,15 @@ def test_sessions_become_the_bench_sessions_and_run_as_sessions_in_flight():
         spec({"concurrency": [1]}, {"trace": TRACE, "sessions": {}})
     with pytest.raises(UserError, match="not per session"):
         spec({"sweep": {"slo": "ttft_p99_ms=2000"}}, {"sessions": {}})
+
+
+def test_warmup_until_steady_in_the_workload_becomes_the_bench_option():
+    s = spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "max_warmup_s": 30})
+    cfg = s.workload.bench_config("http://127.0.0.1:1")
+    assert cfg.warmup_until_steady and cfg.max_warmup_s == 30.0 and cfg.warmup == 0
+    assert not spec({"request_rate": [4.0]}, {}).workload.bench_config(
+        "http://127.0.0.1:1").warmup_until_steady
+    with pytest.raises(UserError, match="two warm-ups"):
+        spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "warmup": 5})
+    with pytest.raises(UserError, match="max_warmup_s"):
+        spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "max_warmup_s": 0})

@@ -64,7 +64,7 @@ class Script:
     tokenize: bool = True
     metrics: bool = True  # False: /metrics answers 404 (tests the client-side estimate)
     record_log: bool = True
-    api_key: str | None = None  # when set, generation endpoints need `Authorization: Bearer KEY`
+    api_key: str | None = None  # when set, generation and /metrics need `Authorization: Bearer KEY`
     max_running: int | None = None  # slots (the load law above); None: no queue
     gap_per_running_ms: float = 0.0  # added to each decode step per other request in a slot
     cache_block: int | None = None  # prefix cache of this block size; None: no cache reported

@@ -91,7 +91,10 @@ class ScriptedServer:
 
         @web.middleware
         async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
-            if key and request.path in ("/v1/completions", "/v1/chat/completions", "/generate") \
+            # /metrics too, as SGLang's --api-key did before it exempted /metrics (vLLM guards
+            # only /v1/*): a client that scrapes must send the key
+            if key and request.path in ("/v1/completions", "/v1/chat/completions", "/generate",
+                                        "/metrics") \
                     and request.headers.get("Authorization") != f"Bearer {key}":
                 return web.json_response({"error": "invalid API key"}, status=401)
             return await handler(request)

@@ -52,6 +52,8 @@ def register(app: typer.Typer) -> None:
         think_time: str = o.THINK_TIME,
         seed: str = o.SEED,
         warmup: str = o.WARMUP,
+        warmup_until_steady: bool = o.WARMUP_UNTIL_STEADY,
+        max_warmup_s: str = o.MAX_WARMUP_S,
         max_duration: str = o.MAX_DURATION,
         goodput: str = o.GOODPUT,
         tokenizer: str = o.TOKENIZER,
@@ -105,4 +107,5 @@ def register(app: typer.Typer) -> None:
             max_turns=max_turns, think_time=think_time, scrape_interval=scrape_interval,
             save_detailed=save_detailed, append_result=append_result, metadata=metadata,
             percentile_metrics=percentile_metrics, metric_percentiles=metric_percentiles,
+            warmup_until_steady=warmup_until_steady, max_warmup_s=max_warmup_s,
         ))

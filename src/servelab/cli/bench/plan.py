@@ -29,7 +29,7 @@ from servelab.bench.importers.vllm_layout import (
     parse_percentiles,
 )
 from servelab.bench.slo import SloSet, parse_slo
-from servelab.bench.sweep import SweepConfig
+from servelab.bench.sweep import SWEEP_WARMUP_UNTIL_STEADY, SweepConfig
 from servelab.cli.bench.options import BenchArgs
 from servelab.errors import UserError
 
@@ -103,6 +103,7 @@ def make_plan(a: BenchArgs) -> Plan:
         max_duration_s=parse_number(a.max_duration, float, "--max-duration"),
         request_timeout_s=parse_number(a.request_timeout, float, "--request-timeout"),
         goodput=gp, scrape_interval_s=parse_number(a.scrape_interval, float, "--scrape-interval"),
+        **steady_options(a, loads),
     )
     vllm = result_path(a, several=scfg is not None or len(loads) > 1)
     if a.output:
@@ -110,6 +111,22 @@ def make_plan(a: BenchArgs) -> Plan:
     if vllm is not None:
         check_folder(vllm.folder())
     return Plan(cfg=cfg, loads=loads, sweep=scfg, slos=slos, output=a.output, vllm=vllm)
+
+
+def steady_options(a: BenchArgs, loads: list[LoadPoint]) -> dict[str, object]:
+    """--warmup-until-steady (default: on for a sweep's open-loop points unless a fixed
+    --warmup is given, off otherwise) and --max-warmup-s."""
+    cap = parse_number(a.max_warmup_s, float, "--max-warmup-s")
+    on = a.warmup_until_steady
+    if on is None:
+        on = SWEEP_WARMUP_UNTIL_STEADY and a.sweep and a.warmup in ("0", "") \
+            and a.num_sessions is None
+    elif on and (a.num_sessions is not None or any(
+            lp.request_rate is None or math.isinf(lp.request_rate) for lp in loads)):
+        raise UserError("--warmup-until-steady warms up open-loop points at a finite "
+                        "--request-rate (e.g. --request-rate 4,8): drop it for --concurrency, "
+                        "inf, a replay or sessions")
+    return {"warmup_until_steady": bool(on), "max_warmup_s": cap}
 
 
 def sessions_config(a: BenchArgs) -> SessionsConfig | None:

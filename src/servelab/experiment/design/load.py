@@ -96,7 +96,8 @@ class WorkloadSpec(Strict):
     """As `servelab bench`: request lengths, prompts per run, dataset, seed; or a trace
     (`trace = "file"`, `trace_speed`, `trace_start_s`, `trace_duration_s`, `trace_format`,
     `trace_block_size`; with `[load] replay = true` it runs on its own clock), or shared-prefix
-    groups (`[workload.shared_prefix]`), or multi-turn sessions (`[workload.sessions]`)."""
+    groups (`[workload.shared_prefix]`), or multi-turn sessions (`[workload.sessions]`).
+    `warmup_until_steady` / `max_warmup_s`: as `servelab bench --warmup-until-steady`."""
 
     input_len: int = Field(256, ge=1)
     output_len: int = Field(256, ge=1)
@@ -114,6 +115,11 @@ class WorkloadSpec(Strict):
     tokenizer: str | None = None
     api: Literal["completions", "chat", "sglang"] = "completions"
     warmup: int = Field(0, ge=0)
+    # open-loop points (request_rate, a sweep's rates): warm up at the rate until steady, then
+    # measure num_prompts (docs/METRICS.md "Warm-up until steady"); beside `warmup`, the other
+    # warm-up, since both shape what each run sends
+    warmup_until_steady: bool = False
+    max_warmup_s: float = Field(60.0, gt=0)
     max_duration_s: float | None = Field(None, gt=0)
     request_timeout_s: float = Field(600.0, gt=0)
     goodput: dict[str, float] = {}
@@ -126,6 +132,8 @@ class WorkloadSpec(Strict):
         if self.sessions is not None and (self.trace or self.shared_prefix):
             raise ValueError("sessions come from a ShareGPT dataset or are synthetic: drop "
                              "trace / shared_prefix")
+        if self.warmup_until_steady and self.warmup:
+            raise ValueError("warmup and warmup_until_steady are two warm-ups: give one")
         return self
 
     def bench_config(self, base_url: str, model: str | None = None) -> BenchConfig:
@@ -162,6 +170,8 @@ class WorkloadSpec(Strict):
             model=model,
             api=self.api,
             warmup=self.warmup,
+            warmup_until_steady=self.warmup_until_steady,
+            max_warmup_s=self.max_warmup_s,
             max_duration_s=self.max_duration_s,
             request_timeout_s=self.request_timeout_s,
             goodput=dict(self.goodput),
