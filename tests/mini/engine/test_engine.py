@@ -109,3 +109,26 @@ def test_min_tokens_and_ignore_eos_against_an_eos_loving_model(spec):
     assert len(ids) == 20 and ev.finish_reason == "length"
 
 
+
+
+def test_kv_cache_usage_is_the_share_of_token_rows_running_requests_hold():
+    """After each step, the gauge equals the rows the running requests have written (their
+    prompt, then one more per decode step) over the cache's rows per slot x slots, read off
+    the KV tensors themselves; 0 once every request has finished."""
+    eng = engine(max_running_requests=4)
+    rows_per_slot = eng.cache.kv[0].shape[0] // (eng.args.max_running_requests + 1)  # + scratch
+    assert eng.kv_cache_usage == 0.0
+    done: list[int] = []
+    lens, new = (11, 23), 6
+    for n in lens:
+        eng.submit(list(range(1, n + 1)), SamplingParams(max_tokens=new, **GREEDY),
+                   lambda ev: ev.finish_reason and done.append(1))
+    seen = []
+    while len(done) < len(lens):
+        eng.step()
+        if len(done) < len(lens):
+            seen.append(eng.kv_cache_usage * eng.args.max_running_requests * rows_per_slot)
+    # step i prefills (step 1: each holds its prompt) and decodes: the token sampled last
+    # step goes into the KV, one row per request; the 6th token ends both at step 5
+    assert seen == [pytest.approx(sum(lens) + 2 * i) for i in range(1, new - 1)], seen
+    assert eng.kv_cache_usage == 0.0

@@ -144,6 +144,16 @@ class Engine(Phases):
     def num_waiting(self) -> int:
         return len(self._waiting)
 
+    @property
+    def kv_cache_usage(self) -> float:
+        """The share of the KV cache's token rows that running requests hold (the positions
+        written so far), 0..1, as vLLM's `kv_cache_usage_perc` and SGLang's `token_usage`
+        count used tokens of the pool. Slots are allocated whole here, so every slot taken
+        (num_running at --max-running-requests) can admit no one at a usage below 1; the
+        prefix cache's pool is apart (it can be evicted, as vLLM counts cached free blocks)."""
+        held = sum(max(r.pos, 0) for r in list(self._running))
+        return held / (self.args.max_running_requests * self.ctx)
+
     def start(self) -> None:
         """Run the scheduler loop in a daemon thread."""
         self._thread = threading.Thread(target=self._loop, name="mini-engine", daemon=True)

@@ -4,8 +4,10 @@ Names follow vLLM (`vllm:request_success_total{finished_reason}` with vLLM's rea
 "length", "abort", plus "error" for requests the engine failed, so that a scraper that wants
 completed requests sums stop + length, as it would on vLLM; `vllm:spec_decode_num_drafts_total`, `..._num_draft_tokens_total`,
 `..._num_accepted_tokens_total`, `..._num_accepted_tokens_per_pos_total{position}`,
-`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_requests_running`) and
-SGLang (`sglang:spec_accept_length`, `sglang:num_running_reqs`, `sglang:num_queue_reqs`), so the
+`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`, `vllm:num_requests_running`,
+`vllm:kv_cache_usage_perc`, a fraction 0..1 despite its name, as vLLM's) and SGLang
+(`sglang:spec_accept_length`, `sglang:num_running_reqs`, `sglang:num_queue_reqs`,
+`sglang:token_usage`), so the
 scrapers written for those engines work unchanged. The prefix cache: `vllm:prefix_cache_queries_total`
 and `vllm:prefix_cache_hits_total` in prompt tokens, the same values as
 `servelab:prefix_cache_queries_total` / `servelab:prefix_cache_hits_total`, and
@@ -49,6 +51,9 @@ class _EngineCollector:
         yield gauge("vllm:num_requests_waiting", "Requests queued.", e.num_waiting)
         yield gauge("sglang:num_running_reqs", "Requests in slots.", e.num_running)
         yield gauge("sglang:num_queue_reqs", "Requests queued.", e.num_waiting)
+        usage = e.kv_cache_usage
+        yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = full).", usage)
+        yield gauge("sglang:token_usage", "KV-cache token usage (1 = full).", usage)
         if e.k:
             yield counter("vllm:spec_decode_num_drafts", "Verify steps (one per request).",
                           st.spec_num_drafts)
