@@ -90,3 +90,15 @@ def test_warmup_until_steady_in_the_workload_becomes_the_bench_option():
         spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "warmup": 5})
     with pytest.raises(UserError, match="max_warmup_s"):
         spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "max_warmup_s": 0})
+
+
+def test_the_scrape_interval_in_the_workload_becomes_the_bench_option():
+    url = "http://127.0.0.1:1"
+    assert spec({"concurrency": [1]}, {}).workload.bench_config(url).scrape_interval_s == 1.0
+    cfg = spec({"concurrency": [1]}, {"scrape_interval_s": 0.25}).workload.bench_config(url)
+    assert cfg.scrape_interval_s == 0.25
+    assert spec({"concurrency": [1]}, {"scrape_interval_s": 0}).workload.bench_config(
+        url).scrape_interval_s == 0  # telemetry off
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(UserError, match="scrape_interval_s"):
+            spec({"concurrency": [1]}, {"scrape_interval_s": bad})

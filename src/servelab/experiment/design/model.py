@@ -26,7 +26,7 @@ from servelab import engines
 from servelab.engines.base import FlagValue
 from servelab.engines.launcher import Launcher
 from servelab.experiment.design.base import Strict, is_stored
-from servelab.experiment.design.load import LoadSpec, WorkloadSpec
+from servelab.experiment.design.load import LoadSpec, WorkloadSpec, drop_added_defaults
 from servelab.experiment.design.metrics import METRICS
 from servelab.experiment.design.placement import (
     RayAsks,
@@ -301,6 +301,7 @@ class ExperimentSpec(Strict):
         for arm in d["arms"].values():
             arm.pop("description", None)
         drop_unset_placement(d)
+        drop_added_defaults(d)
         # over the redacted form: a secret is no part of the design, and a hash of it would let
         # anyone holding the store test guesses of a short password offline
         return hashlib.sha256(orjson.dumps(redact(d), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
