@@ -62,3 +62,21 @@ def test_no_gpu_gives_no_gpu_series():
                  gpu_status={"c=1": "n/a: no NVIDIA GPU"})
     assert "SM clock (mean over GPUs): not measured (GPU telemetry n/a: no NVIDIA GPU)" in \
         pan.missing_notes("c=1")[1]
+
+
+def test_loads_shorter_than_a_few_scrapes_are_named_with_the_remedy():
+    from servelab.experiment.report.timeseries import _note_coarse
+
+    pan = Panels(arms=["a"], load_keys=["c=1", "c=4"],
+                 runs={"c=1": {"block 1": {"a": {}}}, "c=4": {"block 1": {"a": {}}}})
+    short, long_ = _stored(200.0), _stored(200.0)
+    short["load_end_s"] = 1.8  # 1.3 s of load, 1-s scrapes
+    long_["load_end_s"] = 20.5
+    _note_coarse(pan, "c=1", long_)
+    _note_coarse(pan, "c=1", short)
+    _note_coarse(pan, "c=4", long_)
+    assert pan.coarse == {"c=1": (pytest.approx(1.3), 1.0)}
+    assert pan.missing_notes("c=1")[-1].startswith(
+        "loads as short as 1.3 s against a scrape every 1 s: a few samples per run; "
+        "[workload] scrape_interval_s")
+    assert not any("scrape_interval_s" in n for n in pan.missing_notes("c=4"))

@@ -32,6 +32,7 @@ QUANTITIES = (
 )
 
 Series = tuple[list[float | None], list[float | None]]  # (seconds from the load's start, values)
+COARSE = 4  # a load shorter than this many scrape intervals is named as coarse
 
 
 @dataclass
@@ -46,6 +47,9 @@ class Panels:
     load_end_s: dict[str, dict[str, dict[str, float | None]]] = field(default_factory=dict)
     gpu_status: dict[str, str] = field(default_factory=dict)  # load key -> a GPU status seen
     notes: list[str] = field(default_factory=list)  # runs without a stored series
+    # load key -> (its shortest load s, the scrape interval s) when the load lasted under
+    # COARSE scrapes: a run's series is then a few samples, and the page says how to refine it
+    coarse: dict[str, tuple[float, float]] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)  # series files missing or damaged
 
     def shown(self, load_key: str) -> list[str]:
@@ -67,6 +71,11 @@ class Panels:
                    else "a GPU gives no such reading" if status == "ok"
                    else f"GPU telemetry {status}")
             out.append(f"{label}: not measured ({why}); left out, not drawn as 0")
+        if load_key in self.coarse:
+            dur, iv = self.coarse[load_key]
+            out.append(f"loads as short as {dur:.2g} s against a scrape every {iv:g} s: a few "
+                       "samples per run; [workload] scrape_interval_s (servelab bench "
+                       "--scrape-interval) sets a finer grid")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -180,6 +189,7 @@ def collect(data: Evidence, store: Store) -> Panels:
         pan.load_end_s.setdefault(r.load_key, {}).setdefault(label, {})[r.arm] = (
             _r(t1 - t0, 6) if isinstance(t0, int | float) and isinstance(t1, int | float)
             else None)
+        _note_coarse(pan, r.load_key, tel)
         status = (tel.get("gpu") or {}).get("status")
         if status and r.load_key not in pan.gpu_status:
             pan.gpu_status[r.load_key] = str(status)
@@ -187,6 +197,17 @@ def collect(data: Evidence, store: Store) -> Panels:
         pan.notes.append(f"{none_kept} run(s) have no stored time series (telemetry off, an "
                          "import, or a store of an earlier release): left out of the panel")
     return pan
+
+
+def _note_coarse(pan: Panels, load_key: str, tel: Mapping[str, Any]) -> None:
+    """Keep the shortest load at `load_key` when it lasted under COARSE scrape intervals."""
+    t0, t1 = tel.get("load_start_s"), tel.get("load_end_s")
+    iv = (tel.get("server") or {}).get("interval_s")
+    if not all(isinstance(x, int | float) for x in (t0, t1, iv)) or iv <= 0:
+        return
+    dur = t1 - t0
+    if dur < COARSE * iv and dur < pan.coarse.get(load_key, (math.inf, iv))[0]:
+        pan.coarse[load_key] = (dur, iv)
 
 
 def markdown_line(data: Evidence) -> str:
