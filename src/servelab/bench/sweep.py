@@ -46,9 +46,6 @@ from servelab.bench.slo import SloCheck, SloSet
 from servelab.errors import UserError
 
 Measure = Callable[[LoadPoint], Mapping[str, Any]]
-# `servelab bench --sweep` warms its open-loop points up until steady unless told otherwise
-# (docs/METRICS.md, "Warm-up until steady"; --no-warmup-until-steady)
-SWEEP_WARMUP_UNTIL_STEADY = False
 ROLES = ("synchronous", "throughput", "grid", "refine")
 STATUSES = ("bracketed", "unresolved", "above_saturation", "unmet_at_synchronous", "none_met")
 

@@ -29,7 +29,7 @@ from servelab.bench.importers.vllm_layout import (
     parse_percentiles,
 )
 from servelab.bench.slo import SloSet, parse_slo
-from servelab.bench.sweep import SWEEP_WARMUP_UNTIL_STEADY, SweepConfig
+from servelab.bench.sweep import SweepConfig
 from servelab.cli.bench.options import BenchArgs
 from servelab.errors import UserError
 
@@ -114,14 +114,12 @@ def make_plan(a: BenchArgs) -> Plan:
 
 
 def steady_options(a: BenchArgs, loads: list[LoadPoint]) -> dict[str, object]:
-    """--warmup-until-steady (default: on for a sweep's open-loop points unless a fixed
-    --warmup is given, off otherwise) and --max-warmup-s."""
+    """--warmup-until-steady (off unless given: on the scripted server's sweep it brackets
+    the capacity as the default does and takes 87 s instead of 36, docs/performance.md) and
+    --max-warmup-s."""
     cap = parse_number(a.max_warmup_s, float, "--max-warmup-s")
     on = a.warmup_until_steady
-    if on is None:
-        on = SWEEP_WARMUP_UNTIL_STEADY and a.sweep and a.warmup in ("0", "") \
-            and a.num_sessions is None
-    elif on and (a.num_sessions is not None or any(
+    if on and (a.num_sessions is not None or any(
             lp.request_rate is None or math.isinf(lp.request_rate) for lp in loads)):
         raise UserError("--warmup-until-steady warms up open-loop points at a finite "
                         "--request-rate (e.g. --request-rate 4,8): drop it for --concurrency, "
