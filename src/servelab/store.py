@@ -361,12 +361,18 @@ class Store:
 
     # ---- experiments and runs ----------------------------------------------------------------
 
-    def ensure_experiment(self, name: str, spec: dict[str, Any], spec_hash: str) -> bool:
+    def ensure_experiment(self, name: str, spec: dict[str, Any], spec_hash: str,
+                          also: tuple[str, ...] = ()) -> bool:
         """Register an experiment; returns True when it already existed (a resume). The same name
-        with a different spec is refused: results of two designs must not be mixed."""
+        with a different spec is refused: results of two designs must not be mixed. `also`: the
+        hashes earlier releases gave the same design (accepted, and the stored hash becomes
+        `spec_hash`)."""
         row = self._db.execute("SELECT spec_hash FROM experiments WHERE name = ?", (name,)).fetchone()
         if row is not None:
-            if row[0] != spec_hash:
+            if row[0] != spec_hash and row[0] in also:
+                self._db.execute("UPDATE experiments SET spec_hash = ? WHERE name = ?",
+                                 (spec_hash, name))
+            elif row[0] != spec_hash:
                 raise UserError(
                     f"experiment '{name}' already exists in {self.path} with a different design; "
                     "rename it in the file, or run it with `servelab run FILE --fresh` to start over"

@@ -183,26 +183,37 @@ class WorkloadSpec(Strict):
         )
 
 
-# Keys added to the design after experiments were first stored with a hash (release 04aadbd,
-# 2026-12-04), left out of the design hash while at their defaults, so that an experiment
-# stored before them resumes instead of being refused as a different design (placement keys:
-# design/placement.py drop_unset_placement). A key added later belongs here too.
-ADDED_SINCE_FIRST_HASH: dict[str, tuple[type[Strict], tuple[str, ...]]] = {
-    "load": (LoadSpec, ("replay",)),
-    "workload": (WorkloadSpec, (
-        "trace", "trace_format", "trace_speed", "trace_start_s", "trace_duration_s",
-        "trace_block_size", "shared_prefix", "sessions", "warmup_until_steady", "max_warmup_s",
-        "scrape_interval_s")),
-}
+# Keys added to the design after experiments were stored with a hash, by the last release
+# that hashed designs without them: at their defaults they are left out of the design hash, so
+# an experiment stored before them resumes instead of being refused as a different design
+# (placement keys: design/placement.py drop_unset_placement). The canonical hash leaves out
+# every group's keys at their defaults (the form of the first release, 04aadbd); a design
+# stored by a later release carries that release's form (`legacy_forms`). A key added later
+# goes into a new group named by the release before it.
+ADDED_KEYS: tuple[tuple[str, dict[str, tuple[type[Strict], tuple[str, ...]]]], ...] = (
+    ("04aadbd", {"load": (LoadSpec, ("replay",)),
+                 "workload": (WorkloadSpec, ("trace", "trace_format", "trace_speed",
+                                             "trace_start_s", "trace_duration_s",
+                                             "trace_block_size", "shared_prefix", "sessions"))}),
+    ("86dc756", {"workload": (WorkloadSpec, ("warmup_until_steady", "max_warmup_s",
+                                             "scrape_interval_s"))}),
+)
 
 
-def drop_added_defaults(d: dict[str, Any]) -> None:
-    """Leave out of a design's JSON (for its hash) the keys added since the first hash that
-    are at their defaults (ADDED_SINCE_FIRST_HASH)."""
-    for section, (model, keys) in ADDED_SINCE_FIRST_HASH.items():
-        sec = d.get(section)
-        if not isinstance(sec, dict):
-            continue
-        for k in keys:
-            if k in sec and sec[k] == model.model_fields[k].default:
-                sec.pop(k)
+def drop_added_defaults(d: dict[str, Any], since: int = 0) -> None:
+    """Leave out of a design's JSON (for its hash) the keys of ADDED_KEYS[since:] that are at
+    their defaults (since = 0: every group, the canonical form)."""
+    for _, groups in ADDED_KEYS[since:]:
+        for section, (model, keys) in groups.items():
+            sec = d.get(section)
+            if not isinstance(sec, dict):
+                continue
+            for k in keys:
+                if k in sec and sec[k] == model.model_fields[k].default:
+                    sec.pop(k)
+
+
+def legacy_forms() -> range:
+    """The `since` of each later release's form: release ADDED_KEYS[i][0]'s successor hashed
+    every key but those of groups i+1.. (1..len-1)."""
+    return range(1, len(ADDED_KEYS))

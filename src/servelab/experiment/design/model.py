@@ -26,7 +26,12 @@ from servelab import engines
 from servelab.engines.base import FlagValue
 from servelab.engines.launcher import Launcher
 from servelab.experiment.design.base import Strict, is_stored
-from servelab.experiment.design.load import LoadSpec, WorkloadSpec, drop_added_defaults
+from servelab.experiment.design.load import (
+    LoadSpec,
+    WorkloadSpec,
+    drop_added_defaults,
+    legacy_forms,
+)
 from servelab.experiment.design.metrics import METRICS
 from servelab.experiment.design.placement import (
     RayAsks,
@@ -291,8 +296,9 @@ class ExperimentSpec(Strict):
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
 
-    def design_hash(self) -> str:
-        """Hash of what decides the measurements; repetitions and prose may change on a resume."""
+    def design_hash(self, since: int = 0) -> str:
+        """Hash of what decides the measurements; repetitions and prose may change on a resume.
+        `since`: the form of a later release (design/load.py ADDED_KEYS; 0: the canonical)."""
         d = self.to_json()
         # where the cluster listens may change between resumes; the nodes' asks may not
         for k in ("repetitions", "adaptive", "hypothesis", "timeouts", "retries", "noise_band",
@@ -301,7 +307,11 @@ class ExperimentSpec(Strict):
         for arm in d["arms"].values():
             arm.pop("description", None)
         drop_unset_placement(d)
-        drop_added_defaults(d)
+        drop_added_defaults(d, since)
         # over the redacted form: a secret is no part of the design, and a hash of it would let
         # anyone holding the store test guesses of a short password offline
         return hashlib.sha256(orjson.dumps(redact(d), option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+
+    def legacy_design_hashes(self) -> tuple[str, ...]:
+        """The hashes releases after the first gave this design (a store of theirs resumes)."""
+        return tuple(self.design_hash(i) for i in legacy_forms())

@@ -99,7 +99,8 @@ class Runner:
                     f"experiment '{spec.name}' is already running (pid {other.pid}); "
                     f"follow it with `servelab status {spec.name}`"
                 )
-        resumed = self.store.ensure_experiment(spec.name, spec.to_json(), spec.design_hash())
+        resumed = self.store.ensure_experiment(spec.name, spec.to_json(), spec.design_hash(),
+                                               spec.legacy_design_hashes())
         runs, todo, failed_before = self.todo()
         n_arms, n_loads = len(spec.arms), len(spec.load.keys())
         if resumed:
