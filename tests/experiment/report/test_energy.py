@@ -224,3 +224,19 @@ def test_runs_above_saturation_are_named_beside_the_verdict(tmp_path):
     assert notes == {("b", "c=1"): None, ("b", "c=4"): "above saturation in 2/5 runs of b"}
     assert {(t["arm"], t["load_key"]): t["above_saturation"] for t in doc["throttling"]}[
         ("b", "c=4")] == 2
+
+
+def test_throttling_counts_out_of_the_runs_with_gpu_telemetry():
+    """3 power-capped runs and 2 without NVML: 3 of the 3 measured, the 2 others named, not
+    counted as unthrottled."""
+    runs = []
+    for blk in range(5):
+        for arm in ("a", "b"):
+            gpu = not (arm == "b" and blk >= 3)
+            capped = arm == "b" and blk < 3
+            runs.append(RunValue(arm, "c=1", blk, blk, _summary(
+                300.0 if gpu else None, 100.0, POWER_CAP | IDLE if capped else IDLE)))
+    an = st.analyze(runs, baseline="a", arms=["a", "b"], load_keys=["c=1"])
+    assert an.throttle[("b", "c=1")].measured == 3
+    assert an.throttle_note("b", "c=1") == \
+        "GPU throttled: sw_power_cap in 3/3 runs of b (2 more without GPU telemetry)"

@@ -32,8 +32,11 @@ class Throttle:
     saturated: int = 0  # runs whose load point was above saturation
 
     def text(self) -> str:
-        """`sw_power_cap in 3/5 runs of b` (one per reason), '' when none."""
-        return ", ".join(f"{r} in {n}/{self.runs} runs of {self.arm}"
+        """`sw_power_cap in 3/5 runs of b` (one per reason), '' when none: out of the runs with
+        GPU telemetry (a run without it is not measured, not unthrottled), the others named."""
+        unmeasured = self.runs - self.measured
+        tail = f" ({unmeasured} more without GPU telemetry)" if unmeasured else ""
+        return ", ".join(f"{r} in {n}/{self.measured} runs of {self.arm}{tail}"
                          for r, n in sorted(self.reasons.items(), key=lambda kv: (-kv[1], kv[0])))
 
     def to_json(self) -> dict[str, Any]:
