@@ -174,7 +174,9 @@ def peaks(records: list[dict[str, Any]]) -> tuple[float | None, int | None]:
     """vLLM's max_output_tokens_per_s (the most output tokens in one 1-s bucket from the first
     completed request's start; vLLM counts a chunk as one token, this counts its tokens) and
     max_concurrent_requests (the most completed requests in flight at once, intervals
-    [sent, end), an end before a start at the same instant); None without a completed one."""
+    [sent, end), an end before a start at the same instant: vLLM's sweep line at the commit
+    named above; earlier vLLM counted requests active in the peak-token 1-s bucket, which
+    reads higher); None without a completed one."""
     done = [r for r in records if r["ok"] and r.get("ttft_ms") is not None
             and r.get("e2e_ms") is not None]
     if not done:
