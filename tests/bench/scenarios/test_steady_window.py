@@ -70,6 +70,12 @@ def test_only_the_measured_span_after_a_steady_warm_up_is_measured(monkeypatch):
     (("--request-rate", "4,inf", "--warmup-until-steady"), "finite --request-rate"),
     (("--request-rate", "4", "--warmup-until-steady", "--warmup", "3"), "two warm-ups"),
     (("--request-rate", "4", "--warmup-until-steady", "--max-warmup-s", "-1"), "--max-warmup-s"),
+    # a cap under the shortest warm-up that can end steady (twice the 5-s window) would make
+    # every point unsteady, and a --max-duration within it would measure nothing
+    (("--request-rate", "4", "--warmup-until-steady", "--max-warmup-s", "5"), "at least 10"),
+    (("--request-rate", "4", "--warmup-until-steady", "--max-duration", "8"),
+     "more than 10 s"),
+    (("--request-rate", "4", "--max-warmup-s", "30"), "add --warmup-until-steady"),
 ])
 def test_the_option_is_refused_where_it_cannot_apply(monkeypatch, capsys, extra, message):
     code, out, err = cli(monkeypatch, capsys, "bench", "--base-url", "http://127.0.0.1:9",
