@@ -128,6 +128,37 @@ def test_sharegpt_dataset(tmp_path):
     assert res.summary["completed"] == 4 and res.summary["input_len"] is None
 
 
+def test_warm_up_prompts_never_repeat_a_measured_sharegpt_prompt(tmp_path):
+    # 30 conversations, 30 measured prompts and 30 warm-up ones (a steady point's pool): the
+    # file cycles, so its prompts would come back in the warm-up, and a prefix cache would
+    # serve the measured ones from it; random prompts of the measured lengths go instead
+    def write(n: int) -> str:
+        convs = [{"conversations": [{"from": "human", "value": f"q{i} " + "ask " * (3 + i % 7)},
+                                    {"from": "gpt", "value": "answer " * (2 + i % 5)}]}
+                 for i in range(n)]
+        path = tmp_path / f"sg{n}.json"
+        path.write_text(json.dumps(convs))
+        return str(path)
+
+    async def count(text: str) -> int:
+        return len(text.split())
+
+    for counter in (None, count):
+        wl = asyncio.run(build_workload(WorkloadConfig(num_prompts=30, dataset=write(30)), 30,
+                                        counter))
+        measured = {r.prompt for r in wl.requests}
+        assert len(wl.warmup) == 30 and measured.isdisjoint(r.prompt for r in wl.warmup)
+        lengths = {(r.input_len, r.output_len) for r in wl.requests}
+        assert {(r.input_len, r.output_len) for r in wl.warmup} <= lengths
+        assert [r.index for r in wl.warmup] == list(range(30, 60))
+    # a file long enough: the warm-up is the file's other conversations, as before
+    path = write(61)
+    wl = asyncio.run(build_workload(WorkloadConfig(num_prompts=30, dataset=path), 30, None))
+    texts = {c["conversations"][0]["value"] for c in json.loads(open(path).read())}
+    measured = {r.prompt for r in wl.requests}
+    assert {r.prompt for r in wl.warmup} <= texts - measured
+
+
 def test_bad_dataset_and_tokenizer_are_user_errors(tmp_path):
     p = tmp_path / "x.json"
     p.write_text(json.dumps([{"conversations": []}]))

@@ -131,3 +131,56 @@ def test_the_engines_prefix_cache_hit_rate_over_the_load_point():
         g.add(float(i), {"prefix_cache_hit_rate_gauge": rate})
     assert prefix_hit_rate(g) == (pytest.approx(0.6), "gauge")
     assert prefix_hit_rate(_server([1.0, 2.0])) == (None, None)
+
+
+def test_a_steady_points_hit_rate_is_its_measured_spans_alone():
+    # scrapes every second; the warm-up (0-6 s) hits 90% of its lookups (a pool cycling), the
+    # measured span (6-9 s, first send to last answer) 10%: its rate is the scrapes' inside it
+    s = ServerSeries(url="http://x/metrics", interval_s=1.0)
+    q = h = 0.0
+    for i in range(11):
+        s.add(float(i), {"prefix_cache_queries": q, "prefix_cache_hits": h})
+        q, h = q + 1000, h + (100 if 6 <= i < 9 else 900)
+    nogpu = GpuSeries(interval_s=1.0, status="n/a: no NVIDIA GPU")
+    sent = _reqs(10, 2.0, 0.5, start=6.0)
+    whole = summarize(s, nogpu, sent=sent, t_end_s=9.0)
+    assert whole["prefix_cache_hit_rate"] == pytest.approx(0.66)  # an ordinary point: all
+    out = summarize(s, nogpu, sent=sent, t_end_s=9.0, measured_span=True)
+    assert out["prefix_cache_hit_rate"] == pytest.approx(0.1)
+    assert out["prefix_cache_hit_rate_source"] == "counters"
+    # one scrape inside the span: no rate, never the warm-up's
+    short = summarize(s, nogpu, sent=_reqs(10, 0.3, 0.1, start=6.2), t_end_s=7.1,
+                      measured_span=True)
+    assert short["prefix_cache_hit_rate"] is None
+
+
+def test_background_ttfts_are_in_a_steady_points_ttft_trend():
+    # the real PointTelemetry (its scraper finds nothing on a closed port): a warm-up at 20
+    # req/s from 0 s, every 5th answer failed, 40 measured requests from 3 s, a cool-down after
+    import socket
+    import time
+
+    from servelab.telemetry.point import PointTelemetry, Sent
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    tel = PointTelemetry(f"http://127.0.0.1:{port}/metrics", 0.05).start()
+    time.sleep(0.1)
+    t0 = tel.perf0_ns
+
+    def at(s: float) -> int:
+        return t0 + int(s * 1e9)
+
+    warm = [Sent(at(i / 20), at(i / 20 + 0.2), None if i % 5 == 4 else 40.0 + i % 3)
+            for i in range(60)]
+    measured = [Sent(at(3 + i / 20), at(3 + i / 20 + 0.2), 41.0) for i in range(40)]
+    cool = [Sent(at(5 + i / 20), at(5 + i / 20 + 0.2), 42.0) for i in range(4)]
+    start_s = 1.5  # where the warm-up's steady window began
+    _, out = tel.finish(measured, at(5.2), None, [*warm, *cool], at(start_s),
+                        measured_span=True)
+    last = 3 + 39 / 20
+    answered = sum(1 for r in (*warm, *measured, *cool) if r.ttft_ms is not None
+                   and at(start_s) <= r.t_start_ns <= at(last))
+    assert answered == 24 + 40
+    assert out["steadiness"]["trends"]["ttft_ms"]["n"] == answered

@@ -27,6 +27,15 @@ _GOODPUT_ALIASES = {"ttft": "ttft_ms", "tpot": "tpot_ms", "e2el": "e2e_ms", "e2e
 
 # the longest warm-up until steady before a point is measured anyway (and called unsteady)
 DEFAULT_MAX_WARMUP_S = 60.0
+# the shortest trailing window the online steadiness test judges: a warm-up lasts at least
+# twice that before it can be called steady (telemetry/steady.py `Online.check`)
+DEFAULT_STEADY_WINDOW_S = 5.0
+
+
+def min_warmup_s(steady_window_s: float = DEFAULT_STEADY_WINDOW_S) -> float:
+    """The shortest warm-up until steady that can end steady: its trailing half must span
+    `steady_window_s` (a cap below it makes every point unsteady, whatever its trends)."""
+    return 2 * steady_window_s
 DATASETS = ("random", "sharegpt", "trace", "generated-shared-prefix")
 TRACE_FORMATS = ("mooncake", "bailian", "azure", "burstgpt")
 THINK_KINDS = ("constant", "exponential", "uniform")
@@ -253,7 +262,7 @@ class BenchConfig:
     warmup_until_steady: bool = False
     max_warmup_s: float = DEFAULT_MAX_WARMUP_S
     # the shortest trailing window the online test judges (the warm-up lasts twice that)
-    steady_window_s: float = 5.0
+    steady_window_s: float = DEFAULT_STEADY_WINDOW_S
 
     def __post_init__(self) -> None:
         shown = self.shown_url
@@ -290,6 +299,16 @@ class BenchConfig:
                                                     and math.isfinite(self.max_duration_s)):
             raise UserError(f"--max-duration must be a finite number of seconds > 0 (leave it out "
                             f"for no cap), got {self.max_duration_s}")
+        least = min_warmup_s(self.steady_window_s)
+        if self.warmup_until_steady and self.max_warmup_s < least:
+            raise UserError(f"--max-warmup-s {self.max_warmup_s:g} is shorter than the shortest "
+                            f"warm-up that can end steady ({least:g} s, twice the steady window): give "
+                            f"at least {least:g}")
+        if (self.warmup_until_steady and self.max_duration_s is not None
+                and self.max_duration_s <= least):
+            raise UserError(f"--max-duration {self.max_duration_s:g} ends within the shortest "
+                            f"warm-up until steady ({least:g} s), before any measured request: "
+                            f"give more than {least:g} s, or drop --warmup-until-steady")
         if not (self.request_timeout_s > 0 and math.isfinite(self.request_timeout_s)):
             raise UserError(f"--request-timeout must be a finite number of seconds > 0, got "
                             f"{self.request_timeout_s}")

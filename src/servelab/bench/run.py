@@ -37,6 +37,7 @@ from servelab.bench.metrics import first_token_ms, make_record, stats, summarize
 from servelab.bench.sessions import run_sessions
 from servelab.bench.warmup import (
     SteadyRun,
+    metrics_marks,
     queue_probe,
     steady_fields,
     steady_open_loop,
@@ -246,7 +247,7 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
             raise
         finally:
             prog.close()
-        cpu_s = time.process_time() - cpu0
+        cpu_s, loop_s = time.process_time() - cpu0, (time.perf_counter_ns() - t0) / 1e9
         t_end = max((r.t_end_ns for r in raws), default=time.perf_counter_ns())
         after = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
 
@@ -256,6 +257,9 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
     recs = [make_record(r, specs[r.index], t_first, count) for r in raws]
     # no request sent (--max-duration over before the first): no duration, so no rates
     summary = summarize(recs, (t_end - t_first) / 1e9 if raws else 0.0, cfg.goodput or None)
+    scraped = bool(before or after)
+    if srun is not None:  # a steady point: the counters over its measured span alone
+        before, after = (srun.span_metrics.get(k, {}) for k in ("start", "end"))
     summary.update(spec_metrics.acceptance(recs, before, after))
     summary.update({
         "load_key": load.key, "concurrency": load.concurrency, "request_rate": load.request_rate,
@@ -270,16 +274,18 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         "output_len": cfg.workload.output_len if cfg.workload.kind == "random" else None,
         "dataset": cfg.workload.dataset, "dataset_name": cfg.workload.kind,
         "seed": cfg.workload.seed, **(wl.info or {}),
-        "metrics_scraped": bool(before or after),
+        "metrics_scraped": scraped,
         # the client's own CPU time over the load (all threads of this process); near
-        # duration_s means the client, not the server, may be the bottleneck
+        # duration_s means the client, not the server, may be the bottleneck (a steady
+        # point's over its whole loop, warm-up and cool-down included, so over the loop's time)
         "client_cpu_s": cpu_s,
-        "client_cpu_util": cpu_s / summary["duration_s"] if summary["duration_s"] else None,
+        "client_cpu_util": cpu_s / loop_s if srun is not None and loop_s > 0 else
+        cpu_s / summary["duration_s"] if summary["duration_s"] else None,
         **steady_fields(srun),
     })
     series = await _telemetry(tel, raws, recs, t_end, summary,
                               srun.background if srun else (),
-                              srun.window_start_ns if srun else None)
+                              srun.window_start_ns if srun else None, srun is not None)
     if srun is not None:
         steady_verdict(srun, summary)
     return LoadPointResult(summary=summary, records=[r.to_dict() for r in recs], server_info=info,
@@ -306,9 +312,12 @@ async def _drive(cfg: BenchConfig, load: LoadPoint, wl: Workload, client: Client
         t0 = time.perf_counter_ns()
         detector = Online(min_window_s=cfg.steady_window_s, queue=queue_probe(tel, t0))
         await open_connections(session, cfg.root_url + "/v1/models", 8)
+        marks: dict[str, dict[str, float]] = {}
         srun = await steady_open_loop(
             wl.requests, wl.warmup, load.request_rate, load.burstiness, cfg.workload.seed,
-            client.send, detector, first_token_ms, cfg.max_warmup_s, deadline, prog, t0_ns=t0)
+            client.send, detector, first_token_ms, cfg.max_warmup_s, deadline, prog, t0_ns=t0,
+            span_hook=metrics_marks(lambda: get_text(session, cfg.root_url + "/metrics"), marks))
+        srun.span_metrics = marks
         return srun.measured, None, srun
     offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
         len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
@@ -319,8 +328,8 @@ async def _drive(cfg: BenchConfig, load: LoadPoint, wl: Workload, client: Client
 
 async def _telemetry(tel: PointTelemetry | None, raws: list[RawResult], recs: list[Any],
                      t_end_ns: int, summary: dict[str, Any],
-                     background: Sequence[RawResult] = (), span_start_ns: int | None = None
-                     ) -> dict[str, Any] | None:
+                     background: Sequence[RawResult] = (), span_start_ns: int | None = None,
+                     measured_span: bool = False) -> dict[str, Any] | None:
     """Stop the load point's telemetry, add its summary fields to `summary` and return the
     series to store beside the records (None, and the fields None, when it was off)."""
     if tel is None:
@@ -335,7 +344,7 @@ async def _telemetry(tel: PointTelemetry | None, raws: list[RawResult], recs: li
     bg = [Sent(r.t_start_ns, r.t_end_ns, first_token_ms(r)) for r in background]
     series, fields = await asyncio.to_thread(tel.finish, sent, t_end_ns,
                                              summary.get("total_output_tokens"), bg,
-                                             span_start_ns)
+                                             span_start_ns, measured_span)
     summary.update(fields)
     # the latencies of the requests sent inside the steady span: the warm-up and the drain
     # left out (null unless the point was steady)

@@ -11,18 +11,23 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from servelab.bench import spec_metrics
 from servelab.bench.client import RawResult
 from servelab.bench.load import OnDone, Send
 from servelab.bench.workload import RequestSpec
 from servelab.telemetry.point import PointTelemetry, verdict_json
 from servelab.telemetry.steady import Online, Probe, Steadiness
 
+# called with "start" at the first measured send (not awaited before it: the send goes out on
+# time) and "end" once the last measured request has answered (awaited, the cool-down's load
+# still on): e.g. the /metrics reads that bracket the measured span
+SpanHook = Callable[[str], Awaitable[None]]
 
 def gamma_gaps(rate: float, burstiness: float, seed: int, chunk: int = 256
                ) -> Iterator[float]:
@@ -47,6 +52,8 @@ class SteadyRun:
     verdict: Steadiness
     background: list[RawResult]  # warm-up and cool-down requests that answered (for telemetry)
     t0_ns: int = 0  # the first send: the verdict's clock starts here
+    # /metrics read at the measured span's ends ("start", "end"; `metrics_marks`)
+    span_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def window_start_ns(self) -> int | None:
@@ -60,14 +67,16 @@ async def steady_open_loop(specs: Sequence[RequestSpec], pool: Sequence[RequestS
                            detector: Online, ttft_ms: Callable[[RawResult], float | None],
                            max_warmup_s: float, deadline_ns: int | None = None,
                            on_done: OnDone | None = None, check_s: float = 0.5,
-                           sample_s: float = 0.1, t0_ns: int | None = None) -> SteadyRun:
+                           sample_s: float = 0.1, t0_ns: int | None = None,
+                           span_hook: SpanHook | None = None) -> SteadyRun:
     """An open loop at `rate` that warms up until steady, then measures `specs`, then cools
     down (docs/METRICS.md, "Warm-up until steady"). From the first send, pool prompts (reused
     cyclically) go out on the schedule while `detector` is fed the in-flight count every
     `sample_s` and each answer's TTFT, and asked every `check_s` whether the trailing window is
     steady (or `max_warmup_s` passed: then its `at_cap` verdict). The next len(specs) arrivals
     are the measured ones; after the last, pool prompts keep the load on until every measured
-    request has answered; then whatever is still running is cancelled."""
+    request has answered (then `span_hook("end")`, its "start" having come at the first
+    measured send); then whatever is still running is cancelled."""
     assert pool, "a steady open loop needs warm-up prompts"
     t0 = t0_ns if t0_ns is not None else time.perf_counter_ns()
     gaps = gamma_gaps(rate, burstiness, seed)
@@ -119,6 +128,7 @@ async def steady_open_loop(specs: Sequence[RequestSpec], pool: Sequence[RequestS
     watcher = asyncio.create_task(watch())
     due, k, i = t0, 0, 0  # next due time, pool prompts used, measured specs sent
     t_measure = None
+    started: asyncio.Task[None] | None = None  # span_hook("start")
     try:
         while specs and not all_measured.is_set():
             if deadline_ns is not None and due >= deadline_ns:
@@ -134,7 +144,10 @@ async def steady_open_loop(specs: Sequence[RequestSpec], pool: Sequence[RequestS
                 else:
                     await asyncio.sleep(delay)
             if verdict is not None and i < len(specs):
-                t_measure = t_measure or due
+                if t_measure is None:
+                    t_measure = due
+                    if span_hook is not None:
+                        started = asyncio.create_task(span_hook("start"))
                 mtasks.append(asyncio.create_task(one(specs[i], due, "measured")))
                 i += 1
             else:
@@ -144,18 +157,34 @@ async def steady_open_loop(specs: Sequence[RequestSpec], pool: Sequence[RequestS
                 k += 1
             due += int(next(gaps) * 1e9)
         await asyncio.gather(*mtasks)  # the deadline stopped the load: let them answer
+        if started is not None and span_hook is not None:
+            await started
+            await span_hook("end")
     finally:
         watcher.cancel()
         pending = [t for t in (*tasks, *mtasks) if not t.done()]
-        for t in pending:
+        for t in (*pending, *([started] if started is not None else [])):
             t.cancel()
-        await asyncio.gather(watcher, *tasks, *mtasks, return_exceptions=True)
+        await asyncio.gather(watcher, *tasks, *mtasks, *([started] if started else []),
+                             return_exceptions=True)
     if verdict is None:  # the deadline came first
         verdict = detector.at_cap(secs(time.perf_counter_ns()))
     return SteadyRun(measured=measured, warmup_requests=n["warm"], cooldown_requests=n["cool"],
                      abandoned=len(pending), warmup_s=secs(t_measure) if t_measure else
                      secs(time.perf_counter_ns()), verdict=verdict, background=background,
                      t0_ns=t0)
+
+
+def metrics_marks(read: Callable[[], Awaitable[str | None]],
+                  into: dict[str, dict[str, float]]) -> SpanHook:
+    """A span hook that reads /metrics (`read`) at each end of the measured span into
+    `into[phase]`: the speculative-decoding counters' deltas are then the measured span's, not
+    the warm-up's and cool-down's too."""
+
+    async def mark(phase: str) -> None:
+        into[phase] = spec_metrics.parse_prometheus(await read())
+
+    return mark
 
 
 def queue_probe(tel: PointTelemetry | None, t0_ns: int) -> Probe | None:

@@ -76,13 +76,14 @@ class PointTelemetry:
         return srv, gpu
 
     def finish(self, sent: Sequence[Sent], t_end_ns: int, output_tokens: int | None,
-               background: Sequence[Sent] = (), span_start_ns: int | None = None
-               ) -> tuple[dict[str, Any], dict[str, Any]]:
+               background: Sequence[Sent] = (), span_start_ns: int | None = None,
+               measured_span: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """Stop, then (series to store, summary fields) for the load whose requests are `sent`
         and whose last answer came at `t_end_ns`. `background`: requests sent around the
         measured ones (a steady point's warm-up and cool-down), never in its statistics; with
         `span_start_ns` (where a steady point's warm-up window began) the steadiness test
-        spans from there, their in-flight count and TTFTs included."""
+        spans from there, their in-flight count and TTFTs included. `measured_span`: the
+        prefix-cache hit rate is the measured requests' span's alone (a steady point)."""
         srv, gpu = self.stop()
         assert self.scraper is not None and self.sampler is not None
         shift = self.sampler.t0 - self.scraper.t0  # sampler clock -> scraper clock
@@ -91,12 +92,13 @@ class PointTelemetry:
         t_b = self.to_series_s(t_end_ns) if load else None
         reqs = [(t, self.to_series_s(s.t_end_ns), s.ttft_ms) for t, s in zip(load, sent,
                                                                            strict=True)]
-        bg = [(self.to_series_s(s.t_start_ns), self.to_series_s(s.t_end_ns), None)
+        bg = [(self.to_series_s(s.t_start_ns), self.to_series_s(s.t_end_ns), s.ttft_ms)
               for s in background]
         summary = summarize(srv, gpu, sent=reqs, t_end_s=t_b, gpu_shift_s=shift,
                             output_tokens=output_tokens, background=bg,
                             span_start_s=None if span_start_ns is None
-                            else self.to_series_s(span_start_ns))
+                            else self.to_series_s(span_start_ns),
+                            measured_span=measured_span)
         series = {"version": SERIES_VERSION, "clock": "seconds after the first scrape",
                   "load_start_s": t_a, "load_last_sent_s": max(load) if load else None,
                   "load_end_s": t_b, "gpu_clock_offset_s": shift,
@@ -110,8 +112,8 @@ Req = tuple[float, float, float | None]  # (sent s, answered s, TTFT ms) on the 
 def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
               t_end_s: float | None, gpu_shift_s: float = 0.0,
               output_tokens: int | None = None, cfg: steady.SteadyConfig | None = None,
-              background: Sequence[Req] = (), span_start_s: float | None = None
-              ) -> dict[str, Any]:
+              background: Sequence[Req] = (), span_start_s: float | None = None,
+              measured_span: bool = False) -> dict[str, Any]:
     """The summary fields of a load point's telemetry (docs/METRICS.md). `sent`: each request's
     (send time s, TTFT ms) on the scraper's clock; `t_end_s` the last answer; `gpu_shift_s`
     what to add to a GPU sample's time to put it on the scraper's clock."""
@@ -127,12 +129,17 @@ def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
         },
         "max_queued_requests": max(queue) if queue else None,
     }
-    out["prefix_cache_hit_rate"], out["prefix_cache_hit_rate_source"] = prefix_hit_rate(srv)
+    # a steady point's hit rate is its measured span's (first measured send to last answer):
+    # the warm-up's and cool-down's requests, cycling their pool, would inflate it
+    t_a = min(r[0] for r in sent) if sent else None
+    span = None
+    if measured_span:  # no measured request: an empty span, no rate
+        span = (t_a, t_end_s) if t_a is not None and t_end_s is not None else (1.0, 0.0)
+    out["prefix_cache_hit_rate"], out["prefix_cache_hit_rate_source"] = prefix_hit_rate(srv, span)
     out["steadiness"] = (steadiness(srv, sent, cfg, background, span_start_s).to_json()
                          if sent else None)
     out["above_saturation"] = (out["steadiness"]["status"] == "above_saturation"
                                if out["steadiness"] else None)
-    t_a = min(r[0] for r in sent) if sent else None
     en = None
     if t_a is not None and t_end_s is not None and gpu.available:
         # the sample just before the load and just after: the window covers the whole load
@@ -150,16 +157,23 @@ def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
     return out
 
 
-def prefix_hit_rate(srv: ServerSeries) -> tuple[float | None, str | None]:
+def prefix_hit_rate(srv: ServerSeries, span: tuple[float, float] | None = None
+                    ) -> tuple[float | None, str | None]:
     """The engine's own prefix-cache hit rate over the load point, in prompt tokens: the ratio
     of the hit and query counters' deltas between the first and last scrape that served them
     (vLLM's counters, which the embedded engine serves too), else the mean of the engine's
-    hit-rate gauge (SGLang's `cache_hit_rate`, a recent window); (None, None) when neither."""
-    q = [x for x in srv.values.get("prefix_cache_queries", []) if x is not None]
-    h = [x for x in srv.values.get("prefix_cache_hits", []) if x is not None]
+    hit-rate gauge (SGLang's `cache_hit_rate`, a recent window); (None, None) when neither.
+    With `span` (seconds on the scraper's clock) only the scrapes inside it count: fewer than
+    two counters' scrapes there give no counter rate."""
+    def col(name: str) -> list[float]:
+        v = srv.values.get(name, [])
+        return [x for t, x in zip(srv.t_s, v, strict=False) if x is not None
+                and (span is None or span[0] <= t <= span[1])]
+
+    q, h = col("prefix_cache_queries"), col("prefix_cache_hits")
     if len(q) >= 2 and len(h) >= 2 and q[-1] - q[0] > 0:
         return (h[-1] - h[0]) / (q[-1] - q[0]), "counters"
-    g = [x for x in srv.values.get("prefix_cache_hit_rate_gauge", []) if x is not None]
+    g = col("prefix_cache_hit_rate_gauge")
     if g:
         return sum(g) / len(g), "gauge"
     return None, None

@@ -90,6 +90,11 @@ def test_warmup_until_steady_in_the_workload_becomes_the_bench_option():
         spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "warmup": 5})
     with pytest.raises(UserError, match="max_warmup_s"):
         spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "max_warmup_s": 0})
+    # under twice the online test's 5-s window no warm-up can end steady: refused, with
+    # the minimum named
+    with pytest.raises(UserError, match="max_warmup_s = 5 .* at least 10"):
+        spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "max_warmup_s": 5})
+    assert spec({"request_rate": [4.0]}, {"warmup_until_steady": True, "max_warmup_s": 10})
 
 
 def test_the_scrape_interval_in_the_workload_becomes_the_bench_option():

@@ -21,7 +21,7 @@ from servelab.bench.datasets.blocks import trace_specs
 from servelab.bench.datasets.sessions import session_specs
 from servelab.bench.datasets.shared_prefix import SharedPrefix, shared_prefix_specs
 from servelab.bench.datasets.sharegpt import sharegpt_specs
-from servelab.bench.datasets.synthetic import random_specs
+from servelab.bench.datasets.synthetic import random_like, random_specs
 from servelab.bench.datasets.text import counter
 from servelab.bench.datasets.trace import BLOCK_SIZE, read_window
 from servelab.bench.workload import CountFn, RequestSpec, Workload
@@ -32,7 +32,8 @@ async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn
     """The request specs of a run: the dataset's measured requests plus `warmup` more. Warmup
     requests of a trace, of shared-prefix groups or of sessions are unique random prompts of `input_len` /
     `output_len`: they warm the server without filling its prefix cache with the measured
-    prefixes."""
+    prefixes. So are a ShareGPT file's when it has too few conversations to give warm-up
+    prompts apart from the measured ones (their lengths drawn from the measured ones')."""
     count, source = counter(remote_count, cfg.tokenizer)
     rng = random.Random(cfg.seed)
     info: dict | None = None
@@ -54,7 +55,13 @@ async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn
     elif kind == "sharegpt":
         assert cfg.dataset is not None
         specs = await sharegpt_specs(cfg.dataset, cfg.num_prompts + warmup, rng, count, concurrency)
-        return Workload(tuple(specs[: cfg.num_prompts]), tuple(specs[cfg.num_prompts:]), source)
+        measured, warm = specs[: cfg.num_prompts], specs[cfg.num_prompts:]
+        if {s.prompt for s in warm} & {s.prompt for s in measured}:
+            # the file is too short and cycles: a warm-up prompt would be a measured one, which
+            # a prefix cache then serves; random prompts of the measured lengths instead
+            warm = await random_like(measured, warmup, random.Random(cfg.seed + 0x5EED), count,
+                                     concurrency, first=len(measured))
+        return Workload(tuple(measured), tuple(warm), source)
     elif kind == "trace":
         assert cfg.dataset is not None
         win = read_window(cfg.dataset, cfg.trace_format, cfg.trace_start_s, cfg.trace_duration_s,

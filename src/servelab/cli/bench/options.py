@@ -61,9 +61,10 @@ WARMUP_UNTIL_STEADY = typer.Option(
     None, "--warmup-until-steady/--no-warmup-until-steady",
     help="Open-loop rates: send at the rate until the client sees a steady state (at most "
     "--max-warmup-s), then measure the next --num-prompts requests, then cool down "
-    "(docs/METRICS.md). Default: off, on for a --sweep's open-loop points.")
-MAX_WARMUP_S = typer.Option("60", "--max-warmup-s", help="With --warmup-until-steady: the "
-                            "longest warm-up; past it the point is measured and called unsteady.")
+    "(docs/METRICS.md). Default: off (a --sweep's points too, unless given).")
+MAX_WARMUP_S = typer.Option(None, "--max-warmup-s", help="With --warmup-until-steady: the "
+                            "longest warm-up, at least 10 s (default 60); past it the point is "
+                            "measured and called unsteady.")
 MAX_DURATION = typer.Option(None, "--max-duration", help="Stop issuing requests after S seconds.")
 GOODPUT = typer.Option(None, "--goodput", help="Per-request SLOs in ms for goodput, e.g. "
                        "ttft_ms=500,tpot_ms=50 or 'ttft:500 tpot:50 e2el:20000'.")
@@ -169,4 +170,4 @@ class BenchArgs:
     percentile_metrics: str | None = None
     metric_percentiles: str = "99"
     warmup_until_steady: bool | None = None  # None: the default of the mode (plan.py)
-    max_warmup_s: str = "60"
+    max_warmup_s: str | None = None  # None: not given (DEFAULT_MAX_WARMUP_S)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.bench.config import (
+    DEFAULT_MAX_WARMUP_S,
     BenchConfig,
     LoadPoint,
     SessionsConfig,
@@ -116,9 +117,13 @@ def make_plan(a: BenchArgs) -> Plan:
 def steady_options(a: BenchArgs, loads: list[LoadPoint]) -> dict[str, object]:
     """--warmup-until-steady (off unless given: on the scripted server's sweep it brackets
     the capacity as the default does and takes 87 s instead of 36, docs/performance.md) and
-    --max-warmup-s."""
-    cap = parse_number(a.max_warmup_s, float, "--max-warmup-s")
+    --max-warmup-s (only with it: alone it would change nothing)."""
     on = a.warmup_until_steady
+    if a.max_warmup_s is not None and not on:
+        raise UserError("--max-warmup-s caps the warm-up of --warmup-until-steady: add "
+                        "--warmup-until-steady, or drop --max-warmup-s")
+    cap = (DEFAULT_MAX_WARMUP_S if a.max_warmup_s is None
+           else parse_number(a.max_warmup_s, float, "--max-warmup-s"))
     if on and (a.num_sessions is not None or any(
             lp.request_rate is None or math.isinf(lp.request_rate) for lp in loads)):
         raise UserError("--warmup-until-steady warms up open-loop points at a finite "

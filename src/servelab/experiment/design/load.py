@@ -8,7 +8,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from servelab.bench.config import BenchConfig, SessionsConfig, ThinkTime, WorkloadConfig
+from servelab.bench.config import (
+    BenchConfig,
+    SessionsConfig,
+    ThinkTime,
+    WorkloadConfig,
+    min_warmup_s,
+)
 from servelab.errors import UserError
 from servelab.experiment.design.base import Strict
 from servelab.experiment.design.sweep import SWEEP_KEY, SweepSpec
@@ -138,6 +144,10 @@ class WorkloadSpec(Strict):
                              "trace / shared_prefix")
         if self.warmup_until_steady and self.warmup:
             raise ValueError("warmup and warmup_until_steady are two warm-ups: give one")
+        least = min_warmup_s()
+        if self.warmup_until_steady and self.max_warmup_s < least:
+            raise ValueError(f"max_warmup_s = {self.max_warmup_s:g} is shorter than the shortest "
+                             f"warm-up that can end steady: give at least {least:g}")
         return self
 
     def bench_config(self, base_url: str, model: str | None = None) -> BenchConfig:
