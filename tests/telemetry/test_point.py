@@ -184,3 +184,25 @@ def test_background_ttfts_are_in_a_steady_points_ttft_trend():
                    and at(start_s) <= r.t_start_ns <= at(last))
     assert answered == 24 + 40
     assert out["steadiness"]["trends"]["ttft_ms"]["n"] == answered
+
+
+def test_a_steady_points_energy_per_token_counts_every_token_the_gpu_served():
+    """Inside a steady load the GPU also serves the warm-up's and cool-down's requests: J/token
+    is the window's joules over the server's tokens in that window (its counter, 400 tok/s
+    here), not over the measured requests' 950 tokens. 700 W / 400 tok/s = 1.75 J/tok."""
+    srv = _server([1.0, 0.0] * 24 + [0.0])  # 12 s, the counter at 400 tok/s (100 per 0.25 s)
+    kw = dict(sent=_reqs(10, 9.0, 0.5, start=1.5), t_end_s=10.6, output_tokens=950)
+    out = summarize(srv, _gpu(700.0, 12), measured_span=True, **kw)
+    assert out["energy"]["output_tokens"] == 400 * 10  # GPU samples at 1 s and 11 s
+    assert out["energy"]["output_tokens_source"] == "server_counter"
+    assert out["j_per_output_token"] == pytest.approx(700.0 / 400.0)
+    # an ordinary point: the client's own count (the window spans its whole load)
+    plain = summarize(srv, _gpu(700.0, 12), **kw)
+    assert plain["energy"]["output_tokens"] == 950
+    assert plain["energy"]["output_tokens_source"] == "client"
+    # a server that counts no tokens: no denominator, so no J/token (never a wrong one)
+    quiet = ServerSeries(url="http://x/metrics", interval_s=0.25)
+    for i in range(49):
+        quiet.add(i * 0.25, {"queued_requests": 0.0, "running_requests": 4.0})
+    none = summarize(quiet, _gpu(700.0, 12), measured_span=True, **kw)
+    assert none["energy"]["joules"] == pytest.approx(7000.0) and none["j_per_output_token"] is None

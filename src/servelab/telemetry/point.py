@@ -140,21 +140,52 @@ def summarize(srv: ServerSeries, gpu: GpuSeries, *, sent: Sequence[Req],
                          if sent else None)
     out["above_saturation"] = (out["steadiness"]["status"] == "above_saturation"
                                if out["steadiness"] else None)
-    en = None
+    en, tok_src = None, "client"
     if t_a is not None and t_end_s is not None and gpu.available:
         # the sample just before the load and just after: the window covers the whole load
         lo = max((s.t_s for s in gpu.samples if s.t_s + gpu_shift_s <= t_a), default=None)
         hi = min((s.t_s for s in gpu.samples if s.t_s + gpu_shift_s >= t_end_s), default=None)
-        en = energy.window(gpu, lo, hi, output_tokens=output_tokens or None)
+        tokens = output_tokens or None
+        if measured_span:
+            # inside a steady load the GPUs also serve the warm-up's and cool-down's requests:
+            # the tokens they paid for are the server's, generated over the same window
+            tokens, tok_src = window_tokens(srv, lo, hi, gpu_shift_s), "server_counter"
+        en = energy.window(gpu, lo, hi, output_tokens=tokens)
     out["energy"] = None if en is None else {
         "joules": en.joules, "seconds": en.seconds, "source": en.source,
-        "mean_power_w": en.mean_power_w, "output_tokens": en.output_tokens}
+        "mean_power_w": en.mean_power_w, "output_tokens": en.output_tokens,
+        "output_tokens_source": tok_src}
     out["j_per_output_token"] = en.j_per_token if en else None
     out["output_tokens_per_j"] = en.tokens_per_j if en else None
     thr = gpu.throttling() if gpu.available else {}
     out["throttle_reasons"] = ({str(g): v for g, v in thr.items() if v} or {}) \
         if gpu.available else None
     return out
+
+
+def window_tokens(srv: ServerSeries, lo: float | None, hi: float | None,
+                  gpu_shift_s: float = 0.0) -> int | None:
+    """The tokens the server generated between two GPU samples' times (sampler clock; +
+    `gpu_shift_s` puts them on the scraper's): its generation-token counter read at both ends
+    by linear interpolation between the scrapes around them (a steady load generates at a
+    flat rate, so the interpolation is the rate's); None without a counter reading on both
+    sides of each end, or across a reset."""
+    if lo is None or hi is None:
+        return None
+    pts = [(t, v) for t, v in zip(srv.t_s, srv.gauge("generation_tokens"), strict=True)
+           if v is not None]
+
+    def at(t: float) -> float | None:
+        for (t0, v0), (t1, v1) in zip(pts, pts[1:], strict=False):
+            if t0 <= t <= t1 and t1 > t0:
+                return None if v1 < v0 else v0 + (v1 - v0) * (t - t0) / (t1 - t0)
+        return None
+
+    a, b = at(lo + gpu_shift_s), at(hi + gpu_shift_s)
+    if a is None or b is None or b < a or any(v1 < v0 for (_, v0), (_, v1)
+                                              in zip(pts, pts[1:], strict=False)):
+        return None
+    return round(b - a)
 
 
 def prefix_hit_rate(srv: ServerSeries, span: tuple[float, float] | None = None
