@@ -13,6 +13,7 @@ from typing import Any
 from servelab import provenance
 from servelab.engines.base import Engine
 from servelab.experiment.deploy.deployment import Deployment
+from servelab.experiment.design.metrics import METRICS, metric_value
 from servelab.experiment.design.model import ExperimentSpec
 from servelab.experiment.plan.schedule import PlannedRun
 from servelab.experiment.run import interference, pinning
@@ -132,10 +133,12 @@ class Recorder:
         )
         if inter.get("flagged"):
             self.say(f"interference: {p.describe()}: {inter['flagged']}")
-        tput = summary.get(spec.primary_metric)
+        # the metric where the statistics read it (TTFT's median, not its stats object)
+        value = metric_value(summary, spec.primary_metric)
         self.say(
             f"{'ok' if status == 'ok' else 'failed'} {p.describe()}: "
-            f"{spec.primary_metric} {_fmt(tput)}, {completed} requests ok, "
+            f"{spec.primary_metric} {_fmt(value)} {METRICS[spec.primary_metric].unit}, "
+            f"{completed} requests ok, "
             f"{summary.get('failed') or 0} failed ({time.time() - started:.1f} s; other "
             f"processes {_fmt(inter.get('other_cpu_cores'))} cores)"
             + (f": {error}" if error else "")
@@ -155,4 +158,4 @@ class Recorder:
 
 
 def _fmt(x: object) -> str:
-    return f"{x:.4g}" if isinstance(x, int | float) else "n/a"
+    return f"{x:.4g}" if isinstance(x, int | float) and x == x else "n/a"  # NaN: n/a
