@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from pathlib import Path
 
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -190,3 +191,43 @@ def test_each_load_point_gets_its_own_prompts_and_arms_share_them():
     assert set(built) == {s1, s2}
     assert set(built[s1]).isdisjoint(built[s2])
     assert again == built[s1]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def test_shared_prefix_groups_warm_up_with_groups_of_their_own():
+    """The warm-up is shaped as the measured load (so a steady warm-up reaches its state): the
+    same group sizes and lengths, its own system prompts, none of the measured text."""
+    async def count(text: str) -> int:
+        return _words(text)
+
+    cfg = WorkloadConfig(dataset_name="generated-shared-prefix", gsp_num_groups=2,
+                         gsp_prompts_per_group=3, gsp_system_prompt_len=40, gsp_question_len=6,
+                         gsp_output_len=5, num_prompts=6, seed=3)
+    wl = asyncio.run(build_workload(cfg, 8, count))
+    assert len(wl.requests) == 6 and len(wl.warmup) == 8  # 8 > 2 x 3: a second set
+    assert {(r.input_len, r.output_len) for r in wl.warmup} == \
+        {(r.input_len, r.output_len) for r in wl.requests} == {(46, 5)}
+    assert [r.index for r in wl.warmup] == list(range(6, 14))
+
+    def system(r) -> str:
+        return " ".join(r.prompt.split()[:40])
+
+    measured = {system(r) for r in wl.requests}
+    warm = [system(r) for r in wl.warmup]
+    assert len(measured) == 2 and measured.isdisjoint(warm)
+    assert len(set(warm[:6])) == 2  # the first warm-up set: 2 groups of 3 sharing a prompt
+    assert {r.prompt for r in wl.requests}.isdisjoint(r.prompt for r in wl.warmup)
+
+
+def test_a_traces_warm_up_has_the_measured_lengths():
+    wl = asyncio.run(build_workload(WorkloadConfig(
+        dataset_name="trace", num_prompts=12,
+        dataset=str(Path(__file__).resolve().parents[2] / "examples/traces/mooncake_sample.jsonl"),
+        input_len=256, output_len=256), 10, None))
+    lengths = {(r.input_len, r.output_len) for r in wl.requests}
+    assert len(wl.warmup) == 10 and {(r.input_len, r.output_len) for r in wl.warmup} <= lengths
+    assert (256, 256) not in lengths  # not --input-len / --output-len, as before
+    assert {r.prompt for r in wl.requests}.isdisjoint(r.prompt for r in wl.warmup)

@@ -15,6 +15,7 @@ text.py fits a prompt to an exact token count; every dataset uses it.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 from servelab.bench.config import WorkloadConfig
 from servelab.bench.datasets.blocks import trace_specs
@@ -29,11 +30,13 @@ from servelab.bench.workload import CountFn, RequestSpec, Workload
 
 async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn | None,
                          concurrency: int = 32) -> Workload:
-    """The request specs of a run: the dataset's measured requests plus `warmup` more. Warmup
-    requests of a trace, of shared-prefix groups or of sessions are unique random prompts of `input_len` /
-    `output_len`: they warm the server without filling its prefix cache with the measured
-    prefixes. So are a ShareGPT file's when it has too few conversations to give warm-up
-    prompts apart from the measured ones (their lengths drawn from the measured ones')."""
+    """The request specs of a run: the dataset's measured requests plus `warmup` more, shaped
+    like the measured ones but sharing none of their text, so they warm the server into the
+    measured load's state without filling its prefix cache with the measured prefixes:
+    shared-prefix groups warm up with groups of their own (same group count, sizes and
+    lengths, other system prompts); a trace's, sessions' and a ShareGPT file too short to
+    give prompts apart from the measured ones warm up with unique random prompts whose input
+    and output lengths are drawn from the measured ones'."""
     count, source = counter(remote_count, cfg.tokenizer)
     rng = random.Random(cfg.seed)
     info: dict | None = None
@@ -81,10 +84,26 @@ async def build_workload(cfg: WorkloadConfig, warmup: int, remote_count: CountFn
         info = {"gsp_num_groups": g.num_groups, "gsp_prompts_per_group": g.prompts_per_group,
                 "gsp_system_prompt_len": g.system_prompt_len, "gsp_question_len": g.question_len,
                 "gsp_output_len": g.output_len}
-    warm = await random_specs(cfg.input_len, cfg.output_len, warmup,
-                              random.Random(cfg.seed + 0x5EED), count, concurrency,
-                              first=len(measured))
+        warm = await warm_groups(g, warmup, cfg.seed, count, concurrency, first=len(measured))
+        return Workload(tuple(measured), tuple(warm), source, info)
+    wrng = random.Random(cfg.seed + 0x5EED)
+    warm = (await random_like(measured, warmup, wrng, count, concurrency, first=len(measured))
+            if measured else
+            await random_specs(cfg.input_len, cfg.output_len, warmup, wrng, count, concurrency))
     return Workload(tuple(measured), tuple(warm), source, info)
+
+
+async def warm_groups(g: SharedPrefix, n: int, seed: int, count: CountFn | None,
+                      concurrency: int, first: int) -> list[RequestSpec]:
+    """`n` warm-up requests of shared-prefix groups shaped as `g` (other system prompts and
+    questions: further sets of G x P from seeds apart from the measured set's), indices from
+    `first`."""
+    out: list[RequestSpec] = []
+    k = 0
+    while len(out) < n:
+        out += await shared_prefix_specs(g, random.Random(seed + 0x5EED + k), count, concurrency)
+        k += 1
+    return [replace(s, index=first + i) for i, s in enumerate(out[:n])]
 
 
 __all__ = ["build_workload"]
