@@ -80,3 +80,13 @@ def test_loads_shorter_than_a_few_scrapes_are_named_with_the_remedy():
         "loads as short as 1.3 s against a scrape every 1 s: a few samples per run; "
         "[workload] scrape_interval_s")
     assert not any("scrape_interval_s" in n for n in pan.missing_notes("c=4"))
+
+
+def test_the_stops_short_last_interval_is_no_rate_spike():
+    srv = ServerSeries(url="http://127.0.0.1:1/metrics", interval_s=1.0)
+    for t, gen in ((0.0, 0.0), (1.0, 50.0), (2.0, 100.0), (2.04, 110.0)):  # last: at stop
+        srv.add(t, {"generation_tokens": gen})
+    tel = {"load_start_s": 0.0, "load_end_s": 2.04, "server": srv.to_json(),
+           "gpu": GpuSeries(interval_s=1.0, status="n/a: no NVIDIA GPU").to_json()}
+    t, rate = run_series(tel)["gen_tok_s"]
+    assert t == [0.5, 1.5] and rate == [50.0, 50.0]  # not 250 tok/s over the last 0.04 s

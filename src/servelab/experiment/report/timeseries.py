@@ -108,17 +108,22 @@ def _col(values: Mapping[str, Any], name: str, n: int) -> list[float | None]:
 
 def server_series(tel: Mapping[str, Any], t0: float) -> dict[str, Series]:
     """The engine's quantities of one stored series: the generated-token counter as a rate over
-    each scrape interval (at its midpoint; None across a reset or a failed scrape), the queue
-    and the KV-cache usage (a fraction, shown in %) as read."""
+    each scrape interval (at its midpoint; None across a reset or a failed scrape; an interval
+    under half the scrape interval, the stop's last scrape, left out), the queue and the
+    KV-cache usage (a fraction, shown in %) as read."""
     srv = tel.get("server") or {}
     ts = [float(t) for t in srv.get("t_s") or []]
     vals, n = srv.get("series") or {}, len(ts)
     out: dict[str, Series] = {}
     gen = _col(vals, "generation_tokens", n)
+    iv = srv.get("interval_s")
+    short = 0.5 * iv if isinstance(iv, int | float) and iv > 0 else 0.0
     if any(v is not None for v in gen) and n >= 2:
         t_mid, rate = [], []
         for i in range(1, n):
             a, b, dt = gen[i - 1], gen[i], ts[i] - ts[i - 1]
+            if dt < short:  # the last scrape, taken at stop: a few tokens over a sliver of time
+                continue    # would read as a spike
             t_mid.append(_r((ts[i] + ts[i - 1]) / 2 - t0, 6))
             rate.append(_r((b - a) / dt) if a is not None and b is not None and b >= a and dt > 0
                         else None)
