@@ -90,3 +90,12 @@ def test_the_stops_short_last_interval_is_no_rate_spike():
            "gpu": GpuSeries(interval_s=1.0, status="n/a: no NVIDIA GPU").to_json()}
     t, rate = run_series(tel)["gen_tok_s"]
     assert t == [0.5, 1.5] and rate == [50.0, 50.0]  # not 250 tok/s over the last 0.04 s
+
+
+def test_a_load_shorter_than_one_scrape_keeps_its_only_rate():
+    srv = ServerSeries(url="http://127.0.0.1:1/metrics", interval_s=1.0)
+    for t, gen in ((0.0, 0.0), (0.3, 60.0)):  # a 0.3-s load: the stop's scrape is all there is
+        srv.add(t, {"generation_tokens": gen})
+    tel = {"load_start_s": 0.0, "load_end_s": 0.3, "server": srv.to_json(),
+           "gpu": GpuSeries(interval_s=1.0, status="n/a: no NVIDIA GPU").to_json()}
+    assert run_series(tel)["gen_tok_s"] == ([0.15], [200.0])

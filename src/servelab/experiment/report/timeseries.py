@@ -108,9 +108,9 @@ def _col(values: Mapping[str, Any], name: str, n: int) -> list[float | None]:
 
 def server_series(tel: Mapping[str, Any], t0: float) -> dict[str, Series]:
     """The engine's quantities of one stored series: the generated-token counter as a rate over
-    each scrape interval (at its midpoint; None across a reset or a failed scrape; an interval
-    under half the scrape interval, the stop's last scrape, left out), the queue and the
-    KV-cache usage (a fraction, shown in %) as read."""
+    each scrape interval (at its midpoint; None across a reset or a failed scrape; the stop's
+    last interval left out when under half the scrape interval and not the only one), the
+    queue and the KV-cache usage (a fraction, shown in %) as read."""
     srv = tel.get("server") or {}
     ts = [float(t) for t in srv.get("t_s") or []]
     vals, n = srv.get("series") or {}, len(ts)
@@ -122,8 +122,8 @@ def server_series(tel: Mapping[str, Any], t0: float) -> dict[str, Series]:
         t_mid, rate = [], []
         for i in range(1, n):
             a, b, dt = gen[i - 1], gen[i], ts[i] - ts[i - 1]
-            if dt < short:  # the last scrape, taken at stop: a few tokens over a sliver of time
-                continue    # would read as a spike
+            if dt < short and i == n - 1 and t_mid:  # the stop's scrape, a sliver after the
+                continue  # last: a few tokens over it read as a spike (kept when it is all)
             t_mid.append(_r((ts[i] + ts[i - 1]) / 2 - t0, 6))
             rate.append(_r((b - a) / dt) if a is not None and b is not None and b >= a and dt > 0
                         else None)
