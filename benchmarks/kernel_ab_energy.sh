@@ -3,7 +3,8 @@
 # has torch but not all of servelab's dependencies, put their wheels in .whl/ first (e.g.
 # `pip download --no-deps --only-binary=:all: --python-version 3.12 --platform
 # manylinux2014_x86_64 -d .whl pydantic pydantic_core annotated-types typing-inspection fastapi
-# starlette uvicorn orjson ijson`); they are installed into /tmp/site. Writes report.html/.md,
+# starlette uvicorn orjson ijson opentelemetry-api typing_extensions annotated-doc`); they are
+# installed into /tmp/site. Writes report.html/.md,
 # the --json document, the run's log and results.db to $OUT (or ./out), and prints J/token per
 # arm and load point last.
 set -u
@@ -14,6 +15,7 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site:$PWD/src
 fi
 export PYTHONUNBUFFERED=1 SERVELAB_HOME=${SERVELAB_HOME:-/tmp/servelab-home}
+python3 -c "import servelab.mini.server.app, servelab.experiment.run.runner" || exit 1
 nvidia-smi --query-gpu=name,driver_version,power.draw,power.limit,clocks.sm --format=csv
 python3 -c "import pynvml as n; n.nvmlInit(); h=n.nvmlDeviceGetHandleByIndex(0); print('NVML', n.nvmlDeviceGetName(h), n.nvmlDeviceGetTotalEnergyConsumption(h), 'mJ')"
 timeout "${RUN_TIMEOUT_S:-480}" python3 -m servelab run examples/kernel_ab.toml > "$OUT/run.log" 2>&1
