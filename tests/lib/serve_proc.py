@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 
 def free_port() -> int:
@@ -31,3 +32,14 @@ def wait_ready(proc: subprocess.Popen, timeout_s: float = 120) -> None:
         if "ready" in line or not line:
             break
     assert "ready" in line, f"did not start: {line!r}"
+
+
+def one_slot_tiny() -> Iterator[str]:
+    """The embedded engine (`tiny`, CPU) with one slot, so a burst of requests queues: yields
+    its URL, and kills it after (the body of a module-scoped fixture: `yield from`)."""
+    proc, port = start("serve", "--config", "tiny", "--device", "cpu",
+                       "--max-running-requests", "1", "--context-length", "256")
+    wait_ready(proc, 120)
+    yield f"http://127.0.0.1:{port}"
+    proc.kill()
+    proc.wait()

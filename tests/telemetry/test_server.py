@@ -5,13 +5,12 @@ vLLM's real names, and a port where nothing listens."""
 from __future__ import annotations
 
 import http.server
-import json
 import threading
 import time
-import urllib.request
 from contextlib import contextmanager
 
 import pytest
+from http_call import sse
 
 from servelab.bench.scripted.harness import serve_in_thread
 from servelab.bench.scripted.script import Script
@@ -89,12 +88,8 @@ def test_rates_and_windows_from_counters():
 
 
 def _stream(url: str, n_tokens: int) -> None:
-    body = json.dumps({"model": "scripted-model", "prompt": "hi", "max_tokens": n_tokens,
-                       "stream": True, "ignore_eos": True}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=60) as f:
-        f.read()
+    sse(url, "/v1/completions", {"model": "scripted-model", "prompt": "hi",
+                                 "max_tokens": n_tokens, "stream": True, "ignore_eos": True})
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from serve_proc import start, wait_ready
+from serve_proc import one_slot_tiny
 
 from servelab.bench.config import BenchConfig, LoadPoint, WorkloadConfig
 from servelab.bench.run import run_load_point, save_load_point
@@ -18,12 +18,7 @@ N, TOKENS = 8, 16
 
 @pytest.fixture(scope="module")
 def server():
-    proc, port = start("serve", "--config", "tiny", "--device", "cpu",
-                       "--max-running-requests", "1", "--context-length", "256")
-    wait_ready(proc, 120)
-    yield f"http://127.0.0.1:{port}"
-    proc.kill()
-    proc.wait()
+    yield from one_slot_tiny()
 
 
 def test_the_stored_series_shows_the_queue_rise_and_drain(server, tmp_path):

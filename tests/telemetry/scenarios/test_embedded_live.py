@@ -1,16 +1,16 @@
 """The scraper on the embedded engine (`servelab serve --config tiny --device cpu`, one slot):
 8 requests sent at once make its queue rise to 7 and drain to 0, and its token counter
-advances by exactly what was generated; KV-cache usage, which it does not serve, stays None."""
+advances by exactly what was generated; its KV-cache usage is 0 when idle and above 0 under
+the load."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.request
 
 import pytest
-from serve_proc import start, wait_ready
+from http_call import sse
+from serve_proc import one_slot_tiny
 
 from servelab.telemetry.server import Scraper
 from servelab.telemetry.steady import assess, drain_start
@@ -20,21 +20,12 @@ N, TOKENS = 8, 16
 
 @pytest.fixture(scope="module")
 def server():
-    proc, port = start("serve", "--config", "tiny", "--device", "cpu",
-                       "--max-running-requests", "1", "--context-length", "256")
-    wait_ready(proc, 120)
-    yield f"http://127.0.0.1:{port}"
-    proc.kill()
-    proc.wait()
+    yield from one_slot_tiny()
 
 
 def _one(url: str) -> None:
-    body = json.dumps({"model": "tiny", "prompt": "def f(x):\n    return", "max_tokens": TOKENS,
-                       "ignore_eos": True, "stream": True}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=120) as f:
-        f.read()
+    sse(url, "/v1/completions", {"model": "tiny", "prompt": "def f(x):\n    return",
+                                 "max_tokens": TOKENS, "ignore_eos": True, "stream": True})
 
 
 def test_the_queue_rises_and_drains_with_the_load(server):
