@@ -205,7 +205,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
     steady = steady_mode(cfg, load)
     # the warm-up pool of a steady point: as many prompts again, reused cyclically
     extra = cfg.workload.num_prompts if steady else cfg.warmup
-    async with aiohttp.ClientSession(connector=conn, headers=request_auth(cfg)) as session:
+    auth = request_auth(cfg)  # the requests' and the scraper's Authorization header
+    async with aiohttp.ClientSession(connector=conn, headers=auth) as session:
         info = await _server_info(session, root)
         model = cfg.model or _model_from(info)
         remote = await _remote_counter(session, root, model)
@@ -231,8 +232,16 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         if wl.warmup and not steady:
             conc = load.concurrency or min(len(wl.warmup), 8)
             await closed_loop(wl.warmup, conc, lambda s: client.send(s, warmup=True))
-        tel = (PointTelemetry(root + "/metrics", cfg.scrape_interval_s,
-                              headers=request_auth(cfg)).start()
+
+        offs = None
+        if load.concurrency is None:  # open loop: the schedule, and connections for its bursts
+            burst = 8  # a steady point's schedule is drawn as it goes
+            if not steady:
+                offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
+                    len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
+                burst = min(largest_burst(offs), 512)
+            await open_connections(session, root + "/v1/models", burst)
+        tel = (PointTelemetry(root + "/metrics", cfg.scrape_interval_s, headers=auth).start()
                if cfg.scrape_interval_s > 0 else None)
         before = spec_metrics.parse_prometheus(await get_text(session, root + "/metrics"))
         prog = _Progress(progress, len(wl.requests), load.key)
@@ -240,7 +249,8 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
         t0 = time.perf_counter_ns()
         deadline = t0 + int(cfg.max_duration_s * 1e9) if cfg.max_duration_s else None
         try:
-            raws, sent, srun = await _drive(cfg, load, wl, client, session, tel, deadline, prog)
+            raws, sent, srun = await _drive(cfg, load, wl, client, session, tel, deadline, prog,
+                                            offs)
         except BaseException:
             if tel is not None:
                 tel.stop()
@@ -294,10 +304,10 @@ async def _run(cfg: BenchConfig, load: LoadPoint, progress: bool) -> LoadPointRe
 
 async def _drive(cfg: BenchConfig, load: LoadPoint, wl: Workload, client: Client,
                  session: aiohttp.ClientSession, tel: PointTelemetry | None,
-                 deadline: int | None, prog: _Progress
+                 deadline: int | None, prog: _Progress, offs: Sequence[float] | None
                  ) -> tuple[list[RawResult], list[Any] | None, SteadyRun | None]:
     """Send the load point's requests: (results, the specs as sent when sessions built them,
-    the steady run when the point warmed up until steady)."""
+    the steady run when the point warmed up until steady); `offs` an open loop's schedule."""
     if cfg.workload.sessions is not None:  # multi-turn: each turn carries its history
         raws, sent = await run_sessions(wl.requests, load, cfg.api == "chat", client.send,
                                         cfg.workload.sessions.think_time, cfg.workload.seed,
@@ -311,7 +321,6 @@ async def _drive(cfg: BenchConfig, load: LoadPoint, wl: Workload, client: Client
         assert load.request_rate is not None
         t0 = time.perf_counter_ns()
         detector = Online(min_window_s=cfg.steady_window_s, queue=queue_probe(tel, t0))
-        await open_connections(session, cfg.root_url + "/v1/models", 8)
         marks: dict[str, dict[str, float]] = {}
         srun = await steady_open_loop(
             wl.requests, wl.warmup, load.request_rate, load.burstiness, cfg.workload.seed,
@@ -319,10 +328,7 @@ async def _drive(cfg: BenchConfig, load: LoadPoint, wl: Workload, client: Client
             span_hook=metrics_marks(lambda: get_text(session, cfg.root_url + "/metrics"), marks))
         srun.span_metrics = marks
         return srun.measured, None, srun
-    offs = (replay_offsets_s(wl.requests) if load.replay else arrival_offsets_s(
-        len(wl.requests), load.request_rate, load.burstiness, cfg.workload.seed))
-    # connections for the schedule's bursts, opened before the clock starts
-    await open_connections(session, cfg.root_url + "/v1/models", min(largest_burst(offs), 512))
+    assert offs is not None
     return await open_loop(wl.requests, offs, client.send, deadline, prog), None, None
 
 
